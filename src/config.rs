@@ -1,0 +1,75 @@
+//! Runtime settings shared by every actor, with the timings derived from one
+//! heartbeat so that no second magic number can disagree with it.
+
+use std::time::Duration;
+
+/// Default interval between server pings (and expected client activity).
+pub const DEFAULT_HEARTBEAT: Duration = Duration::from_millis(15_000);
+/// Lease TTL as a multiple of the heartbeat: two pongs may be lost in a row
+/// before a live device lapses.
+pub const TTL_HEARTBEATS: u32 = 3;
+/// Default number of users one session may watch at once.
+pub const DEFAULT_MAX_WATCHES: usize = 1_000;
+/// Default largest WebSocket frame accepted from a client, in bytes.
+pub const DEFAULT_MAX_FRAME_BYTES: usize = 64 * 1024;
+/// Most users one bulk query (`POST /api/presence/query`) may name.
+pub const MAX_QUERY_USERS: usize = 1_000;
+/// Longest status text accepted, in characters.
+pub const MAX_STATUS_TEXT: usize = 256;
+/// Default time an offline user's last-seen entry is kept.
+pub const DEFAULT_LAST_SEEN_RETENTION: Duration = Duration::from_secs(90 * 24 * 3600);
+
+/// Settings of one node.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Names this node in lease values, logs and `/healthz`.
+    pub node_id: String,
+    /// Interval between server pings; clients answer with pongs.
+    pub heartbeat: Duration,
+    /// Lease TTL: how long a silent device stays online.
+    pub ttl: Duration,
+    /// Users one session may watch at once.
+    pub max_watches: usize,
+    /// Largest client frame accepted, in bytes.
+    pub max_frame_bytes: usize,
+    /// How long last-seen entries of offline users are kept.
+    pub last_seen_retention: Duration,
+}
+
+impl Config {
+    /// A config with the default timings for `node_id`.
+    pub fn new(node_id: impl Into<String>) -> Self {
+        Self {
+            node_id: node_id.into(),
+            heartbeat: DEFAULT_HEARTBEAT,
+            ttl: DEFAULT_HEARTBEAT * TTL_HEARTBEATS,
+            max_watches: DEFAULT_MAX_WATCHES,
+            max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
+            last_seen_retention: DEFAULT_LAST_SEEN_RETENTION,
+        }
+    }
+
+    /// A client that has sent nothing (no frame, no pong) for this long is
+    /// disconnected: two heartbeats, so one lost pong is forgiven.
+    pub fn client_timeout(&self) -> Duration {
+        self.heartbeat * 2
+    }
+
+    /// Client frames and pongs refresh the lease at most this often, so that
+    /// a chatty client does not write Redis on every frame. A third of the
+    /// heartbeat keeps each lease refreshed at least once per ping.
+    pub fn refresh_interval(&self) -> Duration {
+        self.heartbeat / 3
+    }
+
+    /// Period of the deadline pass that makes lapsed leases expire on time: a
+    /// tenth of the TTL, between 50 ms and 250 ms.
+    pub fn reaper_interval(&self) -> Duration {
+        (self.ttl / 10).clamp(Duration::from_millis(50), Duration::from_millis(250))
+    }
+
+    /// Period of the last-seen retention trim.
+    pub fn retention_interval(&self) -> Duration {
+        Duration::from_secs(60)
+    }
+}

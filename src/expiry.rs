@@ -1,0 +1,152 @@
+//! The expiry listener actor, one per node: turns lapsed leases into
+//! departures.
+//!
+//! Two paths lead here, both running the same idempotent departure step, so
+//! that any number of nodes may handle the same lease and exactly one
+//! transition comes out:
+//! - Redis's `expired` keyspace events, on a dedicated pub/sub connection;
+//! - the deadline pass: Redis only fires `expired` when it deletes a key,
+//!   and beside many live leases its sampler finds the dead ones late, so one
+//!   node at a time (under a short lock) reads the due members of
+//!   `presence-leases` every few hundred ms and runs the step for them,
+//!   which also makes Redis delete and announce each lapsed key.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use actix::prelude::*;
+
+use crate::config::Config;
+use crate::keys;
+use crate::store::{Departure, Store};
+
+/// Most due leases one round trip of the deadline pass handles.
+const REAP_BATCH: usize = 1_000;
+/// Most offline users forgotten per retention round trip.
+const TRIM_BATCH: usize = 1_000;
+
+/// A key that Redis announced as expired.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct Expired {
+    /// The key name.
+    key: String,
+}
+
+/// The expiry listener actor.
+pub struct ExpiryListener {
+    /// Source of the dedicated pub/sub connection.
+    client: redis::Client,
+    /// Shared Redis handle for the departure step.
+    store: Store,
+    /// Node id (lock holder name) and timings.
+    config: Arc<Config>,
+    /// A deadline pass is in flight; the next tick skips.
+    reaping: bool,
+    /// When the last-seen retention trim last ran.
+    last_trim: Instant,
+}
+
+impl ExpiryListener {
+    /// A listener that subscribes through `client`.
+    pub fn new(client: redis::Client, store: Store, config: Arc<Config>) -> Self {
+        Self {
+            client,
+            store,
+            config,
+            reaping: false,
+            last_trim: Instant::now(),
+        }
+    }
+
+    /// Starts one deadline pass (and, once a minute, the retention trim)
+    /// unless one is still running.
+    fn tick(&mut self, ctx: &mut Context<Self>) {
+        if self.reaping {
+            return;
+        }
+        self.reaping = true;
+        let store = self.store.clone();
+        let node = self.config.node_id.clone();
+        let interval = self.config.reaper_interval();
+        let trim = (self.last_trim.elapsed() >= self.config.retention_interval())
+            .then_some(self.config.last_seen_retention);
+        if trim.is_some() {
+            self.last_trim = Instant::now();
+        }
+        let pass = async move {
+            if !store.hold_reaper_lock(&node, interval * 4).await? {
+                return Ok::<_, crate::store::StoreError>(());
+            }
+            let started = Instant::now();
+            loop {
+                let (seen, removed) = store.reap_due(REAP_BATCH).await?;
+                if removed > 0 {
+                    log::debug!("deadline pass removed {removed} lapsed devices");
+                }
+                if seen < REAP_BATCH || started.elapsed() > interval {
+                    break;
+                }
+            }
+            if let Some(retention) = trim {
+                let forgotten = store.trim_last_seen(retention, TRIM_BATCH).await?;
+                if forgotten > 0 {
+                    log::info!("forgot {forgotten} users offline for longer than the retention");
+                }
+            }
+            Ok(())
+        };
+        ctx.spawn(pass.into_actor(self).map(|res, act, _| {
+            act.reaping = false;
+            if let Err(e) = res {
+                log::warn!("deadline pass failed: {e}");
+            }
+        }));
+    }
+}
+
+impl Actor for ExpiryListener {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        let addr = ctx.address();
+        let db = self.client.get_connection_info().redis_settings().db();
+        actix::spawn(crate::pubsub::run(
+            self.client.clone(),
+            keys::expired_channel(db),
+            || {},
+            move |key| {
+                if !addr.connected() {
+                    return false;
+                }
+                addr.do_send(Expired { key });
+                true
+            },
+        ));
+        ctx.run_interval(self.config.reaper_interval(), |act, ctx| act.tick(ctx));
+    }
+}
+
+impl Handler<Expired> for ExpiryListener {
+    type Result = ();
+
+    fn handle(&mut self, msg: Expired, ctx: &mut Self::Context) {
+        let Some((user, device)) = keys::parse_lease(&msg.key) else {
+            return;
+        };
+        let (user, device) = (user.to_string(), device.to_string());
+        let store = self.store.clone();
+        let step = async move {
+            match store.depart(&user, &device, None).await {
+                Ok(Departure::Removed { last_seen }) => log::debug!(
+                    "lease of {user}/{device} expired; device removed{}",
+                    if last_seen.is_some() { ", user offline" } else { "" }
+                ),
+                Ok(_) => {}
+                Err(e) => log::warn!("departure of expired {user}/{device} failed: {e}"),
+            }
+        };
+        ctx.spawn(step.into_actor(self));
+    }
+}
+

@@ -1,0 +1,79 @@
+//! The Redis key schema, in one place (the README's "Key schema" table).
+//!
+//! Per-user keys carry the `{<user>}` hash tag so that the atomic per-user
+//! scripts touch a single Redis Cluster slot; the global sorted sets beside
+//! them are updated idempotently outside the scripts.
+
+/// Sorted set: user -> last-seen epoch ms, kept after the user goes offline.
+pub const LAST_SEEN: &str = "presence-lastseen";
+/// Sorted set: user -> last refresh epoch ms, for users online now.
+pub const ONLINE: &str = "presence-online";
+/// Sorted set: `<user>:<device>` -> lease deadline epoch ms; drives timely expiry.
+pub const LEASES: &str = "presence-leases";
+/// Pub/sub channel carrying every presence transition to every node.
+pub const EVENTS: &str = "presence-events";
+/// Short lock that lets one node at a time run the deadline pass.
+pub const REAPER_LOCK: &str = "presence-reaper-lock";
+
+/// The device lease: a string with a TTL whose value names the owning connection.
+pub fn lease(user: &str, device: &str) -> String {
+    format!("presence:{{{user}}}:{device}")
+}
+
+/// The number of live devices of a user.
+pub fn count(user: &str) -> String {
+    format!("presence-count:{{{user}}}")
+}
+
+/// The set of counted device ids of a user.
+pub fn devices(user: &str) -> String {
+    format!("presence-devices:{{{user}}}")
+}
+
+/// The status hash of a user (status, text, since, active, seq).
+pub fn status(user: &str) -> String {
+    format!("presence-status:{{{user}}}")
+}
+
+/// The four per-user keys of a device, in the order the scripts expect them.
+pub fn device_keys(user: &str, device: &str) -> [String; 4] {
+    [lease(user, device), count(user), devices(user), status(user)]
+}
+
+/// Member of [`LEASES`] for one device.
+pub fn lease_member(user: &str, device: &str) -> String {
+    format!("{user}:{device}")
+}
+
+/// Splits a [`LEASES`] member back into user and device.
+pub fn parse_lease_member(member: &str) -> Option<(&str, &str)> {
+    member.split_once(':')
+}
+
+/// Splits a lease key back into user and device; `None` for any other key.
+pub fn parse_lease(key: &str) -> Option<(&str, &str)> {
+    let rest = key.strip_prefix("presence:{")?;
+    let (user, device) = rest.split_once("}:")?;
+    Some((user, device))
+}
+
+/// The keyspace-notification channel on which Redis announces expired keys.
+pub fn expired_channel(db: i64) -> String {
+    format!("__keyevent@{db}__:expired")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lease_keys_parse_back() {
+        let key = lease("alice@x", "phone-1");
+        assert_eq!(key, "presence:{alice@x}:phone-1");
+        assert_eq!(parse_lease(&key), Some(("alice@x", "phone-1")));
+        assert_eq!(parse_lease("presence-count:{alice}"), None);
+        assert_eq!(parse_lease("other"), None);
+        let member = lease_member("bob", "tab");
+        assert_eq!(parse_lease_member(&member), Some(("bob", "tab")));
+    }
+}

@@ -1,0 +1,50 @@
+-- Claim or refresh one device lease, and count the device if it is new.
+-- The atomic "device here" step: a connect, a refresh and a re-assert after
+-- Redis lost its data all go through it.
+--
+-- KEYS[1] presence:{<user>}:<device>   the device lease
+-- KEYS[2] presence-count:{<user>}      live device counter
+-- KEYS[3] presence-devices:{<user>}    set of counted device ids
+-- KEYS[4] presence-status:{<user>}     status hash (status, text, since, active, seq)
+-- ARGV[1] lease owner (this connection's value)
+-- ARGV[2] lease TTL in ms
+-- ARGV[3] device id
+-- ARGV[4] now, epoch ms
+-- ARGV[5] mode: "connect" takes the lease from any older connection;
+--         "refresh" keeps it only while this connection still owns it
+-- ARGV[6] user id
+-- ARGV[7] pub/sub channel for transitions
+--
+-- Returns {held, came_online}:
+--   held        1 when the lease now belongs to ARGV[1], 0 when another
+--               connection owns it (refresh only: this connection was replaced)
+--   came_online 1 when this call made the user's first device arrive; the
+--               `online` event has then been published
+local current = redis.call('GET', KEYS[1])
+if ARGV[5] == 'refresh' and current and current ~= ARGV[1] then
+  return {0, 0}
+end
+if current == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+else
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+end
+redis.call('HSET', KEYS[4], 'active', ARGV[4])
+if redis.call('SADD', KEYS[3], ARGV[3]) == 0 then
+  return {1, 0}
+end
+local count = redis.call('INCR', KEYS[2])
+if count ~= 1 then
+  return {1, 0}
+end
+local seq = redis.call('HINCRBY', KEYS[4], 'seq', 1)
+local st = redis.call('HMGET', KEYS[4], 'status', 'text')
+redis.call('PUBLISH', ARGV[7], cjson.encode({
+  user = ARGV[6],
+  status = st[1] or 'online',
+  text = st[2] or cjson.null,
+  devices = 1,
+  last_seen = cjson.null,
+  seq = seq,
+}))
+return {1, 1}

@@ -1,0 +1,56 @@
+-- Release one device and uncount it; the atomic "device gone" step shared by
+-- a clean close, an expired-key event and the deadline pass. Idempotent: any
+-- number of nodes may run it for the same device and at most one of them
+-- removes the device and, for the last device, publishes `offline`.
+--
+-- KEYS[1] presence:{<user>}:<device>   the device lease
+-- KEYS[2] presence-count:{<user>}      live device counter
+-- KEYS[3] presence-devices:{<user>}    set of counted device ids
+-- KEYS[4] presence-status:{<user>}     status hash (status, text, since, active, seq)
+-- ARGV[1] lease owner of the closing connection, or "" when the lease lapsed
+--         (then the device goes only if no lease exists any more)
+-- ARGV[2] device id
+-- ARGV[3] now, epoch ms
+-- ARGV[4] user id
+-- ARGV[5] pub/sub channel for transitions
+--
+-- Returns {outcome, went_offline, value}:
+--   outcome 0  a lease still exists (another connection's, or not yet lapsed);
+--              value = its remaining TTL in ms (-1 when it has none)
+--   outcome 1  this call removed the device; went_offline = 1 when it was the
+--              user's last one, and value = the last-seen time published
+--   outcome 2  nothing to do: the device was already gone
+local current = redis.call('GET', KEYS[1])
+if current then
+  if ARGV[1] == '' or current ~= ARGV[1] then
+    return {0, 0, redis.call('PTTL', KEYS[1])}
+  end
+  redis.call('DEL', KEYS[1])
+end
+if redis.call('SREM', KEYS[3], ARGV[2]) == 0 then
+  return {2, 0, 0}
+end
+local count = redis.call('DECR', KEYS[2])
+if count > 0 then
+  return {1, 0, 0}
+end
+redis.call('DEL', KEYS[2])
+-- A lapsed lease was last seen at its last refresh, not when Redis noticed.
+local last_seen = tonumber(ARGV[3])
+if ARGV[1] == '' then
+  local active = tonumber(redis.call('HGET', KEYS[4], 'active') or '0')
+  if active and active > 0 and active < last_seen then
+    last_seen = active
+  end
+end
+local seq = redis.call('HINCRBY', KEYS[4], 'seq', 1)
+local text = redis.call('HGET', KEYS[4], 'text')
+redis.call('PUBLISH', ARGV[5], cjson.encode({
+  user = ARGV[4],
+  status = 'offline',
+  text = text or cjson.null,
+  devices = 0,
+  last_seen = last_seen,
+  seq = seq,
+}))
+return {1, 1, last_seen}

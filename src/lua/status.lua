@@ -1,0 +1,40 @@
+-- Set a user's chosen status and text; announce it when the user is online
+-- and something visible changed.
+--
+-- KEYS[1] presence-status:{<user>}     status hash (status, text, since, active, seq)
+-- KEYS[2] presence-count:{<user>}      live device counter
+-- ARGV[1] status: online, away or busy
+-- ARGV[2] text, "" for none
+-- ARGV[3] now, epoch ms
+-- ARGV[4] user id
+-- ARGV[5] pub/sub channel for transitions
+--
+-- Returns 1 when a `presence` event was published, 0 otherwise.
+local old = redis.call('HMGET', KEYS[1], 'status', 'text')
+local old_status = old[1] or 'online'
+local old_text = old[2] or ''
+if old_status == ARGV[1] and old_text == ARGV[2] then
+  return 0
+end
+redis.call('HSET', KEYS[1], 'status', ARGV[1], 'since', ARGV[3])
+if ARGV[2] == '' then
+  redis.call('HDEL', KEYS[1], 'text')
+else
+  redis.call('HSET', KEYS[1], 'text', ARGV[2])
+end
+local count = tonumber(redis.call('GET', KEYS[2]) or '0')
+if count <= 0 then
+  return 0
+end
+local seq = redis.call('HINCRBY', KEYS[1], 'seq', 1)
+local text = cjson.null
+if ARGV[2] ~= '' then text = ARGV[2] end
+redis.call('PUBLISH', ARGV[5], cjson.encode({
+  user = ARGV[4],
+  status = ARGV[1],
+  text = text,
+  devices = count,
+  last_seen = cjson.null,
+  seq = seq,
+}))
+return 1

@@ -1,0 +1,305 @@
+//! The WebSocket protocol: client frames in, server frames out (README, "Protocol").
+//!
+//! Parsing never panics: every input either becomes a [`ClientFrame`] or a
+//! [`ProtocolError`] with a stable `code` for the error frame.
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::MAX_STATUS_TEXT;
+use crate::ids;
+
+/// A frame sent by a client.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(tag = "type", rename_all = "lowercase")]
+pub enum ClientFrame {
+    /// Start watching users: answered by one snapshot, then live events.
+    Watch {
+        /// Users to watch.
+        users: Vec<String>,
+    },
+    /// Stop watching users.
+    Unwatch {
+        /// Users to stop watching.
+        users: Vec<String>,
+    },
+    /// Set this user's status (for all of the user's devices).
+    Status {
+        /// online, away or busy.
+        status: String,
+        /// Optional free text ("in a meeting").
+        #[serde(default)]
+        text: Option<String>,
+    },
+    /// Refresh the lease explicitly.
+    Heartbeat,
+}
+
+/// The frame types a client may send; anything else is `unknown_type`.
+const CLIENT_TYPES: [&str; 4] = ["watch", "unwatch", "status", "heartbeat"];
+
+/// A status a user may choose.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    /// Available.
+    Online,
+    /// Away from the keyboard.
+    Away,
+    /// Do not disturb.
+    Busy,
+}
+
+impl Status {
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Online => "online",
+            Status::Away => "away",
+            Status::Busy => "busy",
+        }
+    }
+
+    /// Parses a client's choice; `invisible` is refused until privacy
+    /// filtering exists on every surface, so it can never leak.
+    pub fn parse(s: &str) -> Result<Self, ProtocolError> {
+        match s {
+            "online" => Ok(Status::Online),
+            "away" => Ok(Status::Away),
+            "busy" => Ok(Status::Busy),
+            "invisible" => Err(ProtocolError::new(
+                ErrorCode::InvalidStatus,
+                "invisible is not supported by this server yet",
+            )),
+            other => Err(ProtocolError::new(
+                ErrorCode::InvalidStatus,
+                format!("status must be online, away or busy, not {other:?}"),
+            )),
+        }
+    }
+}
+
+/// Stable error codes, shared by error frames and HTTP error bodies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    /// Not JSON, not an object, or fields of the wrong shape.
+    BadRequest,
+    /// A `type` the server does not know.
+    UnknownType,
+    /// A user or device id outside the id alphabet or length.
+    InvalidId,
+    /// A status other than online, away or busy, or text too long.
+    InvalidStatus,
+    /// More watched users than the per-session limit.
+    TooManyWatches,
+    /// More users in a bulk query than allowed.
+    TooManyUsers,
+    /// A frame larger than the limit, or a binary frame.
+    Unsupported,
+    /// Redis could not be reached; try again.
+    Unavailable,
+    /// No such route.
+    NotFound,
+}
+
+/// A refused request: what goes into an error frame or HTTP error body.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, thiserror::Error)]
+#[error("{code:?}: {message}")]
+pub struct ProtocolError {
+    /// Machine-readable code.
+    pub code: ErrorCode,
+    /// Human-readable explanation.
+    pub message: String,
+}
+
+impl ProtocolError {
+    /// An error with `code` and `message`.
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+        }
+    }
+
+    /// The error frame sent to the client.
+    pub fn to_frame(&self) -> String {
+        serde_json::json!({"type": "error", "code": self.code, "message": self.message})
+            .to_string()
+    }
+}
+
+impl From<ids::IdError> for ProtocolError {
+    fn from(e: ids::IdError) -> Self {
+        ProtocolError::new(ErrorCode::InvalidId, e.to_string())
+    }
+}
+
+/// Parses one text frame.
+pub fn parse_client_frame(text: &str) -> Result<ClientFrame, ProtocolError> {
+    #[derive(Deserialize)]
+    struct Tagged<'a> {
+        #[serde(rename = "type", borrow)]
+        kind: std::borrow::Cow<'a, str>,
+    }
+    let tagged: Tagged = serde_json::from_str(text).map_err(|e| {
+        ProtocolError::new(
+            ErrorCode::BadRequest,
+            format!("expected a JSON object with a string field \"type\": {e}"),
+        )
+    })?;
+    if !CLIENT_TYPES.contains(&tagged.kind.as_ref()) {
+        return Err(ProtocolError::new(
+            ErrorCode::UnknownType,
+            format!(
+                "unknown type {:?}; expected one of {}",
+                tagged.kind,
+                CLIENT_TYPES.join(", ")
+            ),
+        ));
+    }
+    let frame: ClientFrame = serde_json::from_str(text)
+        .map_err(|e| ProtocolError::new(ErrorCode::BadRequest, format!("{}: {e}", tagged.kind)))?;
+    if let ClientFrame::Watch { users } | ClientFrame::Unwatch { users } = &frame {
+        for user in users {
+            ids::validate("user", user)?;
+        }
+    }
+    if let ClientFrame::Status { status, text } = &frame {
+        Status::parse(status)?;
+        if text.as_ref().is_some_and(|t| t.chars().count() > MAX_STATUS_TEXT) {
+            return Err(ProtocolError::new(
+                ErrorCode::InvalidStatus,
+                format!("status text is longer than {MAX_STATUS_TEXT} characters"),
+            ));
+        }
+    }
+    Ok(frame)
+}
+
+/// What a viewer sees of one user.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Record {
+    /// The user.
+    pub user: String,
+    /// online, away, busy or offline.
+    pub status: String,
+    /// Number of live devices.
+    pub devices: u32,
+    /// When the user was last online, epoch ms; null while online or never seen.
+    pub last_seen: Option<i64>,
+    /// Optional status text.
+    pub text: Option<String>,
+}
+
+/// A transition as published on the `presence-events` channel by the scripts.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct Event {
+    /// The record after the transition.
+    #[serde(flatten)]
+    pub record: Record,
+    /// Per-user sequence number, increasing with each transition; lets a
+    /// session drop an event its snapshot already reflects.
+    pub seq: u64,
+}
+
+/// The `hello` frame.
+pub fn hello_frame(user: &str, device: &str, heartbeat_ms: u64, ttl_ms: u64) -> String {
+    serde_json::json!({
+        "type": "hello", "user": user, "device": device,
+        "heartbeat_ms": heartbeat_ms, "ttl_ms": ttl_ms,
+    })
+    .to_string()
+}
+
+/// The `snapshot` frame.
+pub fn snapshot_frame(records: &[Record]) -> String {
+    serde_json::json!({"type": "snapshot", "presence": records}).to_string()
+}
+
+/// The `presence` frame for one record.
+pub fn presence_frame(record: &Record) -> String {
+    #[derive(Serialize)]
+    struct Frame<'a> {
+        #[serde(rename = "type")]
+        kind: &'static str,
+        #[serde(flatten)]
+        record: &'a Record,
+    }
+    serde_json::to_string(&Frame {
+        kind: "presence",
+        record,
+    })
+    .expect("a record always serializes")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn code(text: &str) -> ErrorCode {
+        parse_client_frame(text).unwrap_err().code
+    }
+
+    #[test]
+    fn parses_each_frame() {
+        assert_eq!(
+            parse_client_frame(r#"{"type":"watch","users":["bob","carol"]}"#),
+            Ok(ClientFrame::Watch {
+                users: vec!["bob".into(), "carol".into()]
+            })
+        );
+        assert_eq!(
+            parse_client_frame(r#"{"type":"status","status":"away","text":"lunch"}"#),
+            Ok(ClientFrame::Status {
+                status: "away".into(),
+                text: Some("lunch".into())
+            })
+        );
+        assert_eq!(
+            parse_client_frame(r#"{"type":"heartbeat"}"#),
+            Ok(ClientFrame::Heartbeat)
+        );
+    }
+
+    #[test]
+    fn refuses_bad_input_with_a_code() {
+        assert_eq!(code("not json"), ErrorCode::BadRequest);
+        assert_eq!(code("[1,2]"), ErrorCode::BadRequest);
+        assert_eq!(code(r#"{"type":7}"#), ErrorCode::BadRequest);
+        assert_eq!(code(r#"{"type":"dance"}"#), ErrorCode::UnknownType);
+        assert_eq!(code(r#"{"type":"watch"}"#), ErrorCode::BadRequest);
+        assert_eq!(code(r#"{"type":"watch","users":"bob"}"#), ErrorCode::BadRequest);
+        assert_eq!(
+            code(r#"{"type":"watch","users":["b:ob"]}"#),
+            ErrorCode::InvalidId
+        );
+        assert_eq!(
+            code(r#"{"type":"status","status":"sleepy"}"#),
+            ErrorCode::InvalidStatus
+        );
+        assert_eq!(
+            code(r#"{"type":"status","status":"invisible"}"#),
+            ErrorCode::InvalidStatus
+        );
+        let long = "x".repeat(MAX_STATUS_TEXT + 1);
+        assert_eq!(
+            code(&format!(r#"{{"type":"status","status":"away","text":"{long}"}}"#)),
+            ErrorCode::InvalidStatus
+        );
+    }
+
+    #[test]
+    fn presence_frame_is_flat() {
+        let r = Record {
+            user: "bob".into(),
+            status: "online".into(),
+            devices: 2,
+            last_seen: None,
+            text: None,
+        };
+        let v: serde_json::Value = serde_json::from_str(&presence_frame(&r)).unwrap();
+        assert_eq!(v["type"], "presence");
+        assert_eq!(v["user"], "bob");
+        assert_eq!(v["devices"], 2);
+        assert!(v["last_seen"].is_null());
+    }
+}

@@ -1,0 +1,470 @@
+//! Test harness: a real redis-server with the project's redis.conf on a
+//! random port, real server nodes as separate processes (so that a test can
+//! SIGKILL one), and real WebSocket clients.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures_util::{SinkExt, StreamExt};
+use serde_json::Value;
+use tokio::sync::mpsc;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+use tokio_tungstenite::tungstenite::Message;
+
+/// Heartbeat the test nodes run with; the lease TTL is three of them.
+pub const HEARTBEAT_MS: u64 = 500;
+/// The lease TTL of the test nodes.
+pub const TTL: Duration = Duration::from_millis(3 * HEARTBEAT_MS);
+/// How long a test waits for an event that should come.
+pub const DEADLINE: Duration = Duration::from_secs(10);
+
+/// A port free on loopback right now.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Polls `cond` until it holds or `timeout` passes; panics with `what`.
+pub async fn wait_until<F, Fut>(what: &str, timeout: Duration, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if cond().await {
+            return;
+        }
+        if Instant::now() > deadline {
+            panic!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Lifts the open-file soft limit, for tests holding thousands of sockets.
+pub fn raise_fd_limit() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 {
+            lim.rlim_cur = lim.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
+    }
+}
+
+/// A redis-server on a random port, killed on drop.
+pub struct Redis {
+    child: Child,
+    dir: tempfile::TempDir,
+    pub port: u16,
+    pub url: String,
+}
+
+impl Redis {
+    /// Starts redis-server with the project's redis.conf.
+    pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// Starts redis-server with the project's redis.conf and extra arguments.
+    pub fn start_with(extra: &[&str]) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let child = Self::spawn(dir.path(), port, extra);
+        let redis = Self {
+            child,
+            dir,
+            port,
+            url: format!("redis://127.0.0.1:{port}/0"),
+        };
+        redis.wait_ready();
+        redis
+    }
+
+    fn spawn(dir: &Path, port: u16, extra: &[&str]) -> Child {
+        let conf = Path::new(env!("CARGO_MANIFEST_DIR")).join("redis.conf");
+        Command::new("redis-server")
+            .arg(conf)
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .arg("--dir")
+            .arg(dir)
+            .arg("--logfile")
+            .arg(dir.join("redis.log"))
+            .args(["--appendonly", "no"])
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server must be installed (apt-get install -y redis-server)")
+    }
+
+    fn wait_ready(&self) {
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            if let Ok(mut c) = self.try_conn() {
+                if redis::cmd("PING").query::<String>(&mut c).is_ok() {
+                    return;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "redis-server did not start; log:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn try_conn(&self) -> redis::RedisResult<redis::Connection> {
+        redis::Client::open(self.url.as_str())?
+            .get_connection_with_timeout(Duration::from_millis(500))
+    }
+
+    /// A blocking connection for assertions.
+    pub fn conn(&self) -> redis::Connection {
+        self.try_conn().expect("redis reachable")
+    }
+
+    /// An async connection for assertions inside async tests.
+    pub async fn aconn(&self) -> redis::aio::MultiplexedConnection {
+        redis::Client::open(self.url.as_str())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap()
+    }
+
+    /// The server's log file.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("redis.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A presence-server process.
+pub struct Node {
+    child: Child,
+    pub addr: SocketAddr,
+    pub id: String,
+    logs: Arc<Mutex<Vec<String>>>,
+}
+
+impl Node {
+    /// Starts a node on a random port against `redis`.
+    pub fn start(redis: &Redis, id: &str) -> Self {
+        Self::start_with(redis, id, &[])
+    }
+
+    /// Starts a node with extra flags.
+    pub fn start_with(redis: &Redis, id: &str, extra: &[&str]) -> Self {
+        let mut args = vec![
+            "--listen".to_string(),
+            "127.0.0.1:0".into(),
+            "--redis-url".into(),
+            redis.url.clone(),
+            "--heartbeat-ms".into(),
+            HEARTBEAT_MS.to_string(),
+            "--node-id".into(),
+            id.into(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        Self::spawn(id, &args, &[]).unwrap_or_else(|logs| panic!("node {id} did not start:\n{logs}"))
+    }
+
+    /// Spawns the binary with `args` and env overrides; waits for its
+    /// "listening on" line. Err carries its output when it exits first.
+    pub fn spawn(id: &str, args: &[String], env: &[(&str, &str)]) -> Result<Self, String> {
+        let mut cmd = Command::new(binary());
+        cmd.args(args)
+            .env("RUST_LOG", "presence_server=debug,info")
+            .env_remove("REDIS_URL")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("spawn presence-server");
+        let stderr = child.stderr.take().unwrap();
+        let logs = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        {
+            let logs = logs.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                    if let Some(rest) = line.split("listening on http://").nth(1) {
+                        let addr = rest.split_whitespace().next().unwrap_or("").to_string();
+                        let _ = tx.send(addr);
+                    }
+                    logs.lock().unwrap().push(line);
+                }
+            });
+        }
+        match rx.recv_timeout(DEADLINE) {
+            Ok(addr) => Ok(Self {
+                child,
+                addr: addr.parse().expect("listen address"),
+                id: id.to_string(),
+                logs,
+            }),
+            Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                std::thread::sleep(Duration::from_millis(100));
+                Err(logs.lock().unwrap().join("\n"))
+            }
+        }
+    }
+
+    /// `http://<addr>`.
+    pub fn http(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The WebSocket URL for a user and device.
+    pub fn ws_url(&self, user: &str, device: &str) -> String {
+        format!("ws://{}/ws?user={user}&device={device}", self.addr)
+    }
+
+    /// Kills the node with SIGKILL: a crash, no goodbyes.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Sends a signal and waits up to `timeout` for the exit status.
+    pub fn signal_and_wait(&mut self, sig: i32, timeout: Duration) -> Option<std::process::ExitStatus> {
+        unsafe {
+            libc::kill(self.child.id() as i32, sig);
+        }
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
+    /// Everything the node logged so far.
+    pub fn logs(&self) -> String {
+        self.logs.lock().unwrap().join("\n")
+    }
+
+    /// Waits until a log line contains `needle`.
+    pub async fn wait_log(&self, needle: &str) {
+        let logs = self.logs.clone();
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            if logs.lock().unwrap().iter().any(|l| l.contains(needle)) {
+                return;
+            }
+            if Instant::now() > deadline {
+                panic!("node {} never logged {needle:?}; log:\n{}", self.id, self.logs());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The server binary built by cargo for these tests.
+pub fn binary() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_presence-server"))
+}
+
+/// What the reader task hands to the test.
+#[derive(Debug)]
+pub enum Incoming {
+    /// A text frame, parsed as JSON.
+    Frame(Value),
+    /// The server closed the connection (code, reason), or it dropped.
+    Closed(Option<(u16, String)>),
+}
+
+type Sink = futures_util::stream::SplitSink<
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>,
+    Message,
+>;
+
+/// A WebSocket client. A background task reads the socket all the time, so
+/// that pings are answered however long the test looks elsewhere.
+pub struct Client {
+    sink: Sink,
+    rx: mpsc::UnboundedReceiver<Incoming>,
+    reader: tokio::task::JoinHandle<()>,
+    pub user: String,
+    pub device: String,
+}
+
+impl Client {
+    /// Connects and waits for the `hello` frame.
+    pub async fn connect(node: &Node, user: &str, device: &str) -> Self {
+        let mut c = Self::connect_raw(&node.ws_url(user, device), user, device)
+            .await
+            .unwrap_or_else(|e| panic!("connect {user}/{device}: {e}; node log:\n{}", node.logs()));
+        let hello = c.recv().await;
+        assert_eq!(hello["type"], "hello", "first frame: {hello}");
+        assert_eq!(hello["user"], user);
+        assert_eq!(hello["device"], device);
+        c
+    }
+
+    /// Connects without waiting for anything.
+    pub async fn connect_raw(url: &str, user: &str, device: &str) -> Result<Self, String> {
+        let (ws, _) = tokio_tungstenite::connect_async(url)
+            .await
+            .map_err(|e| e.to_string())?;
+        let (sink, mut stream) = ws.split();
+        let (tx, rx) = mpsc::unbounded_channel();
+        let reader = tokio::spawn(async move {
+            while let Some(msg) = stream.next().await {
+                match msg {
+                    Ok(Message::Text(t)) => {
+                        let v = serde_json::from_str(&t).unwrap_or(Value::String(t.to_string()));
+                        if tx.send(Incoming::Frame(v)).is_err() {
+                            return;
+                        }
+                    }
+                    Ok(Message::Close(frame)) => {
+                        let _ = tx.send(Incoming::Closed(
+                            frame.map(|f| (u16::from(f.code), f.reason.to_string())),
+                        ));
+                        return;
+                    }
+                    Ok(_) => {}
+                    Err(_) => break,
+                }
+            }
+            let _ = tx.send(Incoming::Closed(None));
+        });
+        Ok(Self {
+            sink,
+            rx,
+            reader,
+            user: user.to_string(),
+            device: device.to_string(),
+        })
+    }
+
+    /// Sends a JSON frame.
+    pub async fn send(&mut self, v: Value) {
+        self.sink.send(Message::Text(v.to_string().into())).await.unwrap();
+    }
+
+    /// Sends a raw message.
+    pub async fn send_raw(&mut self, m: Message) {
+        self.sink.send(m).await.unwrap();
+    }
+
+    /// The next incoming item, within `timeout`.
+    pub async fn next_within(&mut self, timeout: Duration) -> Option<Incoming> {
+        tokio::time::timeout(timeout, self.rx.recv()).await.ok().flatten()
+    }
+
+    /// The next text frame; panics on close or after [`DEADLINE`].
+    pub async fn recv(&mut self) -> Value {
+        match self.next_within(DEADLINE).await {
+            Some(Incoming::Frame(v)) => v,
+            other => panic!(
+                "{}/{}: expected a frame, got {other:?}",
+                self.user, self.device
+            ),
+        }
+    }
+
+    /// The next frame, which must be of `kind`.
+    pub async fn expect(&mut self, kind: &str) -> Value {
+        let v = self.recv().await;
+        assert_eq!(v["type"], kind, "{}/{}: unexpected frame {v}", self.user, self.device);
+        v
+    }
+
+    /// Watches `users` and returns the snapshot's records.
+    pub async fn watch(&mut self, users: &[&str]) -> Vec<Value> {
+        self.send(serde_json::json!({"type": "watch", "users": users}))
+            .await;
+        let snap = self.expect("snapshot").await;
+        snap["presence"].as_array().unwrap().clone()
+    }
+
+    /// Waits for the close frame and returns (code, reason).
+    pub async fn expect_closed(&mut self) -> Option<(u16, String)> {
+        loop {
+            match self.next_within(DEADLINE).await {
+                Some(Incoming::Closed(c)) => return c,
+                Some(Incoming::Frame(_)) => continue,
+                None => panic!("{}/{}: not closed within {DEADLINE:?}", self.user, self.device),
+            }
+        }
+    }
+
+    /// A clean close: close frame, then wait for the server's answer.
+    pub async fn close(mut self) {
+        let _ = self
+            .sink
+            .send(Message::Close(Some(CloseFrame {
+                code: CloseCode::Normal,
+                reason: "bye".into(),
+            })))
+            .await;
+        let _ = tokio::time::timeout(DEADLINE, &mut self.reader).await;
+    }
+
+    /// Drops the TCP connection without a close frame.
+    pub fn drop_tcp(self) {
+        self.reader.abort();
+        drop(self.sink);
+    }
+}
+
+/// Fetches JSON with status.
+pub async fn get(url: &str) -> (u16, Value) {
+    let r = reqwest::get(url).await.unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+/// Posts JSON, returns status and JSON body.
+pub async fn post(url: &str, body: &Value) -> (u16, Value) {
+    let r = reqwest::Client::new().post(url).json(body).send().await.unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+/// Current value of a user's device counter (0 when the key is absent).
+pub async fn count(redis: &Redis, user: &str) -> i64 {
+    let mut c = redis.aconn().await;
+    let v: Option<i64> = redis::cmd("GET")
+        .arg(format!("presence-count:{{{user}}}"))
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    v.unwrap_or(0)
+}
