@@ -140,7 +140,11 @@ impl Handler<Expired> for ExpiryListener {
             match store.depart(&user, &device, None).await {
                 Ok(Departure::Removed { last_seen }) => log::debug!(
                     "lease of {user}/{device} expired; device removed{}",
-                    if last_seen.is_some() { ", user offline" } else { "" }
+                    if last_seen.is_some() {
+                        ", user offline"
+                    } else {
+                        ""
+                    }
                 ),
                 Ok(_) => {}
                 Err(e) => log::warn!("departure of expired {user}/{device} failed: {e}"),
@@ -149,4 +153,3 @@ impl Handler<Expired> for ExpiryListener {
         ctx.spawn(step.into_actor(self));
     }
 }
-

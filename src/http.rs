@@ -100,10 +100,20 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
             }),
     )
     .app_data(web::QueryConfig::default().error_handler(|err, _| {
-        ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::BadRequest, err.to_string()).into()
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            ErrorCode::BadRequest,
+            err.to_string(),
+        )
+        .into()
     }))
     .app_data(web::PathConfig::default().error_handler(|err, _| {
-        ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::BadRequest, err.to_string()).into()
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            ErrorCode::BadRequest,
+            err.to_string(),
+        )
+        .into()
     }))
     .route("/ws", web::get().to(websocket))
     .route("/api/presence/query", web::post().to(query))

@@ -37,7 +37,12 @@ pub fn status(user: &str) -> String {
 
 /// The four per-user keys of a device, in the order the scripts expect them.
 pub fn device_keys(user: &str, device: &str) -> [String; 4] {
-    [lease(user, device), count(user), devices(user), status(user)]
+    [
+        lease(user, device),
+        count(user),
+        devices(user),
+        status(user),
+    ]
 }
 
 /// Member of [`LEASES`] for one device.

@@ -1,12 +1,12 @@
 pub mod config;
+pub mod expiry;
+pub mod http;
 pub mod ids;
 pub mod keys;
+pub mod local_redis;
 pub mod protocol;
-pub mod store;
-pub mod expiry;
 pub mod pubsub;
 pub mod registry;
-pub mod session;
-pub mod http;
-pub mod local_redis;
 pub mod server;
+pub mod session;
+pub mod store;

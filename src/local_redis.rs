@@ -39,9 +39,8 @@ impl LocalRedis {
     pub fn start(parent: &Path) -> Result<Self, LocalRedisError> {
         let port = free_port().map_err(|e| LocalRedisError::Start(e.to_string()))?;
         let dir = parent.join(format!("presence-redis-{}-{port}", std::process::id()));
-        std::fs::create_dir_all(&dir).map_err(|e| {
-            LocalRedisError::Start(format!("cannot create {}: {e}", dir.display()))
-        })?;
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| LocalRedisError::Start(format!("cannot create {}: {e}", dir.display())))?;
         let conf = dir.join("redis.conf");
         std::fs::write(&conf, REDIS_CONF)
             .map_err(|e| LocalRedisError::Start(format!("cannot write {}: {e}", conf.display())))?;
@@ -93,7 +92,9 @@ impl LocalRedis {
         loop {
             if let Ok(Some(status)) = self.child.try_wait() {
                 let log = std::fs::read_to_string(log).unwrap_or_default();
-                return Err(LocalRedisError::Start(format!("exited with {status}:\n{log}")));
+                return Err(LocalRedisError::Start(format!(
+                    "exited with {status}:\n{log}"
+                )));
             }
             if let Ok(mut conn) = client.get_connection_with_timeout(Duration::from_millis(200)) {
                 if redis::cmd("PING").query::<String>(&mut conn).is_ok() {

@@ -122,8 +122,7 @@ impl ProtocolError {
 
     /// The error frame sent to the client.
     pub fn to_frame(&self) -> String {
-        serde_json::json!({"type": "error", "code": self.code, "message": self.message})
-            .to_string()
+        serde_json::json!({"type": "error", "code": self.code, "message": self.message}).to_string()
     }
 }
 
@@ -165,7 +164,10 @@ pub fn parse_client_frame(text: &str) -> Result<ClientFrame, ProtocolError> {
     }
     if let ClientFrame::Status { status, text } = &frame {
         Status::parse(status)?;
-        if text.as_ref().is_some_and(|t| t.chars().count() > MAX_STATUS_TEXT) {
+        if text
+            .as_ref()
+            .is_some_and(|t| t.chars().count() > MAX_STATUS_TEXT)
+        {
             return Err(ProtocolError::new(
                 ErrorCode::InvalidStatus,
                 format!("status text is longer than {MAX_STATUS_TEXT} characters"),
@@ -267,7 +269,10 @@ mod tests {
         assert_eq!(code(r#"{"type":7}"#), ErrorCode::BadRequest);
         assert_eq!(code(r#"{"type":"dance"}"#), ErrorCode::UnknownType);
         assert_eq!(code(r#"{"type":"watch"}"#), ErrorCode::BadRequest);
-        assert_eq!(code(r#"{"type":"watch","users":"bob"}"#), ErrorCode::BadRequest);
+        assert_eq!(
+            code(r#"{"type":"watch","users":"bob"}"#),
+            ErrorCode::BadRequest
+        );
         assert_eq!(
             code(r#"{"type":"watch","users":["b:ob"]}"#),
             ErrorCode::InvalidId
@@ -282,7 +287,9 @@ mod tests {
         );
         let long = "x".repeat(MAX_STATUS_TEXT + 1);
         assert_eq!(
-            code(&format!(r#"{{"type":"status","status":"away","text":"{long}"}}"#)),
+            code(&format!(
+                r#"{{"type":"status","status":"away","text":"{long}"}}"#
+            )),
             ErrorCode::InvalidStatus
         );
     }

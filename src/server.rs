@@ -21,6 +21,10 @@ const REDIS_RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long connecting to Redis may take.
 const REDIS_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// On SIGTERM/SIGINT, how long open connections get before they are cut;
+/// leases of cut connections lapse after their TTL.
+const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Runs a node on an already bound `listener` until SIGINT or SIGTERM.
 /// Must be called inside an actix system (`#[actix_web::main]`).
 pub async fn run(config: Config, redis_url: &str, listener: TcpListener) -> anyhow::Result<()> {
@@ -47,9 +51,11 @@ pub async fn run(config: Config, redis_url: &str, listener: TcpListener) -> anyh
         next_session: AtomicU64::new(1),
     });
     let addr = listener.local_addr()?;
-    let server = HttpServer::new(move || App::new().app_data(state.clone()).configure(http::routes))
-        .listen(listener)?
-        .run();
+    let server =
+        HttpServer::new(move || App::new().app_data(state.clone()).configure(http::routes))
+            .shutdown_timeout(SHUTDOWN_TIMEOUT.as_secs())
+            .listen(listener)?
+            .run();
     log::info!(
         "node {} listening on http://{addr} (heartbeat {:?}, lease ttl {:?})",
         config.node_id,

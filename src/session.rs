@@ -16,7 +16,7 @@ use actix_web_actors::ws;
 use crate::config::Config;
 use crate::protocol::{self, ClientFrame, ErrorCode, ProtocolError, Status};
 use crate::registry::{self, Deliver, Registry, SessionId};
-use crate::store::{ArriveMode, Arrival, Departure, Store};
+use crate::store::{Arrival, ArriveMode, Departure, Store};
 
 /// Close code sent when another connection of the same device took the lease.
 pub const CLOSE_REPLACED: u16 = 4001;
@@ -113,8 +113,11 @@ impl Session {
         self.refreshing = true;
         let store = self.store.clone();
         let (user, device, owner) = (self.user.clone(), self.device.clone(), self.owner.clone());
-        let refresh =
-            async move { store.arrive(&user, &device, &owner, ArriveMode::Refresh).await };
+        let refresh = async move {
+            store
+                .arrive(&user, &device, &owner, ArriveMode::Refresh)
+                .await
+        };
         ctx.spawn(refresh.into_actor(self).map(|res, act, ctx| {
             act.refreshing = false;
             match res {
@@ -126,7 +129,11 @@ impl Session {
                     }
                 }
                 Ok((Arrival::Replaced, _)) => {
-                    log::debug!("{}/{}: replaced by a newer connection", act.user, act.device);
+                    log::debug!(
+                        "{}/{}: replaced by a newer connection",
+                        act.user,
+                        act.device
+                    );
                     act.claimed = false;
                     ctx.close(Some(ws::CloseReason {
                         code: ws::CloseCode::Other(CLOSE_REPLACED),
@@ -243,7 +250,11 @@ impl Actor for Session {
         self.hb(ctx);
         let store = self.store.clone();
         let (user, device, owner) = (self.user.clone(), self.device.clone(), self.owner.clone());
-        let claim = async move { store.arrive(&user, &device, &owner, ArriveMode::Connect).await };
+        let claim = async move {
+            store
+                .arrive(&user, &device, &owner, ArriveMode::Connect)
+                .await
+        };
         ctx.wait(claim.into_actor(self).map(|res, act, ctx| match res {
             Ok((_, deadline)) => {
                 act.claimed = true;
@@ -270,9 +281,14 @@ impl Actor for Session {
     }
 
     fn stopped(&mut self, _: &mut Self::Context) {
-        self.registry.do_send(registry::Disconnect { session: self.id });
+        self.registry
+            .do_send(registry::Disconnect { session: self.id });
         if !self.claimed {
-            log::debug!("{}/{}: closed without a lease to release", self.user, self.device);
+            log::debug!(
+                "{}/{}: closed without a lease to release",
+                self.user,
+                self.device
+            );
             return;
         }
         let store = self.store.clone();
@@ -286,17 +302,19 @@ impl Actor for Session {
             match store.depart(&user, &device, Some((&owner, deadline))).await {
                 Ok(Departure::Removed { last_seen }) => log::debug!(
                     "{user}/{device}: closed, device released{}",
-                    if last_seen.is_some() { ", user offline" } else { "" }
+                    if last_seen.is_some() {
+                        ", user offline"
+                    } else {
+                        ""
+                    }
                 ),
-                Ok(Departure::Leased { .. }) => log::debug!(
-                    "{user}/{device}: closed, lease kept by a newer connection"
-                ),
+                Ok(Departure::Leased { .. }) => {
+                    log::debug!("{user}/{device}: closed, lease kept by a newer connection")
+                }
                 Ok(Departure::AlreadyGone) => {
                     log::debug!("{user}/{device}: closed, device was already released")
                 }
-                Err(e) => log::warn!(
-                    "{user}/{device}: release failed ({e}); the lease will lapse"
-                ),
+                Err(e) => log::warn!("{user}/{device}: release failed ({e}); the lease will lapse"),
             }
         });
     }

@@ -211,7 +211,15 @@ impl Store {
         eval(
             &mut pipe,
             &self.scripts.arrive,
-            &[&lease, &count, &devices, &status]).arg(owner).arg(self.ttl_ms).arg(device).arg(now).arg(mode_arg).arg(user).arg(keys::EVENTS);
+            &[&lease, &count, &devices, &status],
+        )
+        .arg(owner)
+        .arg(self.ttl_ms)
+        .arg(device)
+        .arg(now)
+        .arg(mode_arg)
+        .arg(user)
+        .arg(keys::EVENTS);
         pipe.zadd(keys::LEASES, keys::lease_member(user, device), deadline)
             .ignore();
         pipe.cmd("ZADD")
@@ -250,14 +258,19 @@ impl Store {
         eval(
             &mut pipe,
             &self.scripts.depart,
-            &[&lease, &count, &devices, &status]).arg(owner.map_or("", |(o, _)| o)).arg(device).arg(now_ms()).arg(user).arg(keys::EVENTS);
+            &[&lease, &count, &devices, &status],
+        )
+        .arg(owner.map_or("", |(o, _)| o))
+        .arg(device)
+        .arg(now_ms())
+        .arg(user)
+        .arg(keys::EVENTS);
         if let Some((_, deadline)) = owner {
             // Our own deadline only: a newer connection's entry stays.
-            eval(
-                &mut pipe,
-                &self.scripts.zrem_if,
-                &[keys::LEASES]).arg(keys::lease_member(user, device)).arg(deadline)
-            .ignore();
+            eval(&mut pipe, &self.scripts.zrem_if, &[keys::LEASES])
+                .arg(keys::lease_member(user, device))
+                .arg(deadline)
+                .ignore();
         }
         let reply = self.query(&pipe).await?;
         let departure = parse_departure(reply.first())?;
@@ -295,7 +308,13 @@ impl Store {
         eval(
             &mut pipe,
             &self.scripts.status,
-            &[&keys::status(user), &keys::count(user)]).arg(status.as_str()).arg(text.unwrap_or("")).arg(now_ms()).arg(user).arg(keys::EVENTS);
+            &[&keys::status(user), &keys::count(user)],
+        )
+        .arg(status.as_str())
+        .arg(text.unwrap_or(""))
+        .arg(now_ms())
+        .arg(user)
+        .arg(keys::EVENTS);
         let reply = self.query(&pipe).await?;
         Ok(int(reply.first().unwrap_or(&Value::Nil))? == 1)
     }
@@ -309,7 +328,9 @@ impl Store {
         let mut pipe = redis::pipe();
         for user in users {
             pipe.get(keys::count(user));
-            pipe.cmd("HMGET").arg(keys::status(user)).arg(&["status", "text", "seq"]);
+            pipe.cmd("HMGET")
+                .arg(keys::status(user))
+                .arg(&["status", "text", "seq"]);
             pipe.zscore(keys::LAST_SEEN, user);
         }
         let reply = self.query(&pipe).await?;
@@ -500,7 +521,13 @@ impl Store {
                     eval(
                         &mut pipe,
                         &self.scripts.depart,
-                        &[&lease, &count, &devices, &status]).arg("").arg(device).arg(now).arg(user).arg(keys::EVENTS);
+                        &[&lease, &count, &devices, &status],
+                    )
+                    .arg("")
+                    .arg(device)
+                    .arg(now)
+                    .arg(user)
+                    .arg(keys::EVENTS);
                 }
                 // Not ours to interpret: drop it from the index below.
                 None => {
@@ -541,11 +568,15 @@ impl Store {
                             .ignore();
                         follow.zrem(keys::ONLINE, user).ignore();
                     }
-                    eval(&mut follow, &self.scripts.zrem_if, &[keys::LEASES]).arg(member).arg(score)
+                    eval(&mut follow, &self.scripts.zrem_if, &[keys::LEASES])
+                        .arg(member)
+                        .arg(score)
                         .ignore();
                 }
                 Departure::AlreadyGone => {
-                    eval(&mut follow, &self.scripts.zrem_if, &[keys::LEASES]).arg(member).arg(score)
+                    eval(&mut follow, &self.scripts.zrem_if, &[keys::LEASES])
+                        .arg(member)
+                        .arg(score)
                         .ignore();
                 }
             }
@@ -576,7 +607,9 @@ impl Store {
         }
         let mut pipe = redis::pipe();
         for (user, score) in &old {
-            eval(&mut pipe, &self.scripts.zrem_if, &[keys::LAST_SEEN]).arg(user).arg(score);
+            eval(&mut pipe, &self.scripts.zrem_if, &[keys::LAST_SEEN])
+                .arg(user)
+                .arg(score);
         }
         let reply = self.query(&pipe).await?;
         let mut forget = redis::pipe();

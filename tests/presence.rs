@@ -20,13 +20,22 @@ async fn multi_device_on_one_node() {
 
     let phone = Client::connect(&node, "alice", "phone").await;
     let ev = watcher.expect("presence").await;
-    assert_eq!((ev["user"].as_str(), ev["status"].as_str()), (Some("alice"), Some("online")));
+    assert_eq!(
+        (ev["user"].as_str(), ev["status"].as_str()),
+        (Some("alice"), Some("online"))
+    );
     assert_eq!(ev["devices"], 1);
 
     let laptop = Client::connect(&node, "alice", "laptop").await;
-    wait_until("two devices counted", DEADLINE, || async { count(&redis, "alice").await == 2 }).await;
+    wait_until("two devices counted", DEADLINE, || async {
+        count(&redis, "alice").await == 2
+    })
+    .await;
     phone.close().await;
-    wait_until("one device counted", DEADLINE, || async { count(&redis, "alice").await == 1 }).await;
+    wait_until("one device counted", DEADLINE, || async {
+        count(&redis, "alice").await == 1
+    })
+    .await;
     let before = store_now();
     laptop.close().await;
 
@@ -35,14 +44,26 @@ async fn multi_device_on_one_node() {
     assert_eq!(ev["status"], "offline", "{ev}");
     assert_eq!(ev["devices"], 0);
     let last_seen = ev["last_seen"].as_i64().expect("last_seen set");
-    assert!(last_seen >= before - 1000, "last_seen {last_seen} before {before}");
+    assert!(
+        last_seen >= before - 1000,
+        "last_seen {last_seen} before {before}"
+    );
 
     // Redis at rest: nothing counted, no lease, last seen kept.
     let mut c = redis.aconn().await;
-    let keys: Vec<String> = redis::cmd("KEYS").arg("presence:{alice}:*").query_async(&mut c).await.unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("presence:{alice}:*")
+        .query_async(&mut c)
+        .await
+        .unwrap();
     assert!(keys.is_empty(), "leftover leases {keys:?}");
     assert_eq!(count(&redis, "alice").await, 0);
-    let seen: Option<i64> = redis::cmd("ZSCORE").arg("presence-lastseen").arg("alice").query_async(&mut c).await.unwrap();
+    let seen: Option<i64> = redis::cmd("ZSCORE")
+        .arg("presence-lastseen")
+        .arg("alice")
+        .query_async(&mut c)
+        .await
+        .unwrap();
     assert_eq!(seen, Some(last_seen));
 
     // A late watcher sees the same last seen.
@@ -70,19 +91,30 @@ async fn two_nodes_share_one_redis() {
         assert_eq!(ev["status"], "online");
     }
     let laptop = Client::connect(&b, "alice", "laptop").await;
-    wait_until("two devices counted", DEADLINE, || async { count(&redis, "alice").await == 2 }).await;
+    wait_until("two devices counted", DEADLINE, || async {
+        count(&redis, "alice").await == 2
+    })
+    .await;
 
     // A status change on node B reaches the watcher on node A.
     let mut laptop = laptop;
-    laptop.send(json!({"type": "status", "status": "busy", "text": "focus"})).await;
+    laptop
+        .send(json!({"type": "status", "status": "busy", "text": "focus"}))
+        .await;
     for w in [&mut wa, &mut wb] {
         let ev = w.expect("presence").await;
-        assert_eq!((ev["status"].as_str(), ev["text"].as_str()), (Some("busy"), Some("focus")));
+        assert_eq!(
+            (ev["status"].as_str(), ev["text"].as_str()),
+            (Some("busy"), Some("focus"))
+        );
         assert_eq!(ev["devices"], 2);
     }
 
     phone.close().await;
-    wait_until("one device counted", DEADLINE, || async { count(&redis, "alice").await == 1 }).await;
+    wait_until("one device counted", DEADLINE, || async {
+        count(&redis, "alice").await == 1
+    })
+    .await;
     laptop.close().await;
     for w in [&mut wa, &mut wb] {
         let ev = w.expect("presence").await;
@@ -108,7 +140,11 @@ async fn reconnect_on_another_node_keeps_the_lease() {
     a.wait_log("alice/phone: closed").await;
 
     let mut c = redis.aconn().await;
-    let owner: String = redis::cmd("GET").arg("presence:{alice}:phone").query_async(&mut c).await.unwrap();
+    let owner: String = redis::cmd("GET")
+        .arg("presence:{alice}:phone")
+        .query_async(&mut c)
+        .await
+        .unwrap();
     assert!(owner.starts_with("b "), "lease owner {owner:?}");
     assert_eq!(count(&redis, "alice").await, 1);
 
@@ -153,14 +189,24 @@ async fn killed_node_users_go_offline_within_ttl() {
     while offline.len() < 2 {
         let ev = watcher.expect("presence").await;
         assert_eq!(ev["status"], "offline", "{ev}");
-        assert!(offline.insert(ev["user"].as_str().unwrap().to_string()), "second offline {ev}");
+        assert!(
+            offline.insert(ev["user"].as_str().unwrap().to_string()),
+            "second offline {ev}"
+        );
         let elapsed = killed.elapsed();
-        assert!(elapsed <= TTL + Duration::from_secs(1), "offline after {elapsed:?}");
+        assert!(
+            elapsed <= TTL + Duration::from_secs(1),
+            "offline after {elapsed:?}"
+        );
     }
     assert_eq!(count(&redis, "alice").await, 0);
     assert_eq!(count(&redis, "bob").await, 0);
     let mut c = redis.aconn().await;
-    let devices: i64 = redis::cmd("SCARD").arg("presence-devices:{alice}").query_async(&mut c).await.unwrap();
+    let devices: i64 = redis::cmd("SCARD")
+        .arg("presence-devices:{alice}")
+        .query_async(&mut c)
+        .await
+        .unwrap();
     assert_eq!(devices, 0);
 }
 

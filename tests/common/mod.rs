@@ -187,7 +187,8 @@ impl Node {
             id.into(),
         ];
         args.extend(extra.iter().map(|s| s.to_string()));
-        Self::spawn(id, &args, &[]).unwrap_or_else(|logs| panic!("node {id} did not start:\n{logs}"))
+        Self::spawn(id, &args, &[])
+            .unwrap_or_else(|logs| panic!("node {id} did not start:\n{logs}"))
     }
 
     /// Spawns the binary with `args` and env overrides; waits for its
@@ -252,7 +253,11 @@ impl Node {
     }
 
     /// Sends a signal and waits up to `timeout` for the exit status.
-    pub fn signal_and_wait(&mut self, sig: i32, timeout: Duration) -> Option<std::process::ExitStatus> {
+    pub async fn signal_and_wait(
+        &mut self,
+        sig: i32,
+        timeout: Duration,
+    ) -> Option<std::process::ExitStatus> {
         unsafe {
             libc::kill(self.child.id() as i32, sig);
         }
@@ -261,7 +266,7 @@ impl Node {
             if let Ok(Some(status)) = self.child.try_wait() {
                 return Some(status);
             }
-            std::thread::sleep(Duration::from_millis(20));
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
         None
     }
@@ -280,7 +285,11 @@ impl Node {
                 return;
             }
             if Instant::now() > deadline {
-                panic!("node {} never logged {needle:?}; log:\n{}", self.id, self.logs());
+                panic!(
+                    "node {} never logged {needle:?}; log:\n{}",
+                    self.id,
+                    self.logs()
+                );
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -375,7 +384,10 @@ impl Client {
 
     /// Sends a JSON frame.
     pub async fn send(&mut self, v: Value) {
-        self.sink.send(Message::Text(v.to_string().into())).await.unwrap();
+        self.sink
+            .send(Message::Text(v.to_string().into()))
+            .await
+            .unwrap();
     }
 
     /// Sends a raw message.
@@ -385,7 +397,10 @@ impl Client {
 
     /// The next incoming item, within `timeout`.
     pub async fn next_within(&mut self, timeout: Duration) -> Option<Incoming> {
-        tokio::time::timeout(timeout, self.rx.recv()).await.ok().flatten()
+        tokio::time::timeout(timeout, self.rx.recv())
+            .await
+            .ok()
+            .flatten()
     }
 
     /// The next text frame; panics on close or after [`DEADLINE`].
@@ -402,7 +417,11 @@ impl Client {
     /// The next frame, which must be of `kind`.
     pub async fn expect(&mut self, kind: &str) -> Value {
         let v = self.recv().await;
-        assert_eq!(v["type"], kind, "{}/{}: unexpected frame {v}", self.user, self.device);
+        assert_eq!(
+            v["type"], kind,
+            "{}/{}: unexpected frame {v}",
+            self.user, self.device
+        );
         v
     }
 
@@ -420,7 +439,10 @@ impl Client {
             match self.next_within(DEADLINE).await {
                 Some(Incoming::Closed(c)) => return c,
                 Some(Incoming::Frame(_)) => continue,
-                None => panic!("{}/{}: not closed within {DEADLINE:?}", self.user, self.device),
+                None => panic!(
+                    "{}/{}: not closed within {DEADLINE:?}",
+                    self.user, self.device
+                ),
             }
         }
     }
@@ -439,8 +461,14 @@ impl Client {
 
     /// Drops the TCP connection without a close frame.
     pub fn drop_tcp(self) {
+        drop(self);
+    }
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        // The reader holds the socket's read half: stop it to close the socket.
         self.reader.abort();
-        drop(self.sink);
     }
 }
 
@@ -453,7 +481,12 @@ pub async fn get(url: &str) -> (u16, Value) {
 
 /// Posts JSON, returns status and JSON body.
 pub async fn post(url: &str, body: &Value) -> (u16, Value) {
-    let r = reqwest::Client::new().post(url).json(body).send().await.unwrap();
+    let r = reqwest::Client::new()
+        .post(url)
+        .json(body)
+        .send()
+        .await
+        .unwrap();
     let status = r.status().as_u16();
     (status, r.json().await.unwrap_or(Value::Null))
 }

@@ -1,0 +1,119 @@
+//! Expiry stays timely at scale (design invariant 3): with 100,000 live
+//! leases in Redis, 1,000 devices whose node dies are all announced offline
+//! within TTL + 1 s.
+
+mod common;
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+const LIVE_LEASES: usize = 100_000;
+const DYING_DEVICES: usize = 1_000;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thousand_devices_of_a_killed_node_expire_on_time_beside_100k_live_leases() {
+    raise_fd_limit();
+    let redis = Redis::start();
+    fill_live_leases(&redis).await;
+    let mut a = Node::start(&redis, "a");
+    let b = Node::start(&redis, "b");
+
+    let users: Vec<String> = (0..DYING_DEVICES).map(|i| format!("dying{i}")).collect();
+    let mut devices = Vec::with_capacity(DYING_DEVICES);
+    for chunk in users.chunks(100) {
+        let batch =
+            futures_util::future::join_all(chunk.iter().map(|u| Client::connect(&a, u, "phone")))
+                .await;
+        devices.extend(batch);
+    }
+    let mut watcher = Client::connect(&b, "watcher", "w").await;
+    let names: Vec<&str> = users.iter().map(String::as_str).collect();
+    let snap = watcher.watch(&names).await;
+    assert!(
+        snap.iter().all(|r| r["status"] == "online"),
+        "not all online before the kill"
+    );
+
+    let killed = Instant::now();
+    a.kill();
+    let mut offline = HashSet::new();
+    let mut latest = Duration::ZERO;
+    // Waits a little past the bound, so that a miss reports by how much.
+    let give_up = killed + TTL + Duration::from_secs(5);
+    while offline.len() < DYING_DEVICES {
+        let left = give_up.saturating_duration_since(Instant::now());
+        let ev = match watcher.next_within(left).await {
+            Some(Incoming::Frame(ev)) => ev,
+            other => panic!(
+                "only {} of {DYING_DEVICES} offline {:?} after SIGKILL (then {other:?})",
+                offline.len(),
+                killed.elapsed()
+            ),
+        };
+        assert_eq!(ev["status"], "offline", "{ev}");
+        assert!(
+            offline.insert(ev["user"].as_str().unwrap().to_string()),
+            "duplicate {ev}"
+        );
+        latest = killed.elapsed();
+    }
+    println!(
+        "{DYING_DEVICES} devices offline {latest:?} after SIGKILL (TTL {TTL:?}) beside {LIVE_LEASES} live leases"
+    );
+    assert!(
+        latest <= TTL + Duration::from_secs(1),
+        "last offline after {latest:?}"
+    );
+
+    // Counters at rest: the dead devices are gone, the live leases untouched.
+    let mut c = redis.aconn().await;
+    let leases: i64 = redis::cmd("ZCARD")
+        .arg("presence-leases")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(
+        leases as usize,
+        LIVE_LEASES + 1,
+        "the live leases and the watcher's"
+    );
+    for u in users.iter().step_by(97) {
+        assert_eq!(count(&redis, u).await, 0, "{u}");
+    }
+    drop(devices);
+}
+
+/// Writes leases the way a node does (lease, device set, counter, deadline
+/// index), with a TTL far beyond the test.
+async fn fill_live_leases(redis: &Redis) {
+    let mut c = redis.aconn().await;
+    let deadline = presence_server::store::now_ms() + 600_000;
+    for start in (0..LIVE_LEASES).step_by(10_000) {
+        let mut pipe = redis::pipe();
+        for i in start..start + 10_000 {
+            let user = format!("live{i}");
+            pipe.cmd("SET")
+                .arg(format!("presence:{{{user}}}:d"))
+                .arg("elsewhere 1 0")
+                .arg("PX")
+                .arg(600_000)
+                .ignore();
+            pipe.cmd("SADD")
+                .arg(format!("presence-devices:{{{user}}}"))
+                .arg("d")
+                .ignore();
+            pipe.cmd("SET")
+                .arg(format!("presence-count:{{{user}}}"))
+                .arg(1)
+                .ignore();
+            pipe.cmd("ZADD")
+                .arg("presence-leases")
+                .arg(deadline)
+                .arg(format!("{user}:d"))
+                .ignore();
+        }
+        pipe.query_async::<()>(&mut c).await.unwrap();
+    }
+}

@@ -1,0 +1,149 @@
+//! Starting a node: flags, Redis checks, the private redis-server.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+
+fn args(redis: &Redis) -> Vec<String> {
+    ["--listen", "127.0.0.1:0", "--redis-url", &redis.url]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+}
+
+#[test]
+fn enables_expired_events_when_redis_has_them_off() {
+    let redis = Redis::start_with(&["--notify-keyspace-events", ""]);
+    let _node = Node::spawn("n1", &args(&redis), &[]).expect("node starts");
+    let v: Vec<String> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("notify-keyspace-events")
+        .query(&mut redis.conn())
+        .unwrap();
+    assert!(v[1].contains('E') && v[1].contains('x'), "{v:?}");
+}
+
+#[test]
+fn refuses_to_start_when_expired_events_cannot_be_enabled() {
+    let redis = Redis::start_with(&[
+        "--notify-keyspace-events",
+        "",
+        "--rename-command",
+        "CONFIG",
+        "",
+    ]);
+    let logs = match Node::spawn("n1", &args(&redis), &[]) {
+        Ok(_) => panic!("node started without expired events"),
+        Err(logs) => logs,
+    };
+    assert!(logs.contains("notify-keyspace-events Ex"), "{logs}");
+}
+
+#[test]
+fn says_how_to_install_redis_when_it_is_missing() {
+    let out = std::process::Command::new(binary())
+        .args(["--listen", "127.0.0.1:0"])
+        .env_remove("REDIS_URL")
+        .env("PATH", "/nonexistent")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("redis-server is not installed"), "{err}");
+    assert!(err.contains("apt-get install -y redis-server"), "{err}");
+}
+
+#[test]
+fn refuses_bad_flags_with_a_clear_message() {
+    for (flags, needle) in [
+        (
+            vec!["--ttl-ms", "500", "--heartbeat-ms", "1000"],
+            "must be longer than --heartbeat-ms",
+        ),
+        (vec!["--node-id", "bad:id"], "node id"),
+        (vec!["--heartbeat-ms", "0"], "heartbeat-ms"),
+    ] {
+        let out = std::process::Command::new(binary())
+            .args(&flags)
+            .args([
+                "--redis-url",
+                "redis://127.0.0.1:1/0",
+                "--listen",
+                "127.0.0.1:0",
+            ])
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{flags:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(needle), "{flags:?}: {err}");
+    }
+}
+
+#[test]
+fn help_documents_every_flag() {
+    let out = std::process::Command::new(binary())
+        .arg("--help")
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    for flag in [
+        "--listen",
+        "--redis-url",
+        "--heartbeat-ms",
+        "--ttl-ms",
+        "--node-id",
+        "REDIS_URL",
+        "default: 127.0.0.1:8080",
+        "15000",
+    ] {
+        assert!(help.contains(flag), "--help lacks {flag}:\n{help}");
+    }
+}
+
+/// Without a Redis URL the node starts its own redis-server and stops it
+/// when it exits.
+#[tokio::test]
+async fn starts_and_stops_a_private_redis() {
+    let dir = tempfile::tempdir().unwrap();
+    let args: Vec<String> = [
+        "--listen",
+        "127.0.0.1:0",
+        "--local-redis-dir",
+        dir.path().to_str().unwrap(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let mut node = Node::spawn("local", &args, &[]).unwrap_or_else(|l| panic!("{l}"));
+    let (status, body) = get(&format!("{}/healthz", node.http())).await;
+    assert_eq!(status, 200, "{body}");
+    let logs = node.logs();
+    let port: u16 = logs
+        .split("private redis-server on port ")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no port in log:\n{logs}"));
+    let c = Client::connect(&node, "alice", "phone").await;
+    drop(c);
+    let status = node
+        .signal_and_wait(libc::SIGTERM, DEADLINE)
+        .await
+        .expect("node exits on SIGTERM");
+    assert!(status.success(), "{status}");
+    wait_until("private redis gone", DEADLINE, || async move {
+        std::net::TcpStream::connect_timeout(
+            &([127, 0, 0, 1], port).into(),
+            Duration::from_millis(100),
+        )
+        .is_err()
+    })
+    .await;
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        0,
+        "data dir left behind"
+    );
+}
