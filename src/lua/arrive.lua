@@ -37,7 +37,10 @@ local count = redis.call('INCR', KEYS[2])
 if count ~= 1 then
   return {1, 0}
 end
-local seq = redis.call('HINCRBY', KEYS[4], 'seq', 1)
+-- Never below now: stays increasing even after the retention trim
+-- deleted the hash, so a watcher's last seen seq never hides an event.
+local seq = math.max(tonumber(redis.call('HGET', KEYS[4], 'seq') or '0') + 1, tonumber(ARGV[4]))
+redis.call('HSET', KEYS[4], 'seq', seq)
 local st = redis.call('HMGET', KEYS[4], 'status', 'text')
 redis.call('PUBLISH', ARGV[7], cjson.encode({
   user = ARGV[6],

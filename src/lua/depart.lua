@@ -43,7 +43,10 @@ if ARGV[1] == '' then
     last_seen = active
   end
 end
-local seq = redis.call('HINCRBY', KEYS[4], 'seq', 1)
+-- Never below now: stays increasing even after the retention trim
+-- deleted the hash, so a watcher's last seen seq never hides an event.
+local seq = math.max(tonumber(redis.call('HGET', KEYS[4], 'seq') or '0') + 1, tonumber(ARGV[3]))
+redis.call('HSET', KEYS[4], 'seq', seq)
 local text = redis.call('HGET', KEYS[4], 'text')
 redis.call('PUBLISH', ARGV[5], cjson.encode({
   user = ARGV[4],

@@ -26,7 +26,10 @@ local count = tonumber(redis.call('GET', KEYS[2]) or '0')
 if count <= 0 then
   return 0
 end
-local seq = redis.call('HINCRBY', KEYS[1], 'seq', 1)
+-- Never below now: stays increasing even after the retention trim
+-- deleted the hash, so a watcher's last seen seq never hides an event.
+local seq = math.max(tonumber(redis.call('HGET', KEYS[1], 'seq') or '0') + 1, tonumber(ARGV[3]))
+redis.call('HSET', KEYS[1], 'seq', seq)
 local text = cjson.null
 if ARGV[2] ~= '' then text = ARGV[2] end
 redis.call('PUBLISH', ARGV[5], cjson.encode({

@@ -1,0 +1,76 @@
+//! Last-seen retention: entries older than the retention are trimmed.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use presence_server::store::{now_ms, Store};
+
+const DAY_MS: i64 = 24 * 3600 * 1000;
+
+#[tokio::test]
+async fn trims_last_seen_older_than_the_retention() {
+    let redis = Redis::start();
+    let mut c = redis.aconn().await;
+    let now = now_ms();
+    let mut pipe = redis::pipe();
+    for (user, age_days) in [("old", 100), ("recent", 1), ("back", 120)] {
+        pipe.cmd("ZADD")
+            .arg("presence-lastseen")
+            .arg(now - age_days * DAY_MS)
+            .arg(user)
+            .ignore();
+        pipe.cmd("HSET")
+            .arg(format!("presence-status:{{{user}}}"))
+            .arg("status")
+            .arg("away")
+            .ignore();
+    }
+    // "back" went offline long ago but is online again now.
+    pipe.cmd("SET").arg("presence-count:{back}").arg(1).ignore();
+    pipe.query_async::<()>(&mut c).await.unwrap();
+
+    let client = redis::Client::open(redis.url.as_str()).unwrap();
+    let store = Store::new(
+        client.get_connection_manager().await.unwrap(),
+        Duration::from_secs(45),
+    );
+    store.load_scripts().await.unwrap();
+    let forgotten = store
+        .trim_last_seen(Duration::from_secs(90 * 24 * 3600), 1000)
+        .await
+        .unwrap();
+    assert_eq!(forgotten, 2);
+
+    let left: Vec<String> = redis::cmd("ZRANGE")
+        .arg("presence-lastseen")
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(left, ["recent"]);
+    let exists = |user: &str| {
+        redis::cmd("EXISTS")
+            .arg(format!("presence-status:{{{user}}}"))
+            .clone()
+    };
+    let old: i64 = exists("old").query_async(&mut c).await.unwrap();
+    let recent: i64 = exists("recent").query_async(&mut c).await.unwrap();
+    let back: i64 = exists("back").query_async(&mut c).await.unwrap();
+    assert_eq!(
+        (old, recent, back),
+        (0, 1, 1),
+        "an online user keeps its status"
+    );
+
+    // Nothing more to trim.
+    assert_eq!(
+        store
+            .trim_last_seen(Duration::from_secs(90 * 24 * 3600), 1000)
+            .await
+            .unwrap(),
+        0
+    );
+}
