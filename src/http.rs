@@ -7,14 +7,14 @@ use actix::Addr;
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse, ResponseError};
 use actix_web_actors::ws;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::config::{Config, MAX_QUERY_USERS};
 use crate::ids;
-use crate::protocol::{ErrorCode, ProtocolError};
+use crate::protocol::{ErrorCode, ProtocolError, Record};
 use crate::registry::{GetStats, Registry};
 use crate::session::Session;
-use crate::store::{now_ms, Cursor, LeaseOwner, Store, StoreError};
+use crate::store::{now_ms, Cursor, DeviceInfo, LeaseOwner, Store, StoreError};
 
 /// Default page size of `GET /api/online`.
 const ONLINE_DEFAULT_LIMIT: usize = 50;
@@ -177,9 +177,16 @@ async fn presence(
     ids::validate("user", &user)?;
     let records = state.store.records(std::slice::from_ref(&user)).await?;
     let devices = state.store.devices(&user).await?;
-    let mut body = serde_json::to_value(&records[0].0).expect("a record serializes");
-    body["device_list"] = serde_json::to_value(devices).expect("devices serialize");
-    Ok(HttpResponse::Ok().json(body))
+    #[derive(Serialize)]
+    struct Body<'a> {
+        #[serde(flatten)]
+        record: &'a Record,
+        device_list: Vec<DeviceInfo>,
+    }
+    Ok(HttpResponse::Ok().json(Body {
+        record: &records[0].0,
+        device_list: devices,
+    }))
 }
 
 /// Body of `POST /api/presence/query`.
@@ -207,14 +214,18 @@ async fn query(
     for user in &users {
         ids::validate("user", user)?;
     }
-    let records: Vec<_> = state
+    #[derive(Serialize)]
+    struct Body {
+        presence: Vec<Record>,
+    }
+    let presence = state
         .store
         .records(&users)
         .await?
         .into_iter()
         .map(|(r, _)| r)
         .collect();
-    Ok(HttpResponse::Ok().json(serde_json::json!({ "presence": records })))
+    Ok(HttpResponse::Ok().json(Body { presence }))
 }
 
 /// Query string of `GET /api/online`.

@@ -122,7 +122,10 @@ impl ProtocolError {
 
     /// The error frame sent to the client.
     pub fn to_frame(&self) -> String {
-        serde_json::json!({"type": "error", "code": self.code, "message": self.message}).to_string()
+        to_json(&Tagged {
+            kind: "error",
+            body: self,
+        })
     }
 }
 
@@ -203,34 +206,58 @@ pub struct Event {
     pub seq: u64,
 }
 
+/// A server frame: `type` first, then the body's fields.
+#[derive(Serialize)]
+struct Tagged<'a, T: Serialize> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    #[serde(flatten)]
+    body: &'a T,
+}
+
+fn to_json<T: Serialize>(frame: &T) -> String {
+    // Our frames hold only strings, numbers and options: they always serialize.
+    serde_json::to_string(frame).expect("server frames serialize")
+}
+
 /// The `hello` frame.
 pub fn hello_frame(user: &str, device: &str, heartbeat_ms: u64, ttl_ms: u64) -> String {
-    serde_json::json!({
-        "type": "hello", "user": user, "device": device,
-        "heartbeat_ms": heartbeat_ms, "ttl_ms": ttl_ms,
+    #[derive(Serialize)]
+    struct Hello<'a> {
+        user: &'a str,
+        device: &'a str,
+        heartbeat_ms: u64,
+        ttl_ms: u64,
+    }
+    to_json(&Tagged {
+        kind: "hello",
+        body: &Hello {
+            user,
+            device,
+            heartbeat_ms,
+            ttl_ms,
+        },
     })
-    .to_string()
 }
 
 /// The `snapshot` frame.
 pub fn snapshot_frame(records: &[Record]) -> String {
-    serde_json::json!({"type": "snapshot", "presence": records}).to_string()
+    #[derive(Serialize)]
+    struct Snapshot<'a> {
+        presence: &'a [Record],
+    }
+    to_json(&Tagged {
+        kind: "snapshot",
+        body: &Snapshot { presence: records },
+    })
 }
 
 /// The `presence` frame for one record.
 pub fn presence_frame(record: &Record) -> String {
-    #[derive(Serialize)]
-    struct Frame<'a> {
-        #[serde(rename = "type")]
-        kind: &'static str,
-        #[serde(flatten)]
-        record: &'a Record,
-    }
-    serde_json::to_string(&Frame {
+    to_json(&Tagged {
         kind: "presence",
-        record,
+        body: record,
     })
-    .expect("a record always serializes")
 }
 
 #[cfg(test)]
