@@ -15,7 +15,7 @@ use presence_server::{ids, server};
 #[command(version, about)]
 struct Args {
     /// Address to listen on (HTTP and WebSocket).
-    #[arg(long, env = "LISTEN", default_value = "127.0.0.1:8080")]
+    #[arg(long, env = "PRESENCE_LISTEN", default_value = "127.0.0.1:8080")]
     listen: String,
 
     /// Redis to keep state in, e.g. redis://127.0.0.1:6379/0. Without it a
@@ -25,34 +25,34 @@ struct Args {
     redis_url: Option<String>,
 
     /// Interval between server pings to each client, in ms.
-    #[arg(long, env = "HEARTBEAT_MS", default_value_t = config::DEFAULT_HEARTBEAT.as_millis() as u64,
+    #[arg(long, env = "PRESENCE_HEARTBEAT_MS", default_value_t = config::DEFAULT_HEARTBEAT.as_millis() as u64,
           value_parser = clap::value_parser!(u64).range(100..=3_600_000))]
     heartbeat_ms: u64,
 
     /// Device lease TTL in ms: how long a silent device stays online
     /// [default: 3 x heartbeat].
-    #[arg(long, env = "TTL_MS", value_parser = clap::value_parser!(u64).range(100..=86_400_000))]
+    #[arg(long, env = "PRESENCE_TTL_MS", value_parser = clap::value_parser!(u64).range(100..=86_400_000))]
     ttl_ms: Option<u64>,
 
     /// This node's id in lease values and logs [default: presence-<random>].
-    #[arg(long, env = "NODE_ID")]
+    #[arg(long, env = "PRESENCE_NODE_ID")]
     node_id: Option<String>,
 
     /// Most users one session may watch.
-    #[arg(long, env = "MAX_WATCHES", default_value_t = config::DEFAULT_MAX_WATCHES)]
+    #[arg(long, env = "PRESENCE_MAX_WATCHES", default_value_t = config::DEFAULT_MAX_WATCHES)]
     max_watches: usize,
 
     /// Largest WebSocket frame accepted from a client, in bytes.
-    #[arg(long, env = "MAX_FRAME_BYTES", default_value_t = config::DEFAULT_MAX_FRAME_BYTES)]
+    #[arg(long, env = "PRESENCE_MAX_FRAME_BYTES", default_value_t = config::DEFAULT_MAX_FRAME_BYTES)]
     max_frame_bytes: usize,
 
     /// Days an offline user's last seen (and status) is kept.
-    #[arg(long, env = "LAST_SEEN_RETENTION_DAYS", default_value_t = 90)]
+    #[arg(long, env = "PRESENCE_LAST_SEEN_RETENTION_DAYS", default_value_t = 90)]
     last_seen_retention_days: u64,
 
     /// Where the private redis-server keeps its data and log (a fresh
     /// directory is made inside, and removed on exit).
-    #[arg(long, env = "LOCAL_REDIS_DIR", default_value_os_t = std::env::temp_dir())]
+    #[arg(long, env = "PRESENCE_LOCAL_REDIS_DIR", default_value_os_t = std::env::temp_dir())]
     local_redis_dir: PathBuf,
 }
 
