@@ -50,6 +50,26 @@ pub struct Unwatch {
     pub users: Vec<String>,
 }
 
+/// Announces a session of this node, so that a shutdown can reach it.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Join {
+    /// The new session.
+    pub session: SessionId,
+    /// Where the shutdown notice goes.
+    pub addr: Recipient<GoingAway>,
+}
+
+/// Tells a session that the node is shutting down.
+#[derive(Message, Clone, Copy)]
+#[rtype(result = "()")]
+pub struct GoingAway;
+
+/// Asks every session of this node to close with 1001; returns how many.
+#[derive(Message)]
+#[rtype(result = "usize")]
+pub struct Shutdown;
+
 /// Forgets a session that closed.
 #[derive(Message)]
 #[rtype(result = "()")]
@@ -74,6 +94,8 @@ pub struct GetStats;
 /// What the registry holds now.
 #[derive(Debug, Clone, Copy, Default, serde::Serialize, MessageResponse)]
 pub struct RegistryStats {
+    /// Open sessions on this node.
+    pub sessions: usize,
     /// Sessions watching at least one user.
     pub watching_sessions: usize,
     /// Distinct users watched on this node.
@@ -96,6 +118,8 @@ pub struct Registry {
     by_user: HashMap<String, HashSet<SessionId>>,
     /// Session -> its address and watched users.
     watchers: HashMap<SessionId, Watcher>,
+    /// Every open session of this node, for the shutdown notice.
+    sessions: HashMap<SessionId, Recipient<GoingAway>>,
 }
 
 impl Registry {
@@ -105,6 +129,7 @@ impl Registry {
             client,
             by_user: HashMap::new(),
             watchers: HashMap::new(),
+            sessions: HashMap::new(),
         }
     }
 
@@ -175,10 +200,30 @@ impl Handler<Unwatch> for Registry {
     }
 }
 
+impl Handler<Join> for Registry {
+    type Result = ();
+
+    fn handle(&mut self, msg: Join, _: &mut Self::Context) {
+        self.sessions.insert(msg.session, msg.addr);
+    }
+}
+
+impl Handler<Shutdown> for Registry {
+    type Result = usize;
+
+    fn handle(&mut self, _: Shutdown, _: &mut Self::Context) -> usize {
+        for addr in self.sessions.values() {
+            addr.do_send(GoingAway);
+        }
+        self.sessions.len()
+    }
+}
+
 impl Handler<Disconnect> for Registry {
     type Result = ();
 
     fn handle(&mut self, msg: Disconnect, _: &mut Self::Context) {
+        self.sessions.remove(&msg.session);
         if let Some(w) = self.watchers.remove(&msg.session) {
             for user in &w.users {
                 self.unwatch(msg.session, user);
@@ -219,6 +264,7 @@ impl Handler<GetStats> for Registry {
 
     fn handle(&mut self, _: GetStats, _: &mut Self::Context) -> RegistryStats {
         RegistryStats {
+            sessions: self.sessions.len(),
             watching_sessions: self.watchers.len(),
             watched_users: self.by_user.len(),
         }

@@ -13,7 +13,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use crate::config::Config;
 use crate::expiry::ExpiryListener;
 use crate::http::{self, AppState};
-use crate::registry::Registry;
+use crate::registry::{Registry, Shutdown};
 use crate::store::{self, Store};
 
 /// How long one Redis command may take before it fails.
@@ -21,8 +21,8 @@ const REDIS_RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long connecting to Redis may take.
 const REDIS_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// On SIGTERM/SIGINT, how long open connections get before they are cut;
-/// leases of cut connections lapse after their TTL.
+/// After SIGTERM/SIGINT, how long connections get to finish before they are
+/// cut and the process exits.
 const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Runs a node on an already bound `listener` until SIGINT or SIGTERM.
@@ -46,16 +46,18 @@ pub async fn run(config: Config, redis_url: &str, listener: TcpListener) -> anyh
 
     let state = web::Data::new(AppState {
         store,
-        registry,
+        registry: registry.clone(),
         config: config.clone(),
         next_session: AtomicU64::new(1),
     });
     let addr = listener.local_addr()?;
     let server =
         HttpServer::new(move || App::new().app_data(state.clone()).configure(http::routes))
+            .disable_signals()
             .shutdown_timeout(SHUTDOWN_TIMEOUT.as_secs())
             .listen(listener)?
             .run();
+    actix::spawn(shutdown_on_signal(server.handle(), registry));
     log::info!(
         "node {} listening on http://{addr} (heartbeat {:?}, lease ttl {:?})",
         config.node_id,
@@ -65,4 +67,38 @@ pub async fn run(config: Config, redis_url: &str, listener: TcpListener) -> anyh
     server.await?;
     log::info!("node {} stopped", config.node_id);
     Ok(())
+}
+
+/// Waits for SIGTERM or SIGINT.
+async fn signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        log::error!("cannot install signal handlers; stop the node with SIGKILL");
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}
+
+/// Rolling deploys without flicker: on the first SIGTERM or SIGINT the node
+/// stops accepting, closes every WebSocket with 1001 (going away) so that
+/// clients reconnect to another node, and leaves their leases to lapse
+/// instead of announcing departures. A second signal, or
+/// [`SHUTDOWN_TIMEOUT`], cuts what is left.
+async fn shutdown_on_signal(server: actix_web::dev::ServerHandle, registry: actix::Addr<Registry>) {
+    signal().await;
+    let closed = registry.send(Shutdown).await.unwrap_or(0);
+    log::info!("shutting down: closed {closed} sessions with 1001; their leases lapse unless they reconnect");
+    tokio::select! {
+        _ = server.stop(true) => {}
+        _ = signal() => {
+            log::warn!("second signal: exiting now");
+            server.stop(false).await;
+        }
+    }
 }

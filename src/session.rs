@@ -15,7 +15,7 @@ use actix_web_actors::ws;
 
 use crate::config::Config;
 use crate::protocol::{self, ClientFrame, ErrorCode, ProtocolError, Status};
-use crate::registry::{self, Deliver, Registry, SessionId};
+use crate::registry::{self, Deliver, GoingAway, Registry, SessionId};
 use crate::store::{Arrival, ArriveMode, Departure, Store};
 
 /// Close code sent when another connection of the same device took the lease.
@@ -247,6 +247,10 @@ impl Actor for Session {
     type Context = ws::WebsocketContext<Self>;
 
     fn started(&mut self, ctx: &mut Self::Context) {
+        self.registry.do_send(registry::Join {
+            session: self.id,
+            addr: ctx.address().recipient(),
+        });
         self.hb(ctx);
         let store = self.store.clone();
         let (user, device, owner) = (self.user.clone(), self.device.clone(), self.owner.clone());
@@ -317,6 +321,22 @@ impl Actor for Session {
                 Err(e) => log::warn!("{user}/{device}: release failed ({e}); the lease will lapse"),
             }
         });
+    }
+}
+
+impl Handler<GoingAway> for Session {
+    type Result = ();
+
+    /// The node is shutting down for a deploy: tell the client to reconnect
+    /// elsewhere and leave the lease to lapse, so that a device that is back
+    /// on another node within its TTL shows no transition at all.
+    fn handle(&mut self, _: GoingAway, ctx: &mut Self::Context) {
+        self.claimed = false;
+        ctx.close(Some(ws::CloseReason {
+            code: ws::CloseCode::Away,
+            description: Some("server shutting down, reconnect".into()),
+        }));
+        ctx.stop();
     }
 }
 

@@ -230,3 +230,48 @@ async fn dropped_connection_goes_offline() {
 fn store_now() -> i64 {
     presence_server::store::now_ms()
 }
+
+/// A rolling deploy: SIGTERM closes sessions with 1001 and leaves leases to
+/// lapse; a device that reconnects to another node shows no transition.
+#[tokio::test]
+async fn sigterm_and_reconnect_elsewhere_shows_no_transition() {
+    let redis = Redis::start();
+    let mut a = Node::start(&redis, "a");
+    let b = Node::start(&redis, "b");
+    let mut watcher = Client::connect(&b, "watcher", "w").await;
+    watcher.watch(&["alice", "bob"]).await;
+    let mut phone = Client::connect(&a, "alice", "phone").await;
+    assert_eq!(watcher.expect("presence").await["status"], "online");
+    let mut bob = Client::connect(&a, "bob", "tab").await;
+    assert_eq!(watcher.expect("presence").await["user"], "bob");
+
+    unsafe {
+        libc::kill(a.pid() as i32, libc::SIGTERM);
+    }
+    let (code, reason) = phone.expect_closed().await.expect("close frame");
+    assert_eq!(code, 1001, "{reason}");
+    assert_eq!(bob.expect_closed().await.expect("close frame").0, 1001);
+    let status = a.wait_exit(DEADLINE).await.expect("node a exits");
+    assert!(status.success(), "{status}");
+
+    // Alice comes back on node B; bob does not come back.
+    let mut phone = Client::connect(&b, "alice", "phone").await;
+    // Bob's lease lapses: that offline is the next event, with no flicker of
+    // alice before or after it.
+    let ev = watcher.expect("presence").await;
+    assert_eq!(
+        (ev["user"].as_str(), ev["status"].as_str()),
+        (Some("bob"), Some("offline")),
+        "{ev}"
+    );
+    phone
+        .send(json!({"type": "status", "status": "away"}))
+        .await;
+    let ev = watcher.expect("presence").await;
+    assert_eq!(
+        (ev["user"].as_str(), ev["status"].as_str()),
+        (Some("alice"), Some("away")),
+        "{ev}"
+    );
+    assert_eq!(count(&redis, "alice").await, 1);
+}

@@ -246,6 +246,11 @@ impl Node {
         format!("ws://{}/ws?user={user}&device={device}", self.addr)
     }
 
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Kills the node with SIGKILL: a crash, no goodbyes.
     pub fn kill(&mut self) {
         let _ = self.child.kill();
@@ -261,6 +266,11 @@ impl Node {
         unsafe {
             libc::kill(self.child.id() as i32, sig);
         }
+        self.wait_exit(timeout).await
+    }
+
+    /// Waits up to `timeout` for the process to exit.
+    pub async fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
         let deadline = Instant::now() + timeout;
         while Instant::now() < deadline {
             if let Ok(Some(status)) = self.child.try_wait() {
