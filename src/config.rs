@@ -19,6 +19,9 @@ pub const MAX_STATUS_TEXT: usize = 256;
 /// Default time an offline user's last-seen entry is kept.
 pub const DEFAULT_LAST_SEEN_RETENTION: Duration = Duration::from_secs(90 * 24 * 3600);
 
+/// Default period of the reconciliation pass.
+pub const DEFAULT_RECONCILE_INTERVAL: Duration = Duration::from_secs(60);
+
 /// Settings of one node.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -34,6 +37,8 @@ pub struct Config {
     pub max_frame_bytes: usize,
     /// How long last-seen entries of offline users are kept.
     pub last_seen_retention: Duration,
+    /// Period of the reconciliation pass over all device sets.
+    pub reconcile_interval: Duration,
 }
 
 impl Config {
@@ -46,6 +51,7 @@ impl Config {
             max_watches: DEFAULT_MAX_WATCHES,
             max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
             last_seen_retention: DEFAULT_LAST_SEEN_RETENTION,
+            reconcile_interval: DEFAULT_RECONCILE_INTERVAL,
         }
     }
 

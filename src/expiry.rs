@@ -18,7 +18,8 @@ use actix::prelude::*;
 
 use crate::config::Config;
 use crate::keys;
-use crate::store::{Departure, Store};
+use crate::stats::STATS;
+use crate::store::{Departure, Store, StoreError};
 
 /// Most due leases one round trip of the deadline pass handles.
 const REAP_BATCH: usize = 1_000;
@@ -43,24 +44,40 @@ pub struct ExpiryListener {
     config: Arc<Config>,
     /// A deadline pass is in flight; the next tick skips.
     reaping: bool,
+    /// A reconciliation pass is in flight.
+    reconciling: bool,
+    /// When the last reconciliation pass started.
+    last_reconcile: Instant,
     /// When the last-seen retention trim last ran.
     last_trim: Instant,
+    /// Told once the first subscription is in place.
+    ready: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
 impl ExpiryListener {
-    /// A listener that subscribes through `client`.
-    pub fn new(client: redis::Client, store: Store, config: Arc<Config>) -> Self {
+    /// A listener that subscribes through `client` and signals `ready`
+    /// once first subscribed.
+    pub fn new(
+        client: redis::Client,
+        store: Store,
+        config: Arc<Config>,
+        ready: tokio::sync::oneshot::Sender<()>,
+    ) -> Self {
         Self {
             client,
             store,
             config,
             reaping: false,
+            reconciling: false,
+            last_reconcile: Instant::now(),
             last_trim: Instant::now(),
+            ready: Some(ready),
         }
     }
 
-    /// Starts one deadline pass (and, once a minute, the retention trim)
-    /// unless one is still running.
+    /// Starts one deadline pass (and, when due, the retention trim) unless
+    /// one is still running; on the node holding the lock, also starts the
+    /// reconciliation pass when due.
     fn tick(&mut self, ctx: &mut Context<Self>) {
         if self.reaping {
             return;
@@ -76,12 +93,13 @@ impl ExpiryListener {
         }
         let pass = async move {
             if !store.hold_reaper_lock(&node, interval * 4).await? {
-                return Ok::<_, crate::store::StoreError>(());
+                return Ok::<_, StoreError>(false);
             }
             let started = Instant::now();
             loop {
                 let (seen, removed) = store.reap_due(REAP_BATCH).await?;
                 if removed > 0 {
+                    STATS.devices_reaped.add(removed as u64);
                     log::debug!("deadline pass removed {removed} lapsed devices");
                 }
                 if seen < REAP_BATCH || started.elapsed() > interval {
@@ -94,12 +112,58 @@ impl ExpiryListener {
                     log::info!("forgot {forgotten} users offline for longer than the retention");
                 }
             }
-            Ok(())
+            Ok(true)
+        };
+        ctx.spawn(pass.into_actor(self).map(|res, act, ctx| {
+            act.reaping = false;
+            match res {
+                Ok(true) => act.maybe_reconcile(ctx),
+                Ok(false) => {}
+                Err(e) => log::warn!("deadline pass failed: {e}"),
+            }
+        }));
+    }
+
+    /// Runs a full reconciliation pass when one is due and none is running.
+    fn maybe_reconcile(&mut self, ctx: &mut Context<Self>) {
+        if self.reconciling || self.last_reconcile.elapsed() < self.config.reconcile_interval {
+            return;
+        }
+        self.reconciling = true;
+        self.last_reconcile = Instant::now();
+        let store = self.store.clone();
+        let pass = async move {
+            let (mut cursor, mut users, mut repaired) = (0, 0, 0);
+            loop {
+                let (next, seen, fixed) = store.reconcile_step(cursor).await?;
+                users += seen;
+                repaired += fixed;
+                STATS.reconcile_repairs.add(fixed as u64);
+                cursor = next;
+                if cursor == 0 {
+                    break;
+                }
+            }
+            let mut pruned = 0;
+            loop {
+                let (next, dropped) = store.prune_online_step(cursor).await?;
+                pruned += dropped;
+                STATS.online_pruned.add(dropped as u64);
+                cursor = next;
+                if cursor == 0 {
+                    break;
+                }
+            }
+            Ok::<_, StoreError>((users, repaired, pruned))
         };
         ctx.spawn(pass.into_actor(self).map(|res, act, _| {
-            act.reaping = false;
-            if let Err(e) = res {
-                log::warn!("deadline pass failed: {e}");
+            act.reconciling = false;
+            match res {
+                Ok((users, 0, 0)) => log::debug!("reconciliation: {users} users consistent"),
+                Ok((users, repaired, pruned)) => log::info!(
+                    "reconciliation: {users} users checked, {repaired} repaired, {pruned} stale online entries dropped"
+                ),
+                Err(e) => log::warn!("reconciliation failed: {e}"),
             }
         }));
     }
@@ -111,10 +175,17 @@ impl Actor for ExpiryListener {
     fn started(&mut self, ctx: &mut Self::Context) {
         let addr = ctx.address();
         let db = self.client.get_connection_info().redis_settings().db();
+        let mut ready = self.ready.take();
         actix::spawn(crate::pubsub::run(
             self.client.clone(),
             keys::expired_channel(db),
-            || {},
+            // Events missed while unsubscribed are covered by the deadline
+            // pass, which does not depend on them.
+            move || {
+                if let Some(ready) = ready.take() {
+                    let _ = ready.send(());
+                }
+            },
             move |key| {
                 if !addr.connected() {
                     return false;
@@ -134,6 +205,7 @@ impl Handler<Expired> for ExpiryListener {
         let Some((user, device)) = keys::parse_lease(&msg.key) else {
             return;
         };
+        STATS.expired_events.add(1);
         let (user, device) = (user.to_string(), device.to_string());
         let store = self.store.clone();
         let step = async move {

@@ -268,6 +268,7 @@ async fn healthz(state: web::Data<AppState>) -> HttpResponse {
     match state.store.ping().await {
         Ok(()) => HttpResponse::Ok().json(serde_json::json!({
             "status": "ok", "node": state.config.node_id, "redis": "up", "registry": stats,
+            "counters": crate::stats::STATS.to_json(),
         })),
         Err(e) => HttpResponse::ServiceUnavailable().json(serde_json::json!({
             "status": "unavailable", "node": state.config.node_id, "redis": "down",

@@ -62,6 +62,14 @@ pub fn parse_lease(key: &str) -> Option<(&str, &str)> {
     Some((user, device))
 }
 
+/// Pattern matching every device set (for the reconciliation scan).
+pub const DEVICES_PATTERN: &str = "presence-devices:{*}";
+
+/// The user of a device-set key; `None` for any other key.
+pub fn parse_devices(key: &str) -> Option<&str> {
+    key.strip_prefix("presence-devices:{")?.strip_suffix('}')
+}
+
 /// The keyspace-notification channel on which Redis announces expired keys.
 pub fn expired_channel(db: i64) -> String {
     format!("__keyevent@{db}__:expired")
@@ -80,5 +88,7 @@ mod tests {
         assert_eq!(parse_lease("other"), None);
         let member = lease_member("bob", "tab");
         assert_eq!(parse_lease_member(&member), Some(("bob", "tab")));
+        assert_eq!(parse_devices(&devices("a.b")), Some("a.b"));
+        assert_eq!(parse_devices("presence-count:{a}"), None);
     }
 }

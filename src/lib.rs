@@ -9,4 +9,5 @@ pub mod pubsub;
 pub mod registry;
 pub mod server;
 pub mod session;
+pub mod stats;
 pub mod store;

@@ -47,8 +47,16 @@ struct Args {
     max_frame_bytes: usize,
 
     /// Days an offline user's last seen (and status) is kept.
-    #[arg(long, env = "PRESENCE_LAST_SEEN_RETENTION_DAYS", default_value_t = 90)]
+    #[arg(long, env = "PRESENCE_LAST_SEEN_RETENTION_DAYS", default_value_t = 90,
+          value_parser = clap::value_parser!(u64).range(1..=36_500))]
     last_seen_retention_days: u64,
+
+    /// Period of the reconciliation pass that repairs device sets and
+    /// counters disagreeing with the live leases, in ms.
+    #[arg(long, env = "PRESENCE_RECONCILE_INTERVAL_MS",
+          default_value_t = config::DEFAULT_RECONCILE_INTERVAL.as_millis() as u64,
+          value_parser = clap::value_parser!(u64).range(100..=86_400_000))]
+    reconcile_interval_ms: u64,
 
     /// Where the private redis-server keeps its data and log (a fresh
     /// directory is made inside, and removed on exit).
@@ -89,6 +97,7 @@ fn start(args: Args) -> anyhow::Result<()> {
     config.max_watches = args.max_watches;
     config.max_frame_bytes = args.max_frame_bytes;
     config.last_seen_retention = Duration::from_secs(args.last_seen_retention_days * 24 * 3600);
+    config.reconcile_interval = Duration::from_millis(args.reconcile_interval_ms);
     raise_fd_limit();
 
     let listener = TcpListener::bind(&args.listen)

@@ -8,7 +8,7 @@ use futures_util::StreamExt;
 /// First wait before reconnecting after the subscription broke.
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
 /// Longest wait between reconnection attempts.
-const BACKOFF_MAX: Duration = Duration::from_secs(5);
+const BACKOFF_MAX: Duration = Duration::from_secs(1);
 
 /// Subscribes to `channel` and hands each payload to `on_message` until it
 /// returns false (its actor is gone). Reconnects with exponential backoff

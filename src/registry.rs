@@ -4,28 +4,70 @@
 //! every node) and delivers each event only to the local sessions that watch
 //! that user. The frame is serialized once per event and shared by all of
 //! its watchers.
+//!
+//! Pub/sub is fire-and-forget: whatever is published while the subscription
+//! is down is gone. So after every resubscription the registry re-reads the
+//! watched users and hands their current records to the sessions, which pass
+//! on only what differs from what they last told their client. The re-read
+//! waits one heartbeat, so that after Redis came back empty the live
+//! sessions have re-asserted their leases first and nobody flickers.
 
 use std::collections::{HashMap, HashSet};
+use std::hash::{Hash, Hasher};
+use std::time::Duration;
 
 use actix::prelude::*;
 use bytestring::ByteString;
+use tokio::sync::oneshot;
 
 use crate::keys;
-use crate::protocol::{self, Event};
+use crate::protocol::{self, Event, Record};
+use crate::store::Store;
 
 /// Identifies one session within this node.
 pub type SessionId = u64;
 
-/// A presence event for one watched user, ready to send.
+/// Users re-read per round trip during a resync.
+const RESYNC_BATCH: usize = 1_000;
+
+/// A presence record for one watched user, ready to send.
 #[derive(Message, Clone)]
 #[rtype(result = "()")]
 pub struct Deliver {
-    /// The user the event is about.
+    /// The user the record is about.
     pub user: ByteString,
     /// The user's transition sequence number.
     pub seq: u64,
+    /// What a watcher sees of the record (status and text); equal
+    /// fingerprints mean nothing changed for the watcher.
+    pub fingerprint: u64,
+    /// A re-read after missed events rather than a live event: passed on
+    /// only if it differs from what the session last sent.
+    pub resync: bool,
     /// The `presence` frame, serialized once for every watcher.
     pub frame: ByteString,
+}
+
+impl Deliver {
+    /// A delivery of `record`.
+    pub fn new(record: &Record, seq: u64, resync: bool) -> Self {
+        Self {
+            user: ByteString::from(record.user.as_str()),
+            seq,
+            fingerprint: fingerprint(record),
+            resync,
+            frame: ByteString::from(protocol::presence_frame(record)),
+        }
+    }
+}
+
+/// What a watcher can tell apart in a record: its status and text. Device
+/// counts and last-seen times change without a transition.
+pub fn fingerprint(record: &Record) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    record.status.hash(&mut h);
+    record.text.hash(&mut h);
+    h.finish()
 }
 
 /// Adds `users` to what `session` watches.
@@ -86,6 +128,21 @@ struct Published {
     payload: String,
 }
 
+/// The subscription to `presence-events` is (again) in place.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct Subscribed;
+
+/// Records re-read after a resubscription.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct Resynced {
+    /// Which resync they belong to.
+    round: u64,
+    /// The records with their sequence numbers.
+    records: Vec<(Record, u64)>,
+}
+
 /// Numbers for `/healthz` and tests.
 #[derive(Message)]
 #[rtype(result = "RegistryStats")]
@@ -100,6 +157,8 @@ pub struct RegistryStats {
     pub watching_sessions: usize,
     /// Distinct users watched on this node.
     pub watched_users: usize,
+    /// Records re-sent to sessions by resyncs since start.
+    pub resynced: u64,
 }
 
 /// One watching session.
@@ -114,22 +173,51 @@ struct Watcher {
 pub struct Registry {
     /// Source of the dedicated pub/sub connection.
     client: redis::Client,
+    /// Reads records for resyncs.
+    store: Store,
+    /// How long a resync waits for live sessions to re-assert.
+    resync_delay: Duration,
+    /// Told once the first subscription is in place.
+    ready: Option<oneshot::Sender<()>>,
     /// Watched user -> sessions watching it.
     by_user: HashMap<String, HashSet<SessionId>>,
     /// Session -> its address and watched users.
     watchers: HashMap<SessionId, Watcher>,
     /// Every open session of this node, for the shutdown notice.
     sessions: HashMap<SessionId, Recipient<GoingAway>>,
+    /// Current resync round (0: none yet).
+    round: u64,
+    /// A resync read is in flight.
+    reading: bool,
+    /// Users with a live event since the current resync's read began: their
+    /// event is newer than the read, which must not override it.
+    touched: HashSet<String>,
+    /// Records re-sent by resyncs.
+    resynced: u64,
 }
 
 impl Registry {
-    /// A registry that will subscribe through `client`.
-    pub fn new(client: redis::Client) -> Self {
+    /// A registry that subscribes through `client`, re-reads through
+    /// `store` after resubscribing (waiting `resync_delay` first), and
+    /// signals `ready` once first subscribed.
+    pub fn new(
+        client: redis::Client,
+        store: Store,
+        resync_delay: Duration,
+        ready: oneshot::Sender<()>,
+    ) -> Self {
         Self {
             client,
+            store,
+            resync_delay,
+            ready: Some(ready),
             by_user: HashMap::new(),
             watchers: HashMap::new(),
             sessions: HashMap::new(),
+            round: 0,
+            reading: false,
+            touched: HashSet::new(),
+            resynced: 0,
         }
     }
 
@@ -141,6 +229,48 @@ impl Registry {
             }
         }
     }
+
+    fn deliver(&self, deliver: Deliver) {
+        let Some(sessions) = self.by_user.get(&*deliver.user) else {
+            return;
+        };
+        for session in sessions {
+            if let Some(w) = self.watchers.get(session) {
+                w.addr.do_send(deliver.clone());
+            }
+        }
+    }
+
+    /// Re-reads every watched user after `resync_delay`.
+    fn resync(&mut self, ctx: &mut Context<Self>) {
+        self.round += 1;
+        let round = self.round;
+        ctx.run_later(self.resync_delay, move |act, ctx| {
+            if act.round != round {
+                return; // a newer resubscription superseded this one
+            }
+            act.touched.clear();
+            act.reading = true;
+            let users: Vec<String> = act.by_user.keys().cloned().collect();
+            let store = act.store.clone();
+            let addr = ctx.address();
+            actix::spawn(async move {
+                let mut records = Vec::with_capacity(users.len());
+                for batch in users.chunks(RESYNC_BATCH) {
+                    match store.records(batch).await {
+                        Ok(r) => records.extend(r),
+                        Err(e) => {
+                            // Hand over what was read; the rest waits for
+                            // the next resubscription.
+                            log::warn!("resync read failed: {e}");
+                            break;
+                        }
+                    }
+                }
+                addr.do_send(Resynced { round, records });
+            });
+        });
+    }
 }
 
 impl Actor for Registry {
@@ -148,11 +278,11 @@ impl Actor for Registry {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         let addr = ctx.address();
-        let client = self.client.clone();
+        let on_subscribed = addr.clone();
         actix::spawn(crate::pubsub::run(
-            client,
+            self.client.clone(),
             keys::EVENTS.to_string(),
-            || {},
+            move || on_subscribed.do_send(Subscribed),
             move |payload| {
                 if !addr.connected() {
                     return false;
@@ -161,6 +291,41 @@ impl Actor for Registry {
                 true
             },
         ));
+    }
+}
+
+impl Handler<Subscribed> for Registry {
+    type Result = ();
+
+    fn handle(&mut self, _: Subscribed, ctx: &mut Self::Context) {
+        match self.ready.take() {
+            Some(ready) => {
+                let _ = ready.send(());
+            }
+            None => self.resync(ctx),
+        }
+    }
+}
+
+impl Handler<Resynced> for Registry {
+    type Result = ();
+
+    fn handle(&mut self, msg: Resynced, _: &mut Self::Context) {
+        if msg.round != self.round {
+            return;
+        }
+        let mut sent = 0;
+        for (record, seq) in msg.records {
+            if self.touched.contains(&record.user) {
+                continue;
+            }
+            sent += 1;
+            self.deliver(Deliver::new(&record, seq, true));
+        }
+        self.resynced += sent;
+        self.touched.clear();
+        self.reading = false;
+        log::info!("resync: re-read {sent} watched users after resubscribing");
     }
 }
 
@@ -243,19 +408,13 @@ impl Handler<Published> for Registry {
                 return;
             }
         };
-        let Some(sessions) = self.by_user.get(&event.record.user) else {
+        if !self.by_user.contains_key(&event.record.user) {
             return;
-        };
-        let deliver = Deliver {
-            user: ByteString::from(event.record.user.as_str()),
-            seq: event.seq,
-            frame: ByteString::from(protocol::presence_frame(&event.record)),
-        };
-        for session in sessions {
-            if let Some(w) = self.watchers.get(session) {
-                w.addr.do_send(deliver.clone());
-            }
         }
+        if self.reading {
+            self.touched.insert(event.record.user.clone());
+        }
+        self.deliver(Deliver::new(&event.record, event.seq, false));
     }
 }
 
@@ -267,6 +426,7 @@ impl Handler<GetStats> for Registry {
             sessions: self.sessions.len(),
             watching_sessions: self.watchers.len(),
             watched_users: self.by_user.len(),
+            resynced: self.resynced,
         }
     }
 }

@@ -9,6 +9,7 @@ use actix::Actor;
 use actix_web::{web, App, HttpServer};
 use anyhow::Context as _;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use tokio::sync::oneshot;
 
 use crate::config::Config;
 use crate::expiry::ExpiryListener;
@@ -20,6 +21,12 @@ use crate::store::{self, Store};
 const REDIS_RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long connecting to Redis may take.
 const REDIS_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How long start-up waits for the pub/sub subscriptions.
+const SUBSCRIBE_TIMEOUT: Duration = Duration::from_secs(10);
+/// After a resubscription the registry re-reads watched users one heartbeat
+/// plus this much later, once live sessions have re-asserted their leases.
+const RESYNC_MARGIN: Duration = Duration::from_millis(500);
 
 /// After SIGTERM/SIGINT, how long connections get to finish before they are
 /// cut and the process exits.
@@ -41,8 +48,26 @@ pub async fn run(config: Config, redis_url: &str, listener: TcpListener) -> anyh
     let store = Store::new(conn, config.ttl);
     store.load_scripts().await.context("cannot load scripts")?;
 
-    let registry = Registry::new(client.clone()).start();
-    ExpiryListener::new(client.clone(), store.clone(), config.clone()).start();
+    let (registry_ready, registry_subscribed) = oneshot::channel();
+    let (expiry_ready, expiry_subscribed) = oneshot::channel();
+    let registry = Registry::new(
+        client.clone(),
+        store.clone(),
+        config.heartbeat + RESYNC_MARGIN,
+        registry_ready,
+    )
+    .start();
+    ExpiryListener::new(client.clone(), store.clone(), config.clone(), expiry_ready).start();
+    // Serve only once both subscriptions are up: an event published before
+    // would be lost for this node's watchers.
+    tokio::time::timeout(SUBSCRIBE_TIMEOUT, async {
+        let _ = registry_subscribed.await;
+        let _ = expiry_subscribed.await;
+    })
+    .await
+    .with_context(|| {
+        format!("could not subscribe to redis pub/sub within {SUBSCRIBE_TIMEOUT:?}")
+    })?;
 
     let state = web::Data::new(AppState {
         store,

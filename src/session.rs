@@ -7,8 +7,9 @@
 //! connection of the same device has taken over.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use actix_web_actors::ws;
@@ -16,12 +17,16 @@ use actix_web_actors::ws;
 use crate::config::Config;
 use crate::protocol::{self, ClientFrame, ErrorCode, ProtocolError, Status};
 use crate::registry::{self, Deliver, GoingAway, Registry, SessionId};
-use crate::store::{Arrival, ArriveMode, Departure, Store};
+use crate::store::{Arrival, ArriveMode, ChosenStatus, Departure, Store, StoreResult};
 
 /// Close code sent when another connection of the same device took the lease.
 pub const CLOSE_REPLACED: u16 = 4001;
 /// Close code sent when the lease cannot be claimed (Redis unreachable).
 pub const CLOSE_UNAVAILABLE: u16 = 1011;
+/// First wait before retrying a release that Redis refused.
+const RELEASE_RETRY_MIN: Duration = Duration::from_millis(100);
+/// Longest wait between release retries.
+const RELEASE_RETRY_MAX: Duration = Duration::from_secs(2);
 
 /// One WebSocket connection.
 pub struct Session {
@@ -46,13 +51,26 @@ pub struct Session {
     config: Arc<Config>,
     /// Last client frame or pong; a silent client is disconnected.
     last_activity: Instant,
-    /// Last lease refresh sent to Redis (throttling).
+    /// Last lease refresh that reached Redis (throttling).
     last_refresh: Instant,
     /// A refresh is in flight.
     refreshing: bool,
-    /// Watched users -> highest transition sequence number seen, so that an
-    /// event that a snapshot already reflects is not sent again.
-    watching: HashMap<String, u64>,
+    /// Watched users -> what this client was last told about them.
+    watching: HashMap<String, Seen>,
+    /// The user's chosen status as last seen in Redis, re-asserted if Redis
+    /// comes back without it.
+    known_status: Option<ChosenStatus>,
+}
+
+/// What a session last told its client about one watched user.
+#[derive(Debug, Clone, Copy, Default)]
+struct Seen {
+    /// Highest transition sequence number reflected: older events (ones a
+    /// snapshot already covered) are dropped.
+    seq: u64,
+    /// Fingerprint of the last record sent: a record that looks the same
+    /// (e.g. `online` re-announced after a Redis restart) is not sent again.
+    fingerprint: u64,
 }
 
 impl Session {
@@ -81,6 +99,7 @@ impl Session {
             last_refresh: now,
             refreshing: false,
             watching: HashMap::new(),
+            known_status: None,
         }
     }
 
@@ -89,7 +108,7 @@ impl Session {
         ctx.run_interval(self.config.heartbeat, |act, ctx| {
             if act.last_activity.elapsed() > act.config.client_timeout() {
                 log::debug!(
-                    "{}/{}: no pong for {:?}, disconnecting",
+                    "{}/{}: silent for {:?}, disconnecting",
                     act.user,
                     act.device,
                     act.config.client_timeout()
@@ -101,7 +120,21 @@ impl Session {
         });
     }
 
-    /// The client is alive: note it and refresh the lease if due.
+    /// The arrival step for this connection, as a future.
+    fn arrive(&self, mode: ArriveMode) -> impl Future<Output = StoreResult<Arrival>> + 'static {
+        let store = self.store.clone();
+        let (user, device, owner) = (self.user.clone(), self.device.clone(), self.owner.clone());
+        let known = self.known_status.clone();
+        async move {
+            store
+                .arrive(&user, &device, &owner, mode, known.as_ref())
+                .await
+        }
+    }
+
+    /// The client is alive: note it and refresh the lease if due. A refresh
+    /// that finds the lease gone (Redis restarted empty, or it lapsed while
+    /// Redis was unreachable) claims it again with the user's status.
     fn touch(&mut self, ctx: &mut ws::WebsocketContext<Self>) {
         self.last_activity = Instant::now();
         if !self.claimed
@@ -111,24 +144,23 @@ impl Session {
             return;
         }
         self.refreshing = true;
-        let store = self.store.clone();
-        let (user, device, owner) = (self.user.clone(), self.device.clone(), self.owner.clone());
-        let refresh = async move {
-            store
-                .arrive(&user, &device, &owner, ArriveMode::Refresh)
-                .await
-        };
+        let refresh = self.arrive(ArriveMode::Refresh);
         ctx.spawn(refresh.into_actor(self).map(|res, act, ctx| {
             act.refreshing = false;
             match res {
-                Ok((Arrival::Held { came_online }, deadline)) => {
+                Ok(Arrival::Held {
+                    came_online,
+                    status,
+                    deadline,
+                }) => {
                     act.last_refresh = Instant::now();
                     act.deadline = deadline;
+                    act.known_status = status;
                     if came_online {
                         log::info!("{}/{}: lease re-asserted", act.user, act.device);
                     }
                 }
-                Ok((Arrival::Replaced, _)) => {
+                Ok(Arrival::Replaced) => {
                     log::debug!(
                         "{}/{}: replaced by a newer connection",
                         act.user,
@@ -170,8 +202,9 @@ impl Session {
                 let store = self.store.clone();
                 let user = self.user.clone();
                 let set = async move { store.set_status(&user, status, text.as_deref()).await };
-                ctx.wait(set.into_actor(self).map(|res, act, ctx| {
-                    if let Err(e) = res {
+                ctx.wait(set.into_actor(self).map(|res, act, ctx| match res {
+                    Ok(chosen) => act.known_status = Some(chosen),
+                    Err(e) => {
                         log::warn!("{}: status change failed: {e}", act.user);
                         Self::send_error(ctx, &unavailable());
                     }
@@ -186,19 +219,25 @@ impl Session {
     fn watch(&mut self, mut users: Vec<String>, ctx: &mut ws::WebsocketContext<Self>) {
         users.sort();
         users.dedup();
-        let new = users
+        if users.is_empty() {
+            ctx.text(protocol::snapshot_frame(&[]));
+            return;
+        }
+        let new: Vec<String> = users
             .iter()
             .filter(|u| !self.watching.contains_key(*u))
-            .count();
-        if self.watching.len() + new > self.config.max_watches {
+            .cloned()
+            .collect();
+        if self.watching.len() + new.len() > self.config.max_watches {
             Self::send_error(
                 ctx,
                 &ProtocolError::new(
                     ErrorCode::TooManyWatches,
                     format!(
-                        "a session may watch at most {} users (watching {}, asked for {new} more)",
+                        "a session may watch at most {} users (watching {}, asked for {} more)",
                         self.config.max_watches,
-                        self.watching.len()
+                        self.watching.len(),
+                        new.len()
                     ),
                 ),
             );
@@ -206,32 +245,42 @@ impl Session {
         }
         let registry = self.registry.clone();
         let store = self.store.clone();
+        let session = self.id;
         let watch = registry::Watch {
-            session: self.id,
+            session,
             addr: ctx.address().recipient(),
-            users: users.clone(),
+            users: new.clone(),
         };
         let fut = async move {
-            registry
-                .send(watch)
-                .await
-                .map_err(|e| log::error!("registry unreachable: {e}"))?;
-            store
-                .records(&users)
-                .await
-                .map_err(|e| log::warn!("snapshot failed: {e}"))
+            if let Err(e) = registry.send(watch).await {
+                log::error!("registry unreachable: {e}");
+                return None;
+            }
+            match store.records(&users).await {
+                Ok(records) => Some(records),
+                Err(e) => {
+                    log::warn!("snapshot failed: {e}");
+                    // Undo what this frame added; earlier watches stay.
+                    registry.do_send(registry::Unwatch {
+                        session,
+                        users: new,
+                    });
+                    None
+                }
+            }
         };
         ctx.wait(fut.into_actor(self).map(|res, act, ctx| match res {
-            Ok(records) => {
+            Some(records) => {
                 let mut out = Vec::with_capacity(records.len());
                 for (record, seq) in records {
-                    let seen = act.watching.entry(record.user.clone()).or_insert(0);
-                    *seen = (*seen).max(seq);
+                    let seen = act.watching.entry(record.user.clone()).or_default();
+                    seen.seq = seen.seq.max(seq);
+                    seen.fingerprint = registry::fingerprint(&record);
                     out.push(record);
                 }
                 ctx.text(protocol::snapshot_frame(&out));
             }
-            Err(()) => Self::send_error(ctx, &unavailable()),
+            None => Self::send_error(ctx, &unavailable()),
         }));
     }
 }
@@ -243,6 +292,40 @@ fn unavailable() -> ProtocolError {
     )
 }
 
+/// Releases a device after its connection closed. While Redis is
+/// unreachable it retries until the lease would have lapsed anyway; after
+/// that the expiry path owns the departure.
+async fn release(store: Store, user: String, device: String, owner: String, deadline: i64) {
+    let give_up = Instant::now() + Duration::from_millis(store.ttl_ms());
+    let mut wait = RELEASE_RETRY_MIN;
+    loop {
+        match store.depart(&user, &device, Some((&owner, deadline))).await {
+            Ok(Departure::Removed { last_seen }) => {
+                let offline = if last_seen.is_some() {
+                    ", user offline"
+                } else {
+                    ""
+                };
+                log::debug!("{user}/{device}: closed, device released{offline}");
+            }
+            Ok(Departure::Leased { .. }) => {
+                log::debug!("{user}/{device}: closed, lease kept by a newer connection")
+            }
+            Ok(Departure::AlreadyGone) => {
+                log::debug!("{user}/{device}: closed, device was already released")
+            }
+            Err(e) if Instant::now() + wait < give_up => {
+                log::debug!("{user}/{device}: release failed ({e}); retrying in {wait:?}");
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(RELEASE_RETRY_MAX);
+                continue;
+            }
+            Err(e) => log::warn!("{user}/{device}: release failed ({e}); the lease will lapse"),
+        }
+        return;
+    }
+}
+
 impl Actor for Session {
     type Context = ws::WebsocketContext<Self>;
 
@@ -252,17 +335,14 @@ impl Actor for Session {
             addr: ctx.address().recipient(),
         });
         self.hb(ctx);
-        let store = self.store.clone();
-        let (user, device, owner) = (self.user.clone(), self.device.clone(), self.owner.clone());
-        let claim = async move {
-            store
-                .arrive(&user, &device, &owner, ArriveMode::Connect)
-                .await
-        };
+        let claim = self.arrive(ArriveMode::Connect);
         ctx.wait(claim.into_actor(self).map(|res, act, ctx| match res {
-            Ok((_, deadline)) => {
+            Ok(Arrival::Held {
+                status, deadline, ..
+            }) => {
                 act.claimed = true;
                 act.deadline = deadline;
+                act.known_status = status;
                 act.last_refresh = Instant::now();
                 log::debug!("{}/{}: connected", act.user, act.device);
                 ctx.text(protocol::hello_frame(
@@ -272,8 +352,8 @@ impl Actor for Session {
                     act.config.ttl.as_millis() as u64,
                 ));
             }
-            Err(e) => {
-                log::warn!("{}/{}: cannot claim lease: {e}", act.user, act.device);
+            other => {
+                log::warn!("{}/{}: cannot claim lease: {other:?}", act.user, act.device);
                 Self::send_error(ctx, &unavailable());
                 ctx.close(Some(ws::CloseReason {
                     code: ws::CloseCode::Other(CLOSE_UNAVAILABLE),
@@ -295,32 +375,13 @@ impl Actor for Session {
             );
             return;
         }
-        let store = self.store.clone();
-        let (user, device, owner, deadline) = (
+        actix::spawn(release(
+            self.store.clone(),
             std::mem::take(&mut self.user),
             std::mem::take(&mut self.device),
             std::mem::take(&mut self.owner),
             self.deadline,
-        );
-        actix::spawn(async move {
-            match store.depart(&user, &device, Some((&owner, deadline))).await {
-                Ok(Departure::Removed { last_seen }) => log::debug!(
-                    "{user}/{device}: closed, device released{}",
-                    if last_seen.is_some() {
-                        ", user offline"
-                    } else {
-                        ""
-                    }
-                ),
-                Ok(Departure::Leased { .. }) => {
-                    log::debug!("{user}/{device}: closed, lease kept by a newer connection")
-                }
-                Ok(Departure::AlreadyGone) => {
-                    log::debug!("{user}/{device}: closed, device was already released")
-                }
-                Err(e) => log::warn!("{user}/{device}: release failed ({e}); the lease will lapse"),
-            }
-        });
+        ));
     }
 }
 
@@ -347,10 +408,17 @@ impl Handler<Deliver> for Session {
         let Some(seen) = self.watching.get_mut(&*msg.user) else {
             return;
         };
-        if msg.seq <= *seen {
+        // A live event no newer than what the client has is stale (its
+        // snapshot covered it); a resync read is newer than every event the
+        // registry let through before it, whatever its sequence number.
+        if !msg.resync && msg.seq <= seen.seq {
             return;
         }
-        *seen = msg.seq;
+        seen.seq = seen.seq.max(msg.seq);
+        if msg.fingerprint == seen.fingerprint {
+            return;
+        }
+        seen.fingerprint = msg.fingerprint;
         ctx.text(msg.frame);
     }
 }

@@ -19,7 +19,7 @@ pub enum StoreError {
     /// Redis refused the command or could not be reached.
     #[error("redis: {0}")]
     Redis(#[from] RedisError),
-    /// Redis answered something the scripts never return.
+    /// Redis answered with a shape the caller did not expect.
     #[error("unexpected reply from redis: {0}")]
     Parse(#[from] redis::ParsingError),
     /// Redis answered something the scripts never return.
@@ -39,14 +39,29 @@ pub enum ArriveMode {
     Refresh,
 }
 
+/// A user's chosen status as stored in Redis.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ChosenStatus {
+    /// online, away or busy.
+    pub status: String,
+    /// Free text, "" for none.
+    pub text: String,
+    /// When it was chosen, epoch ms.
+    pub since: i64,
+}
+
 /// Outcome of [`Store::arrive`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Arrival {
-    /// The lease belongs to this connection; `came_online` when this call
-    /// made the user's first device arrive (and published `online`).
+    /// The lease belongs to this connection.
     Held {
-        /// The user was offline before.
+        /// This call made the user's first device arrive (and published
+        /// `online`).
         came_online: bool,
+        /// The user's chosen status now, if one is set.
+        status: Option<ChosenStatus>,
+        /// The deadline written to `presence-leases`, epoch ms.
+        deadline: i64,
     },
     /// Another connection took this device over; this one should close.
     Replaced,
@@ -108,8 +123,13 @@ struct Scripts {
     arrive: Script,
     depart: Script,
     status: Script,
+    read: Script,
+    reconcile: Script,
     zrem_if: Script,
 }
+
+/// Keys asked for per SCAN step of the reconciliation.
+const RECONCILE_SCAN_COUNT: usize = 500;
 
 /// Handle on the shared Redis state; cheap to clone.
 #[derive(Clone)]
@@ -127,8 +147,8 @@ pub fn now_ms() -> i64 {
         .unwrap_or(0)
 }
 
-/// Adds an EVALSHA of `script` to `pipe`.
-/// Chain the script's arguments with `.arg()`.
+/// Adds an EVALSHA of `script` to `pipe`; chain the script's arguments with
+/// `.arg()`.
 fn eval<'p>(pipe: &'p mut Pipeline, script: &Script, keys: &[&str]) -> &'p mut Pipeline {
     pipe.cmd("EVALSHA")
         .arg(script.get_hash())
@@ -140,6 +160,10 @@ fn int(v: &Value) -> StoreResult<i64> {
     redis::from_redis_value_ref(v).map_err(|_| StoreError::Reply(format!("{v:?}")))
 }
 
+fn is_noscript(v: &Value) -> bool {
+    matches!(v, Value::ServerError(e) if e.code() == "NOSCRIPT")
+}
+
 impl Store {
     /// Wraps a connection; `ttl` is the device lease TTL.
     pub fn new(conn: ConnectionManager, ttl: Duration) -> Self {
@@ -147,6 +171,8 @@ impl Store {
             arrive: Script::new(include_str!("lua/arrive.lua")),
             depart: Script::new(include_str!("lua/depart.lua")),
             status: Script::new(include_str!("lua/status.lua")),
+            read: Script::new(include_str!("lua/read.lua")),
+            reconcile: Script::new(include_str!("lua/reconcile.lua")),
             zrem_if: Script::new(include_str!("lua/zrem_if.lua")),
         };
         Self {
@@ -161,30 +187,34 @@ impl Store {
         self.ttl_ms
     }
 
-    /// A clone of the shared connection, for one-off commands.
-    pub fn conn(&self) -> ConnectionManager {
-        self.conn.clone()
-    }
-
     /// Runs `pipe`; when Redis has forgotten the scripts (restart, SCRIPT
-    /// FLUSH) loads them and runs it once more. Every script is idempotent
-    /// in the step that failed, because NOSCRIPT means it did not run.
+    /// FLUSH) loads them and runs it once more. That is safe because a
+    /// NOSCRIPT step did not run. With `ignore_errors`, per-command errors
+    /// come back as `Value::ServerError` for the caller to look at.
     async fn query(&self, pipe: &Pipeline) -> StoreResult<Vec<Value>> {
         let mut conn = self.conn.clone();
-        match pipe.query_async::<Vec<Value>>(&mut conn).await {
-            Err(e) if e.code() == Some("NOSCRIPT") => {
-                self.load_scripts().await?;
-                Ok(pipe.query_async(&mut conn).await?)
-            }
-            other => Ok(other?),
-        }
+        let noscript = match pipe.query_async::<Vec<Value>>(&mut conn).await {
+            Err(e) if e.code() == Some("NOSCRIPT") => true,
+            Ok(values) if values.iter().any(is_noscript) => true,
+            other => return Ok(other?),
+        };
+        debug_assert!(noscript);
+        self.load_scripts().await?;
+        Ok(pipe.query_async(&mut conn).await?)
     }
 
     /// Loads every script into Redis's script cache.
     pub async fn load_scripts(&self) -> StoreResult<()> {
         let mut conn = self.conn.clone();
         let s = &self.scripts;
-        for script in [&s.arrive, &s.depart, &s.status, &s.zrem_if] {
+        for script in [
+            &s.arrive,
+            &s.depart,
+            &s.status,
+            &s.read,
+            &s.reconcile,
+            &s.zrem_if,
+        ] {
             script.prepare_invoke().load_async(&mut conn).await?;
         }
         Ok(())
@@ -192,14 +222,16 @@ impl Store {
 
     /// Claims (connect) or refreshes (refresh) a device lease, counting the
     /// device if it is new; publishes `online` for the user's first device.
-    /// `owner` is the connection's lease value.
+    /// `owner` is the connection's lease value; `known` the user's status
+    /// as this connection last saw it, restored if Redis lost it.
     pub async fn arrive(
         &self,
         user: &str,
         device: &str,
         owner: &str,
         mode: ArriveMode,
-    ) -> StoreResult<(Arrival, i64)> {
+        known: Option<&ChosenStatus>,
+    ) -> StoreResult<Arrival> {
         let now = now_ms();
         let deadline = now + self.ttl_ms as i64;
         let [lease, count, devices, status] = keys::device_keys(user, device);
@@ -207,6 +239,7 @@ impl Store {
             ArriveMode::Connect => "connect",
             ArriveMode::Refresh => "refresh",
         };
+        let fallback = known.cloned().unwrap_or_default();
         let mut pipe = redis::pipe();
         eval(
             &mut pipe,
@@ -219,8 +252,28 @@ impl Store {
         .arg(now)
         .arg(mode_arg)
         .arg(user)
-        .arg(keys::EVENTS);
-        pipe.zadd(keys::LEASES, keys::lease_member(user, device), deadline)
+        .arg(keys::EVENTS)
+        .arg(&fallback.status)
+        .arg(&fallback.text)
+        .arg(fallback.since);
+        let reply = self.query(&pipe).await?;
+        let (held, came_online, status, text, since): (i64, i64, String, String, String) =
+            match reply.first() {
+                Some(v) => redis::from_redis_value_ref(v)?,
+                None => return Err(StoreError::Reply("arrive: empty reply".into())),
+            };
+        if held != 1 {
+            return Ok(Arrival::Replaced);
+        }
+        // Only a holder writes the index: a replaced connection's deadline
+        // must not stand for the new owner's lease. GT keeps the latest
+        // deadline when two writes cross.
+        let mut pipe = redis::pipe();
+        pipe.cmd("ZADD")
+            .arg(keys::LEASES)
+            .arg("GT")
+            .arg(deadline)
+            .arg(keys::lease_member(user, device))
             .ignore();
         pipe.cmd("ZADD")
             .arg(keys::ONLINE)
@@ -228,25 +281,21 @@ impl Store {
             .arg(now)
             .arg(user)
             .ignore();
-        let reply = self.query(&pipe).await?;
-        let (held, came_online) = match reply.first() {
-            Some(Value::Array(v)) if v.len() == 2 => (int(&v[0])?, int(&v[1])?),
-            other => return Err(StoreError::Reply(format!("arrive: {other:?}"))),
-        };
-        let arrival = if held == 1 {
-            Arrival::Held {
-                came_online: came_online == 1,
-            }
-        } else {
-            Arrival::Replaced
-        };
-        Ok((arrival, deadline))
+        self.query(&pipe).await?;
+        Ok(Arrival::Held {
+            came_online: came_online == 1,
+            status: (!status.is_empty()).then(|| ChosenStatus {
+                status,
+                text,
+                since: since.parse().unwrap_or(0),
+            }),
+            deadline,
+        })
     }
 
     /// The departure step for one device. `owner` is the closing
     /// connection's lease value with the deadline it last wrote to
-    /// `presence-leases`; `None` when the lease lapsed (expired event or
-    /// deadline pass).
+    /// `presence-leases`; `None` when the lease lapsed (expired event).
     pub async fn depart(
         &self,
         user: &str,
@@ -265,86 +314,92 @@ impl Store {
         .arg(now_ms())
         .arg(user)
         .arg(keys::EVENTS);
-        if let Some((_, deadline)) = owner {
-            // Our own deadline only: a newer connection's entry stays.
-            eval(&mut pipe, &self.scripts.zrem_if, &[keys::LEASES])
-                .arg(keys::lease_member(user, device))
-                .arg(deadline)
-                .ignore();
-        }
         let reply = self.query(&pipe).await?;
         let departure = parse_departure(reply.first())?;
+        let mut follow = redis::pipe();
         if let Departure::Removed {
             last_seen: Some(ts),
         } = departure
         {
-            self.record_offline(user, ts).await?;
+            record_offline(&mut follow, user, ts);
+        }
+        if let (Some((_, deadline)), Departure::Removed { .. } | Departure::AlreadyGone) =
+            (owner, departure)
+        {
+            // Our own deadline only: a newer connection's entry stays.
+            eval(&mut follow, &self.scripts.zrem_if, &[keys::LEASES])
+                .arg(keys::lease_member(user, device))
+                .arg(deadline)
+                .ignore();
+        }
+        if !follow.is_empty() {
+            // The departure itself is done; the indexes are repaired by the
+            // reconciliation pass if this fails.
+            if let Err(e) = self.query(&follow).await {
+                log::warn!("{user}/{device}: departed, but updating the indexes failed: {e}");
+            }
         }
         Ok(departure)
     }
 
-    /// Updates the global sets after a user's last device left.
-    async fn record_offline(&self, user: &str, last_seen: i64) -> StoreResult<()> {
-        let mut pipe = redis::pipe();
-        pipe.cmd("ZADD")
-            .arg(keys::LAST_SEEN)
-            .arg("GT")
-            .arg(last_seen)
-            .arg(user)
-            .ignore();
-        pipe.zrem(keys::ONLINE, user).ignore();
-        self.query(&pipe).await?;
-        Ok(())
-    }
-
     /// Sets a user's status and text; publishes it when the user is online.
+    /// Returns the stored status.
     pub async fn set_status(
         &self,
         user: &str,
         status: Status,
         text: Option<&str>,
-    ) -> StoreResult<bool> {
+    ) -> StoreResult<ChosenStatus> {
+        let chosen = ChosenStatus {
+            status: status.as_str().to_string(),
+            text: text.unwrap_or("").to_string(),
+            since: now_ms(),
+        };
         let mut pipe = redis::pipe();
         eval(
             &mut pipe,
             &self.scripts.status,
             &[&keys::status(user), &keys::count(user)],
         )
-        .arg(status.as_str())
-        .arg(text.unwrap_or(""))
-        .arg(now_ms())
+        .arg(&chosen.status)
+        .arg(&chosen.text)
+        .arg(chosen.since)
         .arg(user)
         .arg(keys::EVENTS);
-        let reply = self.query(&pipe).await?;
-        Ok(int(reply.first().unwrap_or(&Value::Nil))? == 1)
+        self.query(&pipe).await?;
+        Ok(chosen)
     }
 
     /// The records of `users`, in order, each with its transition sequence
-    /// number (for dropping events a snapshot already reflects).
+    /// number (for dropping events a snapshot already reflects). Each user
+    /// is read atomically, so state and sequence number belong together.
     pub async fn records(&self, users: &[String]) -> StoreResult<Vec<(Record, u64)>> {
         if users.is_empty() {
             return Ok(Vec::new());
         }
         let mut pipe = redis::pipe();
         for user in users {
-            pipe.get(keys::count(user));
-            pipe.cmd("HMGET")
-                .arg(keys::status(user))
-                .arg(&["status", "text", "seq"]);
-            pipe.zscore(keys::LAST_SEEN, user);
+            eval(
+                &mut pipe,
+                &self.scripts.read,
+                &[&keys::count(user), &keys::status(user)],
+            );
         }
         let reply = self.query(&pipe).await?;
         let mut out = Vec::with_capacity(users.len());
-        for (user, chunk) in users.iter().zip(reply.chunks(3)) {
-            let count: Option<i64> = redis::from_redis_value_ref(&chunk[0])?;
-            let (status, text, seq): (Option<String>, Option<String>, Option<u64>) =
-                redis::from_redis_value_ref(&chunk[1])?;
-            let last_seen: Option<f64> = redis::from_redis_value_ref(&chunk[2])?;
-            let devices = count.unwrap_or(0).max(0) as u32;
+        for (user, value) in users.iter().zip(&reply) {
+            let (count, status, text, seq, last_seen): (i64, String, String, String, String) =
+                redis::from_redis_value_ref(value)?;
+            let devices = count.max(0) as u32;
+            let text = (!text.is_empty()).then_some(text);
             let record = if devices > 0 {
                 Record {
                     user: user.clone(),
-                    status: status.unwrap_or_else(|| "online".into()),
+                    status: if status.is_empty() {
+                        "online".into()
+                    } else {
+                        status
+                    },
                     devices,
                     last_seen: None,
                     text,
@@ -354,11 +409,11 @@ impl Store {
                     user: user.clone(),
                     status: "offline".into(),
                     devices: 0,
-                    last_seen: last_seen.map(|s| s as i64),
+                    last_seen: last_seen.parse().ok(),
                     text,
                 }
             };
-            out.push((record, seq.unwrap_or(0)));
+            out.push((record, seq.parse().unwrap_or(0)));
         }
         Ok(out)
     }
@@ -384,11 +439,15 @@ impl Store {
         for (device, chunk) in ids.into_iter().zip(reply.chunks(2)) {
             let owner: Option<String> = redis::from_redis_value_ref(&chunk[0])?;
             let pttl: i64 = redis::from_redis_value_ref(&chunk[1])?;
-            let lease = owner.as_deref().map(LeaseOwner::parse);
+            let Some(owner) = owner else {
+                // Counted but lapsed a moment ago: on its way out.
+                continue;
+            };
+            let lease = LeaseOwner::parse(&owner);
             out.push(DeviceInfo {
                 device,
-                node: lease.as_ref().map(|l| l.node.to_string()),
-                connected_at: lease.and_then(|l| l.connected_at),
+                node: Some(lease.node.to_string()),
+                connected_at: lease.connected_at,
                 expires_in_ms: (pttl >= 0).then_some(pttl),
             });
         }
@@ -396,18 +455,20 @@ impl Store {
     }
 
     /// One page of users online now, most recently active first. `cursor` is
-    /// the `next_cursor` of the previous page.
+    /// the `next_cursor` of the previous page. Scores move as devices
+    /// refresh, so a user who becomes active while a client pages may show
+    /// up on an earlier page than the one being read: the list is a view of
+    /// "now", not a snapshot.
     pub async fn online(&self, limit: usize, cursor: Option<&Cursor>) -> StoreResult<OnlinePage> {
         let mut conn = self.conn.clone();
-        let mut users: Vec<(String, i64)> = Vec::with_capacity(limit);
+        let mut users: Vec<(Record, i64)> = Vec::with_capacity(limit + 1);
         let max = cursor.map_or("+inf".to_string(), |c| c.active_at.to_string());
         let mut offset = 0usize;
         let batch = limit + 1;
-        let mut exhausted = false;
         // Entries tied with the cursor's score that come before it in the
-        // (descending) order are skipped; stale entries of users no longer
-        // online are dropped by the record check below.
-        while users.len() <= limit && !exhausted {
+        // (descending) order are skipped; entries of users no longer online
+        // (the index is repaired lazily) are dropped by the record check.
+        loop {
             let page: Vec<(String, f64)> = redis::cmd("ZRANGE")
                 .arg(keys::ONLINE)
                 .arg(&max)
@@ -420,7 +481,7 @@ impl Store {
                 .arg("WITHSCORES")
                 .query_async(&mut conn)
                 .await?;
-            exhausted = page.len() < batch;
+            let exhausted = page.len() < batch;
             offset += page.len();
             let candidates: Vec<(String, i64)> = page
                 .into_iter()
@@ -432,30 +493,30 @@ impl Store {
                 .collect();
             let names: Vec<String> = candidates.iter().map(|(u, _)| u.clone()).collect();
             let records = self.records(&names).await?;
-            for ((user, score), (record, _)) in candidates.into_iter().zip(records) {
+            for ((_, score), (record, _)) in candidates.into_iter().zip(records) {
                 if record.devices > 0 {
-                    users.push((user, score));
+                    users.push((record, score));
                 }
+            }
+            if users.len() > limit || exhausted {
+                break;
             }
         }
         let next_cursor = if users.len() > limit {
             users.truncate(limit);
-            users.last().map(|(u, s)| {
+            users.last().map(|(r, s)| {
                 Cursor {
                     active_at: *s,
-                    user: u.clone(),
+                    user: r.user.clone(),
                 }
                 .encode()
             })
         } else {
             None
         };
-        let names: Vec<String> = users.iter().map(|(u, _)| u.clone()).collect();
-        let records = self.records(&names).await?;
-        let users = records
+        let users = users
             .into_iter()
-            .zip(users)
-            .map(|((record, _), (_, active_at))| OnlineUser { record, active_at })
+            .map(|(record, active_at)| OnlineUser { record, active_at })
             .collect();
         Ok(OnlinePage { users, next_cursor })
     }
@@ -476,19 +537,16 @@ impl Store {
         if taken.is_some() {
             return Ok(true);
         }
-        let holder: Option<String> = redis::cmd("GET")
+        // Keep it only if it is still ours (it may have lapsed meanwhile).
+        let kept: i64 = redis::cmd("EVAL")
+            .arg("if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end return 0")
+            .arg(1)
             .arg(keys::REAPER_LOCK)
+            .arg(node)
+            .arg(ms)
             .query_async(&mut conn)
             .await?;
-        if holder.as_deref() == Some(node) {
-            let _: i64 = redis::cmd("PEXPIRE")
-                .arg(keys::REAPER_LOCK)
-                .arg(ms)
-                .query_async(&mut conn)
-                .await?;
-            return Ok(true);
-        }
-        Ok(false)
+        Ok(kept == 1)
     }
 
     /// One step of the deadline pass: runs the departure step for up to
@@ -514,6 +572,8 @@ impl Store {
             return Ok((0, 0));
         }
         let mut pipe = redis::pipe();
+        // One bad entry must not stall the pass for everyone.
+        pipe.ignore_errors();
         for (member, _) in &due {
             match keys::parse_lease_member(member) {
                 Some((user, device)) => {
@@ -529,9 +589,8 @@ impl Store {
                     .arg(user)
                     .arg(keys::EVENTS);
                 }
-                // Not ours to interpret: drop it from the index below.
                 None => {
-                    pipe.cmd("ECHO").arg("unparsable");
+                    pipe.cmd("ECHO").arg("not a lease member");
                 }
             }
         }
@@ -539,9 +598,20 @@ impl Store {
         let mut removed = 0;
         let mut follow = redis::pipe();
         for ((member, score), value) in due.iter().zip(&reply) {
-            let departure = match keys::parse_lease_member(member) {
-                Some(_) => parse_departure(Some(value))?,
-                None => Departure::AlreadyGone,
+            let parsed = keys::parse_lease_member(member);
+            let departure = match (parsed, parse_departure(Some(value))) {
+                (Some(_), Ok(d)) => d,
+                (None, _) => {
+                    log::warn!(
+                        "dropping {member:?} from {}: not <user>:<device>",
+                        keys::LEASES
+                    );
+                    Departure::AlreadyGone
+                }
+                (Some(_), Err(e)) => {
+                    log::warn!("dropping {member:?} from {}: {e}", keys::LEASES);
+                    Departure::AlreadyGone
+                }
             };
             match departure {
                 Departure::Leased { ttl_ms } => {
@@ -550,23 +620,15 @@ impl Store {
                         .cmd("ZADD")
                         .arg(keys::LEASES)
                         .arg("XX")
+                        .arg("GT")
                         .arg(now + left)
                         .arg(member)
                         .ignore();
                 }
                 Departure::Removed { last_seen } => {
                     removed += 1;
-                    if let (Some(ts), Some((user, _))) =
-                        (last_seen, keys::parse_lease_member(member))
-                    {
-                        follow
-                            .cmd("ZADD")
-                            .arg(keys::LAST_SEEN)
-                            .arg("GT")
-                            .arg(ts)
-                            .arg(user)
-                            .ignore();
-                        follow.zrem(keys::ONLINE, user).ignore();
+                    if let (Some(ts), Some((user, _))) = (last_seen, parsed) {
+                        record_offline(&mut follow, user, ts);
                     }
                     eval(&mut follow, &self.scripts.zrem_if, &[keys::LEASES])
                         .arg(member)
@@ -590,7 +652,8 @@ impl Store {
     /// many were forgotten (at most `max` per call).
     pub async fn trim_last_seen(&self, retention: Duration, max: usize) -> StoreResult<usize> {
         let mut conn = self.conn.clone();
-        let cutoff = now_ms() - retention.as_millis() as i64;
+        let retention_ms = i64::try_from(retention.as_millis()).unwrap_or(i64::MAX);
+        let cutoff = now_ms().saturating_sub(retention_ms);
         let old: Vec<(String, String)> = redis::cmd("ZRANGE")
             .arg(keys::LAST_SEEN)
             .arg("-inf")
@@ -631,12 +694,135 @@ impl Store {
         Ok(forgotten)
     }
 
+    /// One step of the reconciliation scan over the device sets: repairs
+    /// each user whose devices or counter disagree with the live leases and
+    /// publishes the transition that follows, once. `cursor` is the SCAN
+    /// cursor (0 starts a pass; a returned 0 ends it). Returns (next cursor,
+    /// users looked at, users repaired).
+    pub async fn reconcile_step(&self, cursor: u64) -> StoreResult<(u64, usize, usize)> {
+        let mut conn = self.conn.clone();
+        let (next, found): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(keys::DEVICES_PATTERN)
+            .arg("COUNT")
+            .arg(RECONCILE_SCAN_COUNT)
+            .query_async(&mut conn)
+            .await?;
+        let users: Vec<&str> = found
+            .iter()
+            .filter_map(|k| keys::parse_devices(k))
+            .collect();
+        if users.is_empty() {
+            return Ok((next, 0, 0));
+        }
+        let mut pipe = redis::pipe();
+        for user in &users {
+            pipe.smembers(keys::devices(user));
+        }
+        let members: Vec<Vec<String>> = pipe.query_async(&mut conn).await?;
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        let now = now_ms();
+        for (user, devices) in users.iter().zip(&members) {
+            let mut keys = vec![keys::count(user), keys::devices(user), keys::status(user)];
+            keys.extend(devices.iter().map(|d| keys::lease(user, d)));
+            let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+            eval(&mut pipe, &self.scripts.reconcile, &keys)
+                .arg(user)
+                .arg(now)
+                .arg(keys::EVENTS)
+                .arg(devices);
+        }
+        let reply = self.query(&pipe).await?;
+        let mut repaired = 0;
+        let mut follow = redis::pipe();
+        for (user, value) in users.iter().zip(&reply) {
+            let (removed, old, new, transition): (i64, i64, i64, i64) =
+                match redis::from_redis_value_ref(value) {
+                    Ok(v) => v,
+                    Err(e) => {
+                        log::warn!("reconciliation of {user} failed: {e}");
+                        continue;
+                    }
+                };
+            if removed == 0 && old == new {
+                continue;
+            }
+            repaired += 1;
+            log::info!(
+                "reconciliation repaired {user}: {removed} device(s) without a lease removed, counter {old} -> {new}{}",
+                if transition == 1 { ", transition published" } else { "" }
+            );
+            if new == 0 {
+                follow.zrem(keys::ONLINE, *user).ignore();
+            }
+        }
+        if !follow.is_empty() {
+            self.query(&follow).await?;
+        }
+        Ok((next, users.len(), repaired))
+    }
+
+    /// One step of the scan over `presence-online` that drops users no
+    /// longer online (an index entry left behind by a crash or a race).
+    /// Returns (next cursor, entries dropped).
+    pub async fn prune_online_step(&self, cursor: u64) -> StoreResult<(u64, usize)> {
+        let mut conn = self.conn.clone();
+        let (next, flat): (u64, Vec<String>) = redis::cmd("ZSCAN")
+            .arg(keys::ONLINE)
+            .arg(cursor)
+            .arg("COUNT")
+            .arg(RECONCILE_SCAN_COUNT)
+            .query_async(&mut conn)
+            .await?;
+        let entries: Vec<(&String, &String)> = flat
+            .chunks(2)
+            .filter_map(|c| Some((c.first()?, c.get(1)?)))
+            .collect();
+        if entries.is_empty() {
+            return Ok((next, 0));
+        }
+        let mut pipe = redis::pipe();
+        for (user, _) in &entries {
+            pipe.exists(keys::count(user));
+        }
+        let online: Vec<bool> = pipe.query_async(&mut conn).await?;
+        let mut pipe = redis::pipe();
+        let mut dropped = 0;
+        for ((user, score), online) in entries.iter().zip(online) {
+            if !online {
+                dropped += 1;
+                // A user who came back meanwhile has a newer score and stays.
+                eval(&mut pipe, &self.scripts.zrem_if, &[keys::ONLINE])
+                    .arg(*user)
+                    .arg(*score)
+                    .ignore();
+            }
+        }
+        if dropped > 0 {
+            self.query(&pipe).await?;
+        }
+        Ok((next, dropped))
+    }
+
     /// PING, for `/healthz`.
     pub async fn ping(&self) -> StoreResult<()> {
         let mut conn = self.conn.clone();
         let _: String = redis::cmd("PING").query_async(&mut conn).await?;
         Ok(())
     }
+}
+
+/// Adds the global-set updates that follow a user's last device leaving.
+fn record_offline(pipe: &mut Pipeline, user: &str, last_seen: i64) {
+    pipe.cmd("ZADD")
+        .arg(keys::LAST_SEEN)
+        .arg("GT")
+        .arg(last_seen)
+        .arg(user)
+        .ignore();
+    pipe.zrem(keys::ONLINE, user).ignore();
 }
 
 fn parse_departure(value: Option<&Value>) -> StoreResult<Departure> {

@@ -144,7 +144,8 @@ async fn bulk_query_keeps_order_and_refuses_oversize() {
 #[tokio::test]
 async fn online_list_pages_most_recent_first() {
     let redis = Redis::start();
-    let node = Node::start(&redis, "n1");
+    // A long heartbeat: no pong refreshes (and reorders) anyone while paging.
+    let node = Node::start_with(&redis, "n1", &["--heartbeat-ms", "30000"]);
     let base = node.http();
     let mut clients = Vec::new();
     for i in 0..7 {

@@ -158,7 +158,15 @@ async fn silent_client_is_disconnected_and_released() {
         .await
         .unwrap();
     assert_eq!(w.expect("presence").await["status"], "online");
+    let connected = std::time::Instant::now();
     let ev = w.expect("presence").await;
     assert_eq!(ev["status"], "offline");
+    // Disconnected at the first ping after two silent heartbeats.
+    let bound = std::time::Duration::from_millis(3 * HEARTBEAT_MS + 500);
+    assert!(
+        connected.elapsed() <= bound,
+        "offline after {:?}",
+        connected.elapsed()
+    );
     drop(ws);
 }

@@ -5,7 +5,7 @@
 -- KEYS[1] presence:{<user>}:<device>   the device lease
 -- KEYS[2] presence-count:{<user>}      live device counter
 -- KEYS[3] presence-devices:{<user>}    set of counted device ids
--- KEYS[4] presence-status:{<user>}     status hash (status, text, since, active, seq)
+-- KEYS[4] presence-status:{<user>}     status hash (status, text, since, active, last_seen, seq)
 -- ARGV[1] lease owner (this connection's value)
 -- ARGV[2] lease TTL in ms
 -- ARGV[3] device id
@@ -14,34 +14,51 @@
 --         "refresh" keeps it only while this connection still owns it
 -- ARGV[6] user id
 -- ARGV[7] pub/sub channel for transitions
+-- ARGV[8] status this connection last knew for its user ("" when none)
+-- ARGV[9] that status's text ("" when none)
+-- ARGV[10] that status's `since`, epoch ms
 --
--- Returns {held, came_online}:
+-- Returns {held, came_online, status, text, since}:
 --   held        1 when the lease now belongs to ARGV[1], 0 when another
 --               connection owns it (refresh only: this connection was replaced)
 --   came_online 1 when this call made the user's first device arrive; the
 --               `online` event has then been published
+--   status, text, since: the user's chosen status now ("" when none)
 local current = redis.call('GET', KEYS[1])
 if ARGV[5] == 'refresh' and current and current ~= ARGV[1] then
-  return {0, 0}
+  return {0, 0, '', '', '0'}
 end
 if current == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
 else
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 end
+local st = redis.call('HMGET', KEYS[4], 'status', 'text', 'since')
+-- Redis lost the status (restart without persistence) or holds an older one
+-- re-asserted by another device: restore the newest this connection knew.
+if ARGV[8] ~= '' and (not st[1] or tonumber(st[3] or '0') < tonumber(ARGV[10])) then
+  redis.call('HSET', KEYS[4], 'status', ARGV[8], 'since', ARGV[10])
+  if ARGV[9] == '' then
+    redis.call('HDEL', KEYS[4], 'text')
+    st = {ARGV[8], false, ARGV[10]}
+  else
+    redis.call('HSET', KEYS[4], 'text', ARGV[9])
+    st = {ARGV[8], ARGV[9], ARGV[10]}
+  end
+end
 redis.call('HSET', KEYS[4], 'active', ARGV[4])
+local status, text, since = st[1] or '', st[2] or '', st[3] or '0'
 if redis.call('SADD', KEYS[3], ARGV[3]) == 0 then
-  return {1, 0}
+  return {1, 0, status, text, since}
 end
 local count = redis.call('INCR', KEYS[2])
 if count ~= 1 then
-  return {1, 0}
+  return {1, 0, status, text, since}
 end
 -- Never below now: stays increasing even after the retention trim
 -- deleted the hash, so a watcher's last seen seq never hides an event.
 local seq = math.max(tonumber(redis.call('HGET', KEYS[4], 'seq') or '0') + 1, tonumber(ARGV[4]))
 redis.call('HSET', KEYS[4], 'seq', seq)
-local st = redis.call('HMGET', KEYS[4], 'status', 'text')
 redis.call('PUBLISH', ARGV[7], cjson.encode({
   user = ARGV[6],
   status = st[1] or 'online',
@@ -50,4 +67,4 @@ redis.call('PUBLISH', ARGV[7], cjson.encode({
   last_seen = cjson.null,
   seq = seq,
 }))
-return {1, 1}
+return {1, 1, status, text, since}

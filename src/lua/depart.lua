@@ -6,7 +6,7 @@
 -- KEYS[1] presence:{<user>}:<device>   the device lease
 -- KEYS[2] presence-count:{<user>}      live device counter
 -- KEYS[3] presence-devices:{<user>}    set of counted device ids
--- KEYS[4] presence-status:{<user>}     status hash (status, text, since, active, seq)
+-- KEYS[4] presence-status:{<user>}     status hash (status, text, since, active, last_seen, seq)
 -- ARGV[1] lease owner of the closing connection, or "" when the lease lapsed
 --         (then the device goes only if no lease exists any more)
 -- ARGV[2] device id
@@ -46,7 +46,9 @@ end
 -- Never below now: stays increasing even after the retention trim
 -- deleted the hash, so a watcher's last seen seq never hides an event.
 local seq = math.max(tonumber(redis.call('HGET', KEYS[4], 'seq') or '0') + 1, tonumber(ARGV[3]))
-redis.call('HSET', KEYS[4], 'seq', seq)
+-- last_seen is stored with the transition, so no read ever sees the user
+-- offline without it.
+redis.call('HSET', KEYS[4], 'seq', seq, 'last_seen', last_seen)
 local text = redis.call('HGET', KEYS[4], 'text')
 redis.call('PUBLISH', ARGV[5], cjson.encode({
   user = ARGV[4],

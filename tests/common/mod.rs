@@ -81,17 +81,23 @@ impl Redis {
 
     /// Starts redis-server with the project's redis.conf and extra arguments.
     pub fn start_with(extra: &[&str]) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let port = free_port();
-        let child = Self::spawn(dir.path(), port, extra);
-        let redis = Self {
-            child,
-            dir,
-            port,
-            url: format!("redis://127.0.0.1:{port}/0"),
-        };
-        redis.wait_ready();
-        redis
+        // The free port may be taken by a parallel test before redis binds
+        // it: try a few.
+        for _ in 0..5 {
+            let dir = tempfile::tempdir().unwrap();
+            let port = free_port();
+            let child = Self::spawn(dir.path(), port, extra);
+            let mut redis = Self {
+                child,
+                dir,
+                port,
+                url: format!("redis://127.0.0.1:{port}/0"),
+            };
+            if redis.wait_ready() {
+                return redis;
+            }
+        }
+        panic!("redis-server did not start on any of 5 ports");
     }
 
     fn spawn(dir: &Path, port: u16, extra: &[&str]) -> Child {
@@ -111,12 +117,16 @@ impl Redis {
             .expect("redis-server must be installed (apt-get install -y redis-server)")
     }
 
-    fn wait_ready(&self) {
+    /// False when the server exited (e.g. its port was taken).
+    fn wait_ready(&mut self) -> bool {
         let deadline = Instant::now() + DEADLINE;
         loop {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return false;
+            }
             if let Ok(mut c) = self.try_conn() {
                 if redis::cmd("PING").query::<String>(&mut c).is_ok() {
-                    return;
+                    return true;
                 }
             }
             assert!(
@@ -126,6 +136,25 @@ impl Redis {
             );
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// Kills the server (SIGKILL) and leaves the port closed.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Starts a new, empty server on the same port: a restart without
+    /// persistence, or a failover to an empty replica.
+    pub fn restart_empty(&mut self) {
+        self.kill();
+        self.dir = tempfile::tempdir().unwrap();
+        self.child = Self::spawn(self.dir.path(), self.port, &[]);
+        assert!(
+            self.wait_ready(),
+            "redis did not restart on port {}",
+            self.port
+        );
     }
 
     fn try_conn(&self) -> redis::RedisResult<redis::Connection> {
@@ -181,11 +210,12 @@ impl Node {
             "127.0.0.1:0".into(),
             "--redis-url".into(),
             redis.url.clone(),
-            "--heartbeat-ms".into(),
-            HEARTBEAT_MS.to_string(),
             "--node-id".into(),
             id.into(),
         ];
+        if !extra.contains(&"--heartbeat-ms") {
+            args.extend(["--heartbeat-ms".to_string(), HEARTBEAT_MS.to_string()]);
+        }
         args.extend(extra.iter().map(|s| s.to_string()));
         Self::spawn(id, &args, &[])
             .unwrap_or_else(|logs| panic!("node {id} did not start:\n{logs}"))

@@ -1,0 +1,165 @@
+//! Faults: Redis restarts, missed expired events (design invariant 4).
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::json;
+
+async fn healthz(node: &Node) -> u16 {
+    match reqwest::get(format!("{}/healthz", node.http())).await {
+        Ok(r) => r.status().as_u16(),
+        Err(_) => 0,
+    }
+}
+
+/// Redis restarts empty: live sessions re-assert lease, count and status
+/// within a heartbeat, watchers see no flicker, and a device that closed
+/// while Redis was away is announced offline once (no ghost).
+#[tokio::test]
+async fn redis_restart_with_empty_data() {
+    let mut redis = Redis::start();
+    let a = Node::start(&redis, "a");
+    let b = Node::start(&redis, "b");
+    let mut w = Client::connect(&b, "watcher", "w").await;
+    w.watch(&["alice", "bob", "carol"]).await;
+
+    let mut alice = Client::connect(&a, "alice", "phone").await;
+    assert_eq!(w.expect("presence").await["status"], "online");
+    alice
+        .send(json!({"type":"status","status":"busy","text":"focus"}))
+        .await;
+    assert_eq!(w.expect("presence").await["status"], "busy");
+    let mut bob = Client::connect(&b, "bob", "laptop").await;
+    assert_eq!(w.expect("presence").await["user"], "bob");
+    let carol = Client::connect(&a, "carol", "tab").await;
+    assert_eq!(w.expect("presence").await["user"], "carol");
+
+    redis.kill();
+    wait_until("healthz reports redis down", DEADLINE, || async {
+        healthz(&a).await == 503
+    })
+    .await;
+    // Carol leaves while Redis is away; sessions themselves stay open.
+    carol.close().await;
+    redis.restart_empty();
+    let restarted = Instant::now();
+    wait_until("healthz recovers", DEADLINE, || async {
+        healthz(&a).await == 200 && healthz(&b).await == 200
+    })
+    .await;
+
+    wait_until(
+        "leases, counters and status re-asserted",
+        DEADLINE,
+        || async {
+            let mut c = redis.aconn().await;
+            let alice_status: Option<String> = redis::cmd("HGET")
+                .arg("presence-status:{alice}")
+                .arg("status")
+                .query_async(&mut c)
+                .await
+                .unwrap();
+            count(&redis, "alice").await == 1
+                && count(&redis, "bob").await == 1
+                && alice_status.as_deref() == Some("busy")
+        },
+    )
+    .await;
+    let took = restarted.elapsed();
+    println!("re-asserted {took:?} after the restart (heartbeat {HEARTBEAT_MS} ms)");
+    assert!(
+        took <= Duration::from_millis(HEARTBEAT_MS + 500),
+        "re-assert took {took:?}"
+    );
+    assert_eq!(count(&redis, "carol").await, 0, "carol is a ghost");
+
+    // The next frame is carol's offline (from the resync): nothing for
+    // alice or bob, whose leases were re-asserted without a flicker.
+    let ev = w.expect("presence").await;
+    assert_eq!(
+        (ev["user"].as_str(), ev["status"].as_str()),
+        (Some("carol"), Some("offline")),
+        "{ev}"
+    );
+    bob.send(json!({"type":"status","status":"away"})).await;
+    let ev = w.expect("presence").await;
+    assert_eq!(
+        (ev["user"].as_str(), ev["status"].as_str()),
+        (Some("bob"), Some("away")),
+        "{ev}"
+    );
+
+    // A new watcher sees the repaired truth, alice's status included.
+    let mut late = Client::connect(&a, "late", "w").await;
+    let snap = late.watch(&["alice", "bob", "carol"]).await;
+    let got: Vec<(&str, &str)> = snap
+        .iter()
+        .map(|r| (r["user"].as_str().unwrap(), r["status"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        got,
+        [("alice", "busy"), ("bob", "away"), ("carol", "offline")]
+    );
+    assert_eq!(snap[0]["text"], "focus");
+    alice.send(json!({"type":"heartbeat"})).await;
+}
+
+/// Expired events missed (notifications off, and the deadline index lost
+/// the lease): the reconciliation pass repairs the counter and emits the
+/// missing offline once.
+#[tokio::test]
+async fn missed_expired_events_are_repaired_by_reconciliation() {
+    let redis = Redis::start();
+    let mut a = Node::start_with(&redis, "a", &["--reconcile-interval-ms", "1000"]);
+    let b = Node::start_with(&redis, "b", &["--reconcile-interval-ms", "1000"]);
+    let mut w = Client::connect(&b, "watcher", "w").await;
+    w.watch(&["alice"]).await;
+    let _phone = Client::connect(&a, "alice", "phone").await;
+    assert_eq!(w.expect("presence").await["status"], "online");
+
+    let mut c = redis.aconn().await;
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("notify-keyspace-events")
+        .arg("")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    a.kill();
+    let _: i64 = redis::cmd("ZREM")
+        .arg("presence-leases")
+        .arg("alice:phone")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+
+    let ev = w.expect("presence").await;
+    assert_eq!(
+        (ev["user"].as_str(), ev["status"].as_str()),
+        (Some("alice"), Some("offline")),
+        "{ev}"
+    );
+    assert!(ev["last_seen"].as_i64().is_some());
+    assert_eq!(count(&redis, "alice").await, 0);
+    let members: Vec<String> = redis::cmd("SMEMBERS")
+        .arg("presence-devices:{alice}")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert!(members.is_empty());
+    b.wait_log("reconciliation repaired alice").await;
+    let (_, health) = get(&format!("{}/healthz", b.http())).await;
+    assert_eq!(health["counters"]["reconcile_repairs"], 1, "{health}");
+
+    // Exactly once: alice's next arrival is the next thing the watcher
+    // hears about her.
+    let _alice_again = Client::connect(&b, "alice", "laptop").await;
+    let ev = w.expect("presence").await;
+    assert_eq!(
+        (ev["user"].as_str(), ev["status"].as_str()),
+        (Some("alice"), Some("online")),
+        "{ev}"
+    );
+}
