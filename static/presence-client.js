@@ -1,109 +1,248 @@
-// presence-client.js: a small client for presence-server.
+// presence-client.js: a small, dependency-free client for presence-server.
+// Works in browsers (a plain <script>, or as a CommonJS module) and in Node 22+
+// (global WebSocket) or with any WebSocket class passed as `WebSocket`.
 //
 //   const client = new PresenceClient({ url: "ws://host:8080/ws", user: "alice", device: "tab-1" });
-//   client.onSnapshot = (records) => ...;   // answer to watch()
-//   client.onChange = (record) => ...;      // live transition of a watched user
-//   client.onState = (state) => ...;        // "connecting" | "open" | "closed"
-//   client.onError = (frame) => ...;        // {code, message} error frames
+//   client.onSnapshot = (records) => ...;       // answer to watch(): current records
+//   client.onChange = (record) => ...;          // live transition of a watched user
+//   client.onState = (state, info) => ...;      // "connecting" | "open" | "reconnecting" | "closed"
+//   client.onError = (error) => ...;            // {code, message} error frames (session goes on)
 //   client.connect();
-//   client.watch(["bob", "carol"]);
+//   client.watch(["bob", "carol"]);             // may be called before the connection is open
 //   client.setStatus("away", "in a meeting");
 //
-// It reconnects with exponential backoff (with jitter) and re-sends the
-// watch list and the chosen status after each reconnect.
+// The client reconnects by itself with exponential backoff and full jitter,
+// and after each reconnect re-sends the chosen status and the watch list, so
+// an app only has to keep rendering what onSnapshot and onChange hand it.
 (function (global) {
   "use strict";
 
+  /** Statuses a client may choose. `invisible` is refused by servers without privacy support. */
+  const STATUSES = ["online", "away", "busy", "invisible"];
+
   class PresenceClient {
-    constructor({ url, user, device, token, minBackoffMs = 500, maxBackoffMs = 15000 }) {
-      this.url = url;
-      this.user = user;
-      this.device = device;
-      this.token = token;
-      this.minBackoffMs = minBackoffMs;
-      this.maxBackoffMs = maxBackoffMs;
+    /**
+     * @param {object} options
+     * @param {string|string[]} options.url  WebSocket endpoint, e.g. "wss://example.com/ws"; with
+     *                                    several (one per node), each reconnect tries the next
+     * @param {string} [options.user]     user id (development auth), or
+     * @param {string} [options.token]    a JWT (the server reads the user from it)
+     * @param {string} options.device     this device's id, stable across reconnects
+     * @param {number} [options.minBackoffMs=500]    first reconnect delay (upper bound)
+     * @param {number} [options.maxBackoffMs=15000]  largest reconnect delay
+     * @param {Function} [options.WebSocket]         WebSocket class (default: the global one)
+     */
+    constructor(options) {
+      const o = options || {};
+      if (!o.url) throw new TypeError("PresenceClient: url is required");
+      if (!o.device) throw new TypeError("PresenceClient: device is required");
+      if (!o.user && !o.token) throw new TypeError("PresenceClient: user or token is required");
+      /** Endpoints to connect to, tried in turn on reconnects. */
+      this.urls = [].concat(o.url);
+      /** The endpoint of the current (or last) connection. */
+      this.url = this.urls[0];
+      this.user = o.user || null;
+      this.token = o.token || null;
+      this.device = o.device;
+      this.minBackoffMs = o.minBackoffMs ?? 500;
+      this.maxBackoffMs = o.maxBackoffMs ?? 15000;
+      this.WebSocket = o.WebSocket || global.WebSocket;
+      /** Users watched; re-sent after every reconnect. */
       this.watched = new Set();
+      /** The chosen {status, text}, re-sent after every reconnect (null: the server's default). */
       this.status = null;
-      this.backoff = minBackoffMs;
-      this.ws = null;
-      this.stopped = false;
-      this.onSnapshot = () => {};
-      this.onChange = () => {};
-      this.onState = () => {};
-      this.onError = () => {};
-      this.onHello = () => {};
+      /** "idle" until connect(), then "connecting" | "open" | "reconnecting" | "closed". */
+      this.state = "idle";
+      /** The last hello frame: {user, device, heartbeat_ms, ttl_ms}. */
+      this.hello = null;
+      /** Reconnect attempts since the last successful hello. */
+      this.attempt = 0;
+      this._ws = null;
+      this._timer = null;
+      this._stopped = true;
+      this._previousStatus = null;
+      this.onHello = o.onHello || (() => {});
+      this.onSnapshot = o.onSnapshot || (() => {});
+      this.onChange = o.onChange || (() => {});
+      this.onState = o.onState || (() => {});
+      this.onError = o.onError || (() => {});
     }
 
+    /** Opens the connection (and keeps it open until close()). */
     connect() {
-      this.stopped = false;
-      const params = new URLSearchParams({ device: this.device });
-      if (this.token) params.set("token", this.token);
-      else params.set("user", this.user);
-      const ws = new WebSocket(`${this.url}?${params}`);
-      this.ws = ws;
-      this.onState("connecting");
-      ws.onmessage = (ev) => this._frame(JSON.parse(ev.data));
-      ws.onclose = (ev) => {
-        if (this.ws !== ws) return;
-        this.onState("closed", ev);
-        if (this.stopped) return;
-        const delay = this.backoff * (0.5 + Math.random());
-        this.backoff = Math.min(this.backoff * 2, this.maxBackoffMs);
-        setTimeout(() => this.connect(), delay);
-      };
+      this._stopped = false;
+      clearTimeout(this._timer);
+      this._timer = null;
+      this._open();
     }
 
+    /** Closes for good: no reconnect until connect() is called again. */
     close() {
-      this.stopped = true;
-      if (this.ws) this.ws.close(1000, "bye");
+      this._stopped = true;
+      clearTimeout(this._timer);
+      this._timer = null;
+      const ws = this._ws;
+      this._ws = null;
+      if (ws && ws.readyState <= 1) ws.close(1000, "bye");
+      this._setState("closed", { code: 1000, reason: "closed by client", willRetry: false });
     }
 
+    /** Watches users: answered by onSnapshot, then onChange for each transition. */
     watch(users) {
-      users.forEach((u) => this.watched.add(u));
-      this._send({ type: "watch", users });
+      const list = [].concat(users).filter(Boolean);
+      if (!list.length) return;
+      list.forEach((u) => this.watched.add(u));
+      this._send({ type: "watch", users: list });
     }
 
+    /** Stops watching users. */
     unwatch(users) {
-      users.forEach((u) => this.watched.delete(u));
-      this._send({ type: "unwatch", users });
+      const list = [].concat(users).filter(Boolean);
+      if (!list.length) return;
+      list.forEach((u) => this.watched.delete(u));
+      this._send({ type: "unwatch", users: list });
     }
 
+    /**
+     * Asks for a fresh snapshot of every watched user. Transitions are
+     * pushed, but a second device arriving (or one of several leaving) is no
+     * transition, so device counts in onChange records can fall behind;
+     * call this now and then if you show them.
+     */
+    refresh() {
+      if (this.watched.size) this._send({ type: "watch", users: [...this.watched] });
+    }
+
+    /**
+     * Sets the status for all of this user's devices: "online", "away",
+     * "busy" or "invisible", with optional text. If the server refuses it
+     * (error `invalid_status`) the client falls back to the previous choice,
+     * so a reconnect does not send the refused one again, and onError gets
+     * the error with `status` naming the refused choice.
+     */
     setStatus(status, text) {
-      this.status = { status, text: text || null };
-      this._send({ type: "status", status, text: text || null });
+      if (!STATUSES.includes(status)) throw new RangeError(`PresenceClient: unknown status ${status}`);
+      this._previousStatus = this.status;
+      this.status = { status, text: text ? String(text) : null };
+      this._send({ type: "status", ...this.status });
     }
 
+    /** Refreshes the lease explicitly (pongs and other frames do too). */
     heartbeat() {
       this._send({ type: "heartbeat" });
     }
 
+    /** True when frames can be sent now. */
+    get connected() {
+      return this.state === "open";
+    }
+
+    _open() {
+      // Each reconnect after a failure moves on to the next node, if several.
+      if (this.attempt > 0) this.url = this.urls[this.attempt % this.urls.length];
+      const params = new URLSearchParams({ device: this.device });
+      if (this.token) params.set("token", this.token);
+      else params.set("user", this.user);
+      const sep = this.url.includes("?") ? "&" : "?";
+      let ws;
+      this._setState(this.attempt ? "reconnecting" : "connecting", { attempt: this.attempt, url: this.url });
+      try {
+        ws = new this.WebSocket(`${this.url}${sep}${params}`);
+      } catch (e) {
+        // A malformed URL throws at once: retrying will not help.
+        this._stopped = true;
+        this.onError({ code: "client", message: String(e && e.message ? e.message : e) });
+        this._setState("closed", { code: 0, reason: String(e), willRetry: false });
+        return;
+      }
+      this._ws = ws;
+      ws.onmessage = (ev) => {
+        if (this._ws !== ws) return;
+        let frame;
+        try {
+          frame = JSON.parse(ev.data);
+        } catch (e) {
+          this.onError({ code: "client", message: "server sent a frame that is not JSON" });
+          return;
+        }
+        this._frame(frame);
+      };
+      ws.onclose = (ev) => {
+        if (this._ws !== ws) return; // superseded by close() or a newer connection
+        this._ws = null;
+        if (ev.code === 4001) {
+          // The same device connected again elsewhere and the newer
+          // connection won: coming back would only push that one out.
+          this._stopped = true;
+        }
+        this._scheduleReconnect(ev.code, ev.reason);
+      };
+    }
+
+    _scheduleReconnect(code, reason) {
+      if (this._stopped) {
+        this._setState("closed", { code, reason, willRetry: false });
+        return;
+      }
+      // Full jitter: a random delay up to the exponential bound, so that the
+      // clients of a node that went away do not all come back at once.
+      const bound = Math.min(this.maxBackoffMs, this.minBackoffMs * 2 ** Math.min(this.attempt, 16));
+      const delay = Math.round(bound / 2 + (Math.random() * bound) / 2);
+      this.attempt += 1;
+      this._setState("reconnecting", { code, reason, willRetry: true, delayMs: delay, attempt: this.attempt });
+      this._timer = setTimeout(() => {
+        this._timer = null;
+        if (!this._stopped) this._open();
+      }, delay);
+    }
+
+    _setState(state, info) {
+      this.state = state;
+      this.onState(state, info || {});
+    }
+
     _send(frame) {
-      if (this.ws && this.ws.readyState === WebSocket.OPEN) this.ws.send(JSON.stringify(frame));
+      const ws = this._ws;
+      if (ws && ws.readyState === 1 && this.state === "open") ws.send(JSON.stringify(frame));
+      // Otherwise it is sent (from this.status / this.watched) once open.
     }
 
     _frame(f) {
       switch (f.type) {
         case "hello":
-          this.backoff = this.minBackoffMs;
-          this.onState("open");
+          this.hello = f;
+          this.attempt = 0;
+          this._setState("open", { hello: f, url: this.url });
           this.onHello(f);
           if (this.status) this._send({ type: "status", ...this.status });
           if (this.watched.size) this._send({ type: "watch", users: [...this.watched] });
           break;
         case "snapshot":
-          this.onSnapshot(f.presence);
+          this.onSnapshot(f.presence || []);
           break;
         case "presence": {
           const { type, ...record } = f;
           this.onChange(record);
           break;
         }
-        case "error":
-          this.onError(f);
+        case "error": {
+          const error = { code: f.code, message: f.message };
+          if (f.code === "invalid_status" && this.status) {
+            error.status = this.status.status;
+            this.status = this._previousStatus;
+            this._previousStatus = null;
+          }
+          this.onError(error);
+          break;
+        }
+        default:
+          // Newer servers may add frame types; ignore what we do not know.
           break;
       }
     }
   }
 
+  PresenceClient.STATUSES = STATUSES;
   global.PresenceClient = PresenceClient;
+  if (typeof module !== "undefined" && module.exports) module.exports = PresenceClient;
 })(typeof window !== "undefined" ? window : globalThis);
