@@ -1,0 +1,284 @@
+// Browser test of the demo page: a real redis-server (the repo's redis.conf,
+// random port), a real presence-server node (target/debug/presence-server,
+// built by `cargo build` first) and real headless Chromium driven by
+// playwright-core. Alice watches her contacts while bob, carol and dave sign
+// in from their own browser contexts; alice's dot for bob must turn green,
+// yellow (auto-away), green again, red (busy) and grey (tab closed).
+//
+//   cargo build && (cd tests/browser && npm ci && npm test)
+//
+// Environment: PRESENCE_SERVER_BIN (default target/debug/presence-server),
+// CHROMIUM_PATH (default /usr/bin/chromium), ARTIFACTS_DIR (default artifacts/).
+// Every wait has a deadline; nothing sleeps and hopes.
+"use strict";
+
+const { test, before, after } = require("node:test");
+const assert = require("node:assert/strict");
+const { spawn } = require("node:child_process");
+const fs = require("node:fs");
+const net = require("node:net");
+const os = require("node:os");
+const path = require("node:path");
+const { chromium } = require("playwright-core");
+
+const ROOT = path.resolve(__dirname, "..", "..");
+const BIN = process.env.PRESENCE_SERVER_BIN || path.join(ROOT, "target", "debug", "presence-server");
+const CHROMIUM = process.env.CHROMIUM_PATH || "/usr/bin/chromium";
+const ARTIFACTS = process.env.ARTIFACTS_DIR || path.join(ROOT, "artifacts");
+/** How long any expected change may take to show; generous for a busy CI machine. */
+const DEADLINE_MS = 20_000;
+/** Colours of the dots, as the page's CSS defines them (light scheme). */
+const COLOURS = {
+  online: "rgb(31, 157, 85)",
+  away: "rgb(217, 154, 6)",
+  busy: "rgb(217, 48, 37)",
+  offline: "rgb(139, 147, 161)",
+};
+
+const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "presence-browser-"));
+let redis = null; // { child, port }
+let node = null; // { child, base, logs }
+let browser = null;
+const pageLogs = []; // console and page errors of every page, for failure messages
+
+/** A port free on loopback right now. */
+function freePort() {
+  return new Promise((resolve, reject) => {
+    const srv = net.createServer();
+    srv.once("error", reject);
+    srv.listen(0, "127.0.0.1", () => {
+      const { port } = srv.address();
+      srv.close(() => resolve(port));
+    });
+  });
+}
+
+/** Resolves when `check()` resolves true, rejects with `what` after `ms`. */
+async function until(what, ms, check) {
+  const deadline = Date.now() + ms;
+  for (;;) {
+    if (await check()) return;
+    if (Date.now() > deadline) throw new Error(`timed out after ${ms} ms waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
+
+/** True when a Redis server answers PING on `port`. */
+function pings(port) {
+  return new Promise((resolve) => {
+    const sock = net.connect(port, "127.0.0.1");
+    let buf = "";
+    sock.setTimeout(500, () => { sock.destroy(); resolve(false); });
+    sock.on("connect", () => sock.write("PING\r\n"));
+    sock.on("data", (d) => { buf += d; if (buf.includes("\r\n")) { sock.destroy(); resolve(buf.startsWith("+PONG")); } });
+    sock.on("error", () => resolve(false));
+  });
+}
+
+function redisLog() {
+  try { return fs.readFileSync(path.join(tmp, "redis.log"), "utf8"); } catch { return "(no redis log)"; }
+}
+
+function nodeLog() {
+  return node ? node.logs.join("\n") : "(node not started)";
+}
+
+/** Everything that helps explain a failure. */
+function diagnostics() {
+  const tail = (s, n) => s.split("\n").slice(-n).join("\n");
+  return [
+    "--- presence-server log (last 80 lines) ---", tail(nodeLog(), 80),
+    "--- redis log (last 20 lines) ---", tail(redisLog(), 20),
+    "--- browser console ---", tail(pageLogs.join("\n"), 60),
+  ].join("\n");
+}
+
+async function startRedis() {
+  // The free port may be taken by a parallel test before redis binds it: try a few.
+  for (let i = 0; i < 5; i++) {
+    const port = await freePort();
+    const child = spawn("redis-server", [
+      path.join(ROOT, "redis.conf"), "--port", String(port), "--bind", "127.0.0.1",
+      "--dir", tmp, "--logfile", path.join(tmp, "redis.log"), "--appendonly", "no",
+    ], { stdio: "ignore" });
+    let dead = false;
+    let spawnError = null;
+    child.once("exit", () => { dead = true; });
+    child.once("error", (e) => { spawnError = e; });
+    try {
+      await until("redis-server to answer PING", DEADLINE_MS, async () => {
+        if (spawnError) throw new Error(`cannot run redis-server (apt-get install -y redis-server): ${spawnError.message}`);
+        return dead || (await pings(port));
+      });
+    } catch (e) {
+      child.kill("SIGKILL");
+      throw new Error(`${e.message}\n${redisLog()}`);
+    }
+    if (!dead) return { child, port };
+  }
+  throw new Error(`redis-server did not start on any of 5 ports:\n${redisLog()}`);
+}
+
+async function startNode(redisPort) {
+  if (!fs.existsSync(BIN)) throw new Error(`${BIN} is missing: run \`cargo build\` first (or set PRESENCE_SERVER_BIN)`);
+  const child = spawn(BIN, [
+    "--listen", "127.0.0.1:0",
+    "--redis-url", `redis://127.0.0.1:${redisPort}/0`,
+    "--node-id", "browser-test",
+    "--heartbeat-ms", "1000",
+  ], { stdio: ["ignore", "ignore", "pipe"], env: { ...process.env, RUST_LOG: "presence_server=debug,info" } });
+  const logs = [];
+  node = { child, logs, base: null };
+  let pending = "";
+  child.stderr.setEncoding("utf8");
+  child.stderr.on("data", (d) => {
+    pending += d;
+    const lines = pending.split("\n");
+    pending = lines.pop();
+    for (const line of lines) {
+      logs.push(line);
+      const m = line.match(/listening on (http:\/\/\S+)/);
+      if (m) node.base = m[1];
+    }
+  });
+  let exit = null;
+  child.once("exit", (code, sig) => { exit = `exited with ${code ?? sig}`; });
+  await until("presence-server to log \"listening on\"", DEADLINE_MS, () => {
+    if (exit) throw new Error(`presence-server ${exit} before listening:\n${nodeLog()}`);
+    return node.base !== null;
+  });
+}
+
+/** Opens the demo page in a fresh browser context (its own storage: a separate person). */
+async function openAs(user, query) {
+  const context = await browser.newContext({ viewport: { width: 1120, height: 780 }, colorScheme: "light", locale: "en-US" });
+  const page = await context.newPage();
+  page.on("console", (m) => pageLogs.push(`[${user}] ${m.type()}: ${m.text()}`));
+  page.on("pageerror", (e) => pageLogs.push(`[${user}] page error: ${e.message}`));
+  await page.goto(`${node.base}/?user=${user}&${query}`);
+  await page.locator('#state[data-state="open"]').waitFor({ timeout: DEADLINE_MS });
+  return { context, page };
+}
+
+/** Waits until `page` shows `user` with `status`, and checks the dot's colour. */
+async function expectStatus(page, user, status) {
+  const row = page.locator(`#contacts li[data-user="${user}"][data-status="${status}"]`);
+  await row.waitFor({ timeout: DEADLINE_MS });
+  const colour = await row.locator(".dot").evaluate((el) => getComputedStyle(el).backgroundColor);
+  assert.equal(colour, COLOURS[status], `${user}'s dot should be the ${status} colour`);
+  return row;
+}
+
+/** Runs one step; a failure names the step and carries the logs. */
+async function step(name, fn) {
+  try {
+    return await fn();
+  } catch (e) {
+    throw new Error(`step "${name}" failed: ${e.message}\n${diagnostics()}`, { cause: e });
+  }
+}
+
+before(async () => {
+  redis = await startRedis();
+  await startNode(redis.port);
+  if (!fs.existsSync(CHROMIUM)) throw new Error(`${CHROMIUM} is missing: apt-get install -y chromium (or set CHROMIUM_PATH)`);
+  browser = await chromium.launch({
+    executablePath: CHROMIUM,
+    // playwright-core gives each launch a fresh temporary user-data-dir.
+    args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+      "--disable-background-networking", "--disable-component-update", "--disable-sync"],
+    timeout: 60_000,
+  });
+});
+
+after(async () => {
+  if (browser) await browser.close().catch(() => {});
+  for (const p of [node, redis]) {
+    if (p && p.child.exitCode === null) p.child.kill("SIGKILL");
+  }
+  fs.rmSync(tmp, { recursive: true, force: true });
+});
+
+test("dots follow other users through online, away, busy and offline", { timeout: 180_000 }, async () => {
+  const alice = await step("alice signs in", () => openAs("alice", "device=laptop&watch=bob,carol,dave,erin"));
+  const a = alice.page;
+
+  await step("bob starts grey (never seen)", async () => {
+    const row = await expectStatus(a, "bob", "offline");
+    assert.match(await row.textContent(), /never seen/);
+  });
+
+  const bob = await step("bob signs in", () => openAs("bob", "device=phone&watch=alice&idle=300"));
+  const b = bob.page;
+  await step("bob's dot turns green for alice", () => expectStatus(a, "bob", "online"));
+  await step("alice sees bob's device count", async () => {
+    await a.locator('#contacts li[data-user="bob"][data-devices="1"]').waitFor({ timeout: DEADLINE_MS });
+  });
+
+  await step("bob goes away by himself when idle", async () => {
+    await b.fill("#idle", "1");
+    await b.dispatchEvent("#idle", "change");
+    await expectStatus(a, "bob", "away");
+  });
+  await step("bob's activity brings him back online", async () => {
+    await b.mouse.move(200, 200);
+    await b.mouse.move(240, 260);
+    await expectStatus(a, "bob", "online");
+  });
+  await step("bob turns off auto-away and picks busy with a text", async () => {
+    await b.uncheck("#autoAway");
+    await b.selectOption("#status", "busy");
+    await b.fill("#text", "in a meeting");
+    await b.click("#setStatus");
+    const row = await expectStatus(a, "bob", "busy");
+    await row.locator(".text", { hasText: "in a meeting" }).waitFor({ timeout: DEADLINE_MS });
+  });
+  await step("invisible is refused gracefully", async () => {
+    await b.selectOption("#status", "invisible");
+    await b.click("#setStatus");
+    await b.locator("#status-error", { hasText: "invisible" }).waitFor({ timeout: DEADLINE_MS });
+    assert.equal(await b.inputValue("#status"), "busy", "the picker goes back to the status still in force");
+    assert.equal(await b.locator('#state[data-state="open"]').count(), 1, "the session stays open");
+    await expectStatus(a, "bob", "busy");
+  });
+
+  const carol = await step("carol signs in and goes away", async () => {
+    const c = await openAs("carol", "device=desktop&watch=alice&idle=300");
+    await c.page.selectOption("#status", "away");
+    await c.page.fill("#text", "lunch");
+    await c.page.click("#setStatus");
+    await expectStatus(a, "carol", "away");
+    return c;
+  });
+  const dave = await step("dave signs in twice", async () => {
+    const d1 = await openAs("dave", "device=laptop&watch=alice&idle=300");
+    const d2 = await openAs("dave", "device=phone&watch=alice&idle=300");
+    await expectStatus(a, "dave", "online");
+    // A second device is no transition: the page's periodic refresh (here
+    // asked for at once) picks up the count.
+    await a.evaluate(() => client.refresh());
+    await a.locator('#contacts li[data-user="dave"][data-devices="2"]').waitFor({ timeout: DEADLINE_MS });
+    return [d1, d2];
+  });
+
+  await step("screenshot", async () => {
+    await expectStatus(a, "erin", "offline");
+    fs.mkdirSync(ARTIFACTS, { recursive: true });
+    await a.screenshot({ path: path.join(ARTIFACTS, "demo.png") });
+  });
+
+  await step("bob closes his tab and his dot turns grey", async () => {
+    await bob.context.close();
+    const row = await expectStatus(a, "bob", "offline");
+    await row.locator(".meta-line", { hasText: /last seen/ }).waitFor({ timeout: DEADLINE_MS });
+  });
+  await step("alice's log shows the transitions", async () => {
+    const text = await a.locator("#log").textContent();
+    for (const s of ["bob is online", "bob is away", "bob is busy", "bob is offline"]) {
+      assert.ok(text.includes(s), `log lacks "${s}":\n${text}`);
+    }
+  });
+  await a.screenshot({ path: path.join(ARTIFACTS, "demo-after-close.png") });
+
+  for (const c of [carol, ...dave, alice]) await c.context.close();
+});
