@@ -18,7 +18,7 @@ use actix::prelude::*;
 
 use crate::config::Config;
 use crate::keys;
-use crate::stats::STATS;
+use crate::metrics::METRICS;
 use crate::store::{Departure, Store, StoreError};
 
 /// Most due leases one round trip of the deadline pass handles.
@@ -99,7 +99,7 @@ impl ExpiryListener {
             loop {
                 let (seen, removed) = store.reap_due(REAP_BATCH).await?;
                 if removed > 0 {
-                    STATS.devices_reaped.add(removed as u64);
+                    METRICS.devices_reaped.inc_by(removed as u64);
                     log::debug!("deadline pass removed {removed} lapsed devices");
                 }
                 if seen < REAP_BATCH || started.elapsed() > interval {
@@ -138,7 +138,7 @@ impl ExpiryListener {
                 let (next, seen, fixed) = store.reconcile_step(cursor).await?;
                 users += seen;
                 repaired += fixed;
-                STATS.reconcile_repairs.add(fixed as u64);
+                METRICS.reconcile_repairs.inc_by(fixed as u64);
                 cursor = next;
                 if cursor == 0 {
                     break;
@@ -148,7 +148,7 @@ impl ExpiryListener {
             loop {
                 let (next, dropped) = store.prune_online_step(cursor).await?;
                 pruned += dropped;
-                STATS.online_pruned.add(dropped as u64);
+                METRICS.online_pruned.inc_by(dropped as u64);
                 cursor = next;
                 if cursor == 0 {
                     break;
@@ -205,7 +205,7 @@ impl Handler<Expired> for ExpiryListener {
         let Some((user, device)) = keys::parse_lease(&msg.key) else {
             return;
         };
-        STATS.expired_events.add(1);
+        METRICS.expired_events.inc();
         let (user, device) = (user.to_string(), device.to_string());
         let store = self.store.clone();
         let step = async move {

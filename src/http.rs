@@ -120,6 +120,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
     .route("/api/presence/{user}", web::get().to(presence))
     .route("/api/online", web::get().to(online))
     .route("/healthz", web::get().to(healthz))
+    .route("/metrics", web::get().to(metrics))
     .route("/", web::get().to(index))
     .route("/presence-client.js", web::get().to(client_js))
     .default_service(web::to(|| async {
@@ -152,6 +153,7 @@ async fn websocket(
     };
     ids::validate("user", &user).map_err(ApiError::from)?;
     ids::validate("device", &device).map_err(ApiError::from)?;
+    crate::metrics::METRICS.sessions_opened.inc();
     let id = state.next_session.fetch_add(1, Ordering::Relaxed);
     let owner = LeaseOwner::format(&state.config.node_id, &id.to_string(), now_ms());
     let session = Session::new(
@@ -268,13 +270,21 @@ async fn healthz(state: web::Data<AppState>) -> HttpResponse {
     match state.store.ping().await {
         Ok(()) => HttpResponse::Ok().json(serde_json::json!({
             "status": "ok", "node": state.config.node_id, "redis": "up", "registry": stats,
-            "counters": crate::stats::STATS.to_json(),
+            "counters": crate::metrics::METRICS.health_counters(),
         })),
         Err(e) => HttpResponse::ServiceUnavailable().json(serde_json::json!({
             "status": "unavailable", "node": state.config.node_id, "redis": "down",
             "error": e.to_string(),
         })),
     }
+}
+
+/// `GET /metrics`: Prometheus text exposition; answers even when Redis does not.
+async fn metrics(state: web::Data<AppState>) -> HttpResponse {
+    let stats = state.registry.send(GetStats).await.unwrap_or_default();
+    HttpResponse::Ok()
+        .content_type("text/plain; version=0.0.4; charset=utf-8")
+        .body(crate::metrics::METRICS.render(stats))
 }
 
 /// `GET /`: the demo page.

@@ -323,6 +323,7 @@ impl Handler<Resynced> for Registry {
             self.deliver(Deliver::new(&record, seq, true));
         }
         self.resynced += sent;
+        crate::metrics::registry_resynced(sent);
         self.touched.clear();
         self.reading = false;
         log::info!("resync: re-read {sent} watched users after resubscribing");
@@ -408,6 +409,7 @@ impl Handler<Published> for Registry {
                 return;
             }
         };
+        crate::metrics::transition_published(&event.record.status);
         if !self.by_user.contains_key(&event.record.user) {
             return;
         }

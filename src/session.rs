@@ -341,6 +341,7 @@ impl Actor for Session {
                 status, deadline, ..
             }) => {
                 act.claimed = true;
+                crate::metrics::METRICS.devices.inc();
                 act.deadline = deadline;
                 act.known_status = status;
                 act.last_refresh = Instant::now();
@@ -365,6 +366,11 @@ impl Actor for Session {
     }
 
     fn stopped(&mut self, _: &mut Self::Context) {
+        // `deadline` is set once the lease was claimed (`claimed` may be
+        // cleared since, by a shutdown or a takeover).
+        if self.deadline != 0 {
+            crate::metrics::METRICS.devices.dec();
+        }
         self.registry
             .do_send(registry::Disconnect { session: self.id });
         if !self.claimed {
@@ -419,6 +425,7 @@ impl Handler<Deliver> for Session {
             return;
         }
         seen.fingerprint = msg.fingerprint;
+        crate::metrics::METRICS.transitions_delivered.inc();
         ctx.text(msg.frame);
     }
 }

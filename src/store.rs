@@ -8,6 +8,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use redis::aio::ConnectionManager;
+
+use crate::metrics::TimedConnection;
 use redis::{Pipeline, RedisError, Script, Value};
 
 use crate::keys;
@@ -134,7 +136,7 @@ const RECONCILE_SCAN_COUNT: usize = 500;
 /// Handle on the shared Redis state; cheap to clone.
 #[derive(Clone)]
 pub struct Store {
-    conn: ConnectionManager,
+    conn: TimedConnection<ConnectionManager>,
     scripts: Arc<Scripts>,
     ttl_ms: u64,
 }
@@ -176,7 +178,7 @@ impl Store {
             zrem_if: Script::new(include_str!("lua/zrem_if.lua")),
         };
         Self {
-            conn,
+            conn: TimedConnection::new(conn),
             scripts: Arc::new(scripts),
             ttl_ms: ttl.as_millis() as u64,
         }
