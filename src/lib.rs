@@ -1,9 +1,11 @@
 pub mod config;
+pub mod config_file;
 pub mod expiry;
 pub mod http;
 pub mod ids;
 pub mod keys;
 pub mod local_redis;
+pub mod logging;
 pub mod metrics;
 pub mod protocol;
 pub mod pubsub;

@@ -5,10 +5,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::Parser;
+use clap::{CommandFactory, Parser};
 use presence_server::config::{self, Config};
 use presence_server::local_redis::LocalRedis;
-use presence_server::{ids, server};
+use presence_server::logging::{self, LogFormat};
+use presence_server::{config_file, ids, server};
 
 /// Presence server: who is online, on which devices, with which status.
 #[derive(Parser, Debug)]
@@ -62,11 +63,42 @@ struct Args {
     /// directory is made inside, and removed on exit).
     #[arg(long, env = "PRESENCE_LOCAL_REDIS_DIR", default_value_os_t = std::env::temp_dir())]
     local_redis_dir: PathBuf,
+
+    /// Log format: `text` lines or one JSON object per line; both name the node.
+    #[arg(long, env = "PRESENCE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+
+    /// TOML file whose keys are these flags' long names (`heartbeat-ms = 15000`);
+    /// flags and environment variables override it.
+    #[arg(long, env = "PRESENCE_CONFIG")]
+    config: Option<PathBuf>,
+}
+
+/// Parses flags, with the config file (if any) under the environment.
+fn parse_args() -> anyhow::Result<Args> {
+    let args = Args::parse();
+    let Some(path) = args.config else {
+        return Ok(args);
+    };
+    // The file's values go in as the flags' env vars where those are unset;
+    // parsing again then ranks them below flags and env.
+    config_file::apply(&path, &Args::command())?;
+    Ok(Args::parse())
 }
 
 fn main() -> ExitCode {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
-    let args = Args::parse();
+    let mut args = match parse_args() {
+        Ok(args) => args,
+        Err(e) => {
+            eprintln!("presence-server: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
+    // Chosen before logging starts, so that every line names its node.
+    let node_id = args
+        .node_id
+        .get_or_insert_with(|| format!("presence-{:08x}", rand::random::<u32>()));
+    logging::init(node_id, args.log_format);
     match start(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
