@@ -37,7 +37,8 @@ const COLOURS = {
 
 const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "presence-browser-"));
 let redis = null; // { child, port }
-let node = null; // { child, base, logs }
+const nodes = []; // { id, child, base, logs } of every node started
+let node = null; // the first node: serves the pages
 let browser = null;
 const pageLogs = []; // console and page errors of every page, for failure messages
 
@@ -79,15 +80,16 @@ function redisLog() {
   try { return fs.readFileSync(path.join(tmp, "redis.log"), "utf8"); } catch { return "(no redis log)"; }
 }
 
-function nodeLog() {
-  return node ? node.logs.join("\n") : "(node not started)";
+function nodeLogs(lines) {
+  if (!nodes.length) return "(no node started)";
+  return nodes.map((n) => `--- presence-server ${n.id} log (last ${lines} lines) ---\n` + n.logs.slice(-lines).join("\n")).join("\n");
 }
 
 /** Everything that helps explain a failure. */
 function diagnostics() {
   const tail = (s, n) => s.split("\n").slice(-n).join("\n");
   return [
-    "--- presence-server log (last 80 lines) ---", tail(nodeLog(), 80),
+    nodeLogs(80),
     "--- redis log (last 20 lines) ---", tail(redisLog(), 20),
     "--- browser console ---", tail(pageLogs.join("\n"), 60),
   ].join("\n");
@@ -119,16 +121,18 @@ async function startRedis() {
   throw new Error(`redis-server did not start on any of 5 ports:\n${redisLog()}`);
 }
 
-async function startNode(redisPort) {
+/** Starts a node against the test's Redis and waits for its "listening on" line. */
+async function startNode(redisPort, id) {
   if (!fs.existsSync(BIN)) throw new Error(`${BIN} is missing: run \`cargo build\` first (or set PRESENCE_SERVER_BIN)`);
   const child = spawn(BIN, [
     "--listen", "127.0.0.1:0",
     "--redis-url", `redis://127.0.0.1:${redisPort}/0`,
-    "--node-id", "browser-test",
+    "--node-id", id,
     "--heartbeat-ms", "1000",
   ], { stdio: ["ignore", "ignore", "pipe"], env: { ...process.env, RUST_LOG: "presence_server=debug,info" } });
   const logs = [];
-  node = { child, logs, base: null };
+  const n = { id, child, logs, base: null };
+  nodes.push(n);
   let pending = "";
   child.stderr.setEncoding("utf8");
   child.stderr.on("data", (d) => {
@@ -138,24 +142,25 @@ async function startNode(redisPort) {
     for (const line of lines) {
       logs.push(line);
       const m = line.match(/listening on (http:\/\/\S+)/);
-      if (m) node.base = m[1];
+      if (m) n.base = m[1];
     }
   });
   let exit = null;
   child.once("exit", (code, sig) => { exit = `exited with ${code ?? sig}`; });
   await until("presence-server to log \"listening on\"", DEADLINE_MS, () => {
-    if (exit) throw new Error(`presence-server ${exit} before listening:\n${nodeLog()}`);
-    return node.base !== null;
+    if (exit) throw new Error(`presence-server ${id} ${exit} before listening:\n${logs.join("\n")}`);
+    return n.base !== null;
   });
+  return n;
 }
 
 /** Opens the demo page in a fresh browser context (its own storage: a separate person). */
-async function openAs(user, query) {
+async function openAs(user, query, base = node.base) {
   const context = await browser.newContext({ viewport: { width: 1120, height: 780 }, colorScheme: "light", locale: "en-US" });
   const page = await context.newPage();
   page.on("console", (m) => pageLogs.push(`[${user}] ${m.type()}: ${m.text()}`));
   page.on("pageerror", (e) => pageLogs.push(`[${user}] page error: ${e.message}`));
-  await page.goto(`${node.base}/?user=${user}&${query}`);
+  await page.goto(`${base}/?user=${user}&${query}`);
   await page.locator('#state[data-state="open"]').waitFor({ timeout: DEADLINE_MS });
   return { context, page };
 }
@@ -180,7 +185,7 @@ async function step(name, fn) {
 
 before(async () => {
   redis = await startRedis();
-  await startNode(redis.port);
+  node = await startNode(redis.port, "browser-1");
   if (!fs.existsSync(CHROMIUM)) throw new Error(`${CHROMIUM} is missing: apt-get install -y chromium (or set CHROMIUM_PATH)`);
   browser = await chromium.launch({
     executablePath: CHROMIUM,
@@ -193,7 +198,7 @@ before(async () => {
 
 after(async () => {
   if (browser) await browser.close().catch(() => {});
-  for (const p of [node, redis]) {
+  for (const p of [...nodes, redis]) {
     if (p && p.child.exitCode === null) p.child.kill("SIGKILL");
   }
   fs.rmSync(tmp, { recursive: true, force: true });
@@ -281,4 +286,37 @@ test("dots follow other users through online, away, busy and offline", { timeout
   await a.screenshot({ path: path.join(ARTIFACTS, "demo-after-close.png") });
 
   for (const c of [carol, ...dave, alice]) await c.context.close();
+});
+
+test("a page given two nodes rides out the death of the one it is on", { timeout: 180_000 }, async () => {
+  const second = await step("a second node starts", () => startNode(redis.port, "browser-2"));
+  const doomed = await step("a third node starts", () => startNode(redis.port, "browser-3"));
+  // Alice's page comes from the first node but talks to the doomed one,
+  // with the second as the fallback.
+  const servers = [doomed.base, second.base].map((b) => b.replace(/^http/, "ws") + "/ws").join(",");
+  const alice = await step("alice signs in on the doomed node", () =>
+    openAs("alice2", `device=laptop&watch=bob2&server=${encodeURIComponent(servers)}`));
+  const a = alice.page;
+  assert.match(await a.getAttribute("#state", "title"), new RegExp(doomed.base.replace(/^http/, "ws")));
+  const bob = await step("bob signs in on the second node", () => openAs("bob2", "device=phone&watch=alice2&idle=300", second.base));
+  await step("alice sees bob online", () => expectStatus(a, "bob2", "online"));
+
+  await step("the doomed node is killed; alice's page reconnects to the other", async () => {
+    doomed.child.kill("SIGKILL");
+    await a.locator('#state[data-state="reconnecting"]').waitFor({ timeout: DEADLINE_MS });
+    await a.locator('#state[data-state="open"]').waitFor({ timeout: DEADLINE_MS });
+    assert.match(await a.getAttribute("#state", "title"), new RegExp(second.base.replace(/^http/, "ws")));
+  });
+  await step("after the reconnect alice's watch is back: bob's change reaches her", async () => {
+    await bob.page.selectOption("#status", "away");
+    await bob.page.click("#setStatus");
+    await expectStatus(a, "bob2", "away");
+  });
+  await step("bob still sees alice online: her device moved to the other node", async () => {
+    await bob.page.locator('#contacts li[data-user="alice2"][data-status="online"]').waitFor({ timeout: DEADLINE_MS });
+    const log = await bob.page.locator("#log").textContent();
+    assert.ok(!log.includes("alice2 is offline"), `bob's log:\n${log}`);
+  });
+  await alice.context.close();
+  await bob.context.close();
 });
