@@ -68,8 +68,9 @@
       this.onError = o.onError || (() => {});
     }
 
-    /** Opens the connection (and keeps it open until close()). */
+    /** Opens the connection (and keeps it open until close()); a no-op while open or opening. */
     connect() {
+      if (this._ws && this._ws.readyState <= 1) return;
       this._stopped = false;
       clearTimeout(this._timer);
       this._timer = null;
