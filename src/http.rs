@@ -10,10 +10,11 @@ use actix_web_actors::ws;
 use serde::{Deserialize, Serialize};
 
 use crate::config::{Config, MAX_QUERY_USERS};
+use crate::conn::ConnHandle;
 use crate::ids;
 use crate::protocol::{ErrorCode, ProtocolError, Record};
 use crate::registry::{GetStats, Registry};
-use crate::session::Session;
+use crate::session::{Identity, Session};
 use crate::store::{now_ms, Cursor, DeviceInfo, LeaseOwner, Store, StoreError};
 
 /// Default page size of `GET /api/online`.
@@ -154,14 +155,18 @@ async fn websocket(
     ids::validate("device", &device).map_err(ApiError::from)?;
     let id = state.next_session.fetch_add(1, Ordering::Relaxed);
     let owner = LeaseOwner::format(&state.config.node_id, &id.to_string(), now_ms());
-    let session = Session::new(
+    let who = Identity {
         id,
         user,
         device,
         owner,
+    };
+    let session = Session::new(
+        who,
         state.store.clone(),
         state.registry.clone(),
         state.config.clone(),
+        req.conn_data::<ConnHandle>().cloned(),
     );
     ws::WsResponseBuilder::new(session, &req, stream)
         .frame_size(state.config.max_frame_bytes)

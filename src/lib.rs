@@ -1,4 +1,5 @@
 pub mod config;
+pub mod conn;
 pub mod expiry;
 pub mod http;
 pub mod ids;

@@ -46,6 +46,25 @@ struct Args {
     #[arg(long, env = "PRESENCE_MAX_FRAME_BYTES", default_value_t = config::DEFAULT_MAX_FRAME_BYTES)]
     max_frame_bytes: usize,
 
+    /// Events a session may have waiting for a client that reads too
+    /// slowly; one more disconnects it. Keep it above --max-watches.
+    #[arg(long, env = "PRESENCE_MAX_QUEUED_EVENTS", default_value_t = config::DEFAULT_MAX_QUEUED_EVENTS as u64,
+          value_parser = clap::value_parser!(u64).range(16..=1_000_000))]
+    max_queued_events: u64,
+
+    /// Client frames per second one session may send (bursts of twice as
+    /// many pass); beyond it frames are refused, and a sustained flood is
+    /// closed with 1008.
+    #[arg(long, env = "PRESENCE_MAX_FRAMES_PER_SEC", default_value_t = config::DEFAULT_MAX_FRAMES_PER_SEC,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    max_frames_per_sec: u32,
+
+    /// Devices one user may have connected at once; one more is closed
+    /// with 1008.
+    #[arg(long, env = "PRESENCE_MAX_DEVICES_PER_USER", default_value_t = config::DEFAULT_MAX_DEVICES_PER_USER,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    max_devices_per_user: u32,
+
     /// Days an offline user's last seen (and status) is kept.
     #[arg(long, env = "PRESENCE_LAST_SEEN_RETENTION_DAYS", default_value_t = 90,
           value_parser = clap::value_parser!(u64).range(1..=36_500))]
@@ -98,6 +117,9 @@ fn start(args: Args) -> anyhow::Result<()> {
     config.max_frame_bytes = args.max_frame_bytes;
     config.last_seen_retention = Duration::from_secs(args.last_seen_retention_days * 24 * 3600);
     config.reconcile_interval = Duration::from_millis(args.reconcile_interval_ms);
+    config.max_queued_events = args.max_queued_events as usize;
+    config.max_frames_per_sec = args.max_frames_per_sec;
+    config.max_devices_per_user = args.max_devices_per_user;
     raise_fd_limit();
 
     let listener = TcpListener::bind(&args.listen)

@@ -93,6 +93,10 @@ pub enum ErrorCode {
     TooManyWatches,
     /// More users in a bulk query than allowed.
     TooManyUsers,
+    /// The user already has the most devices allowed.
+    TooManyDevices,
+    /// More frames per second than allowed; the frame was not processed.
+    RateLimited,
     /// A frame larger than the limit, or a binary frame.
     Unsupported,
     /// Redis could not be reached; try again.

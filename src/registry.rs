@@ -20,8 +20,10 @@ use actix::prelude::*;
 use bytestring::ByteString;
 use tokio::sync::oneshot;
 
+use crate::conn::ConnHandle;
 use crate::keys;
 use crate::protocol::{self, Event, Record};
+use crate::stats::STATS;
 use crate::store::Store;
 
 /// Identifies one session within this node.
@@ -100,6 +102,8 @@ pub struct Join {
     pub session: SessionId,
     /// Where the shutdown notice goes.
     pub addr: Recipient<GoingAway>,
+    /// Its TCP connection, cut if the session falls too far behind.
+    pub conn: Option<ConnHandle>,
 }
 
 /// Tells a session that the node is shutting down.
@@ -183,8 +187,9 @@ pub struct Registry {
     by_user: HashMap<String, HashSet<SessionId>>,
     /// Session -> its address and watched users.
     watchers: HashMap<SessionId, Watcher>,
-    /// Every open session of this node, for the shutdown notice.
-    sessions: HashMap<SessionId, Recipient<GoingAway>>,
+    /// Every open session of this node: where the shutdown notice goes,
+    /// and its connection.
+    sessions: HashMap<SessionId, (Recipient<GoingAway>, Option<ConnHandle>)>,
     /// Current resync round (0: none yet).
     round: u64,
     /// A resync read is in flight.
@@ -230,13 +235,38 @@ impl Registry {
         }
     }
 
-    fn deliver(&self, deliver: Deliver) {
+    /// Hands `deliver` to every local watcher of its user. A session whose
+    /// mailbox is full has a client that stopped reading (its actor only
+    /// runs while the socket takes bytes): it is cut off rather than allowed
+    /// to grow the node's memory.
+    fn deliver(&mut self, deliver: Deliver) {
         let Some(sessions) = self.by_user.get(&*deliver.user) else {
             return;
         };
+        let mut slow = Vec::new();
         for session in sessions {
             if let Some(w) = self.watchers.get(session) {
-                w.addr.do_send(deliver.clone());
+                if let Err(SendError::Full(_)) = w.addr.try_send(deliver.clone()) {
+                    slow.push(*session);
+                }
+            }
+        }
+        for session in slow {
+            self.cut_off(session);
+        }
+    }
+
+    /// Disconnects a session that cannot keep up; its close releases its
+    /// device like any other.
+    fn cut_off(&mut self, session: SessionId) {
+        log::warn!("session {session} reads too slowly: its queue is full, disconnecting");
+        STATS.slow_consumers.add(1);
+        if let Some((_, Some(conn))) = self.sessions.get(&session) {
+            conn.cut();
+        }
+        if let Some(w) = self.watchers.remove(&session) {
+            for user in &w.users {
+                self.unwatch(session, user);
             }
         }
     }
@@ -369,7 +399,7 @@ impl Handler<Join> for Registry {
     type Result = ();
 
     fn handle(&mut self, msg: Join, _: &mut Self::Context) {
-        self.sessions.insert(msg.session, msg.addr);
+        self.sessions.insert(msg.session, (msg.addr, msg.conn));
     }
 }
 
@@ -377,7 +407,7 @@ impl Handler<Shutdown> for Registry {
     type Result = usize;
 
     fn handle(&mut self, _: Shutdown, _: &mut Self::Context) -> usize {
-        for addr in self.sessions.values() {
+        for (addr, _) in self.sessions.values() {
             addr.do_send(GoingAway);
         }
         self.sessions.len()

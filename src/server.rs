@@ -45,7 +45,7 @@ pub async fn run(config: Config, redis_url: &str, listener: TcpListener) -> anyh
         .await
         .with_context(|| format!("cannot connect to redis at {redis_url}"))?;
     store::ensure_expired_events(&mut conn).await?;
-    let store = Store::new(conn, config.ttl);
+    let store = Store::with_limits(conn, config.ttl, config.max_devices_per_user);
     store.load_scripts().await.context("cannot load scripts")?;
 
     let (registry_ready, registry_subscribed) = oneshot::channel();
@@ -78,6 +78,7 @@ pub async fn run(config: Config, redis_url: &str, listener: TcpListener) -> anyh
     let addr = listener.local_addr()?;
     let server =
         HttpServer::new(move || App::new().app_data(state.clone()).configure(http::routes))
+            .on_connect(crate::conn::on_connect)
             .disable_signals()
             .shutdown_timeout(SHUTDOWN_TIMEOUT.as_secs())
             .listen(listener)?

@@ -15,14 +15,21 @@ use actix::prelude::*;
 use actix_web_actors::ws;
 
 use crate::config::Config;
+use bytestring::ByteString;
+
+use crate::conn::ConnHandle;
 use crate::protocol::{self, ClientFrame, ErrorCode, ProtocolError, Status};
 use crate::registry::{self, Deliver, GoingAway, Registry, SessionId};
+use crate::stats::STATS;
 use crate::store::{Arrival, ArriveMode, ChosenStatus, Departure, Store, StoreResult};
 
 /// Close code sent when another connection of the same device took the lease.
 pub const CLOSE_REPLACED: u16 = 4001;
 /// Close code sent when the lease cannot be claimed (Redis unreachable).
 pub const CLOSE_UNAVAILABLE: u16 = 1011;
+/// Sustained flooding this many times the allowed rate, within one refill
+/// of the bucket, closes the session instead of refusing frame by frame.
+const FLOOD_CLOSE_FACTOR: u32 = 5;
 /// First wait before retrying a release that Redis refused.
 const RELEASE_RETRY_MIN: Duration = Duration::from_millis(100);
 /// Longest wait between release retries.
@@ -60,6 +67,15 @@ pub struct Session {
     /// The user's chosen status as last seen in Redis, re-asserted if Redis
     /// comes back without it.
     known_status: Option<ChosenStatus>,
+    /// Handle on the TCP connection, handed to the registry to cut it when
+    /// this session falls too far behind.
+    conn: Option<ConnHandle>,
+    /// Client frames this session may still send now (token bucket).
+    tokens: f64,
+    /// When `tokens` was last refilled.
+    refilled: Instant,
+    /// Frames refused since the bucket last had a token.
+    refused: u32,
 }
 
 /// What a session last told its client about one watched user.
@@ -73,23 +89,34 @@ struct Seen {
     fingerprint: u64,
 }
 
+/// Who a new session is.
+pub struct Identity {
+    /// Unique within this node.
+    pub id: SessionId,
+    /// The connected user.
+    pub user: String,
+    /// The connected device.
+    pub device: String,
+    /// Its lease value (`<node> <conn> <since>`).
+    pub owner: String,
+}
+
 impl Session {
-    /// A session for `user`/`device`; `owner` is its lease value.
+    /// A session for `who` on connection `conn`.
     pub fn new(
-        id: SessionId,
-        user: String,
-        device: String,
-        owner: String,
+        who: Identity,
         store: Store,
         registry: Addr<Registry>,
         config: Arc<Config>,
+        conn: Option<ConnHandle>,
     ) -> Self {
         let now = Instant::now();
+        let burst = f64::from(config.max_frames_per_sec) * 2.0;
         Self {
-            id,
-            user,
-            device,
-            owner,
+            id: who.id,
+            user: who.user,
+            device: who.device,
+            owner: who.owner,
             deadline: 0,
             claimed: false,
             store,
@@ -100,7 +127,51 @@ impl Session {
             refreshing: false,
             watching: HashMap::new(),
             known_status: None,
+            conn,
+            tokens: burst,
+            refilled: now,
+            refused: 0,
         }
+    }
+
+    /// Queues a text frame for the client.
+    fn send(&mut self, ctx: &mut ws::WebsocketContext<Self>, frame: impl Into<ByteString>) {
+        ctx.text(frame.into());
+    }
+
+    /// Takes a token for one client frame. Returns false when the frame is
+    /// to be refused; a sustained flood closes the session with 1008.
+    fn admit(&mut self, ctx: &mut ws::WebsocketContext<Self>) -> bool {
+        let rate = f64::from(self.config.max_frames_per_sec);
+        let now = Instant::now();
+        let elapsed = now.duration_since(self.refilled).as_secs_f64();
+        self.refilled = now;
+        self.tokens = (self.tokens + elapsed * rate).min(rate * 2.0);
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            self.refused = 0;
+            return true;
+        }
+        self.refused += 1;
+        if self.refused == 1 {
+            let err = ProtocolError::new(
+                ErrorCode::RateLimited,
+                format!(
+                    "more than {} frames per second; frames are refused until the rate drops",
+                    self.config.max_frames_per_sec
+                ),
+            );
+            self.send_error(ctx, &err);
+        } else if self.refused > self.config.max_frames_per_sec * FLOOD_CLOSE_FACTOR {
+            log::warn!("{}/{}: flooding, closing", self.user, self.device);
+            STATS.floods.add(1);
+            ctx.close(Some(ws::CloseReason {
+                code: ws::CloseCode::Policy,
+                description: Some("too many frames".into()),
+            }));
+            ctx.stop();
+        }
+        false
     }
 
     /// Pings the client every heartbeat; stops a client that went silent.
@@ -160,7 +231,7 @@ impl Session {
                         log::info!("{}/{}: lease re-asserted", act.user, act.device);
                     }
                 }
-                Ok(Arrival::Replaced) => {
+                Ok(Arrival::Replaced | Arrival::TooManyDevices) => {
                     log::debug!(
                         "{}/{}: replaced by a newer connection",
                         act.user,
@@ -178,8 +249,8 @@ impl Session {
         }));
     }
 
-    fn send_error(ctx: &mut ws::WebsocketContext<Self>, err: &ProtocolError) {
-        ctx.text(err.to_frame());
+    fn send_error(&mut self, ctx: &mut ws::WebsocketContext<Self>, err: &ProtocolError) {
+        self.send(ctx, err.to_frame());
     }
 
     fn handle_frame(&mut self, frame: ClientFrame, ctx: &mut ws::WebsocketContext<Self>) {
@@ -206,7 +277,7 @@ impl Session {
                     Ok(chosen) => act.known_status = Some(chosen),
                     Err(e) => {
                         log::warn!("{}: status change failed: {e}", act.user);
-                        Self::send_error(ctx, &unavailable());
+                        act.send_error(ctx, &unavailable());
                     }
                 }));
             }
@@ -220,7 +291,7 @@ impl Session {
         users.sort();
         users.dedup();
         if users.is_empty() {
-            ctx.text(protocol::snapshot_frame(&[]));
+            self.send(ctx, protocol::snapshot_frame(&[]));
             return;
         }
         let new: Vec<String> = users
@@ -229,7 +300,7 @@ impl Session {
             .cloned()
             .collect();
         if self.watching.len() + new.len() > self.config.max_watches {
-            Self::send_error(
+            self.send_error(
                 ctx,
                 &ProtocolError::new(
                     ErrorCode::TooManyWatches,
@@ -278,9 +349,9 @@ impl Session {
                     seen.fingerprint = registry::fingerprint(&record);
                     out.push(record);
                 }
-                ctx.text(protocol::snapshot_frame(&out));
+                act.send(ctx, protocol::snapshot_frame(&out));
             }
-            None => Self::send_error(ctx, &unavailable()),
+            None => act.send_error(ctx, &unavailable()),
         }));
     }
 }
@@ -330,9 +401,13 @@ impl Actor for Session {
     type Context = ws::WebsocketContext<Self>;
 
     fn started(&mut self, ctx: &mut Self::Context) {
+        // Bounded, so that a client that stops reading cannot grow the
+        // server's memory: the registry cuts it off when this fills up.
+        ctx.set_mailbox_capacity(self.config.max_queued_events);
         self.registry.do_send(registry::Join {
             session: self.id,
             addr: ctx.address().recipient(),
+            conn: self.conn.take(),
         });
         self.hb(ctx);
         let claim = self.arrive(ArriveMode::Connect);
@@ -345,16 +420,37 @@ impl Actor for Session {
                 act.known_status = status;
                 act.last_refresh = Instant::now();
                 log::debug!("{}/{}: connected", act.user, act.device);
-                ctx.text(protocol::hello_frame(
+                let hello = protocol::hello_frame(
                     &act.user,
                     &act.device,
                     act.config.heartbeat.as_millis() as u64,
                     act.config.ttl.as_millis() as u64,
-                ));
+                );
+                act.send(ctx, hello);
+            }
+            Ok(Arrival::TooManyDevices) => {
+                let limit = act.config.max_devices_per_user;
+                log::debug!(
+                    "{}/{}: refused, {limit} devices already",
+                    act.user,
+                    act.device
+                );
+                act.send_error(
+                    ctx,
+                    &ProtocolError::new(
+                        ErrorCode::TooManyDevices,
+                        format!("a user may have at most {limit} devices connected"),
+                    ),
+                );
+                ctx.close(Some(ws::CloseReason {
+                    code: ws::CloseCode::Policy,
+                    description: Some("too many devices".into()),
+                }));
+                ctx.stop();
             }
             other => {
                 log::warn!("{}/{}: cannot claim lease: {other:?}", act.user, act.device);
-                Self::send_error(ctx, &unavailable());
+                act.send_error(ctx, &unavailable());
                 ctx.close(Some(ws::CloseReason {
                     code: ws::CloseCode::Other(CLOSE_UNAVAILABLE),
                     description: Some("presence store unavailable".into()),
@@ -419,7 +515,7 @@ impl Handler<Deliver> for Session {
             return;
         }
         seen.fingerprint = msg.fingerprint;
-        ctx.text(msg.frame);
+        self.send(ctx, msg.frame);
     }
 }
 
@@ -445,21 +541,30 @@ impl StreamHandler<Result<ws::Message, ws::ProtocolError>> for Session {
             }
         };
         match msg {
+            // Pongs answer our own pings: never limited.
+            ws::Message::Pong(_) => self.touch(ctx),
             ws::Message::Ping(payload) => {
                 self.touch(ctx);
-                ctx.pong(&payload);
+                if self.admit(ctx) {
+                    ctx.pong(&payload);
+                }
             }
-            ws::Message::Pong(_) => self.touch(ctx),
             ws::Message::Text(text) => {
                 self.touch(ctx);
+                if !self.admit(ctx) {
+                    return;
+                }
                 match protocol::parse_client_frame(&text) {
                     Ok(frame) => self.handle_frame(frame, ctx),
-                    Err(e) => Self::send_error(ctx, &e),
+                    Err(e) => self.send_error(ctx, &e),
                 }
             }
             ws::Message::Binary(_) | ws::Message::Continuation(_) => {
                 self.touch(ctx);
-                Self::send_error(
+                if !self.admit(ctx) {
+                    return;
+                }
+                self.send_error(
                     ctx,
                     &ProtocolError::new(
                         ErrorCode::Unsupported,

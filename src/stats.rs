@@ -29,6 +29,10 @@ pub struct Stats {
     pub reconcile_repairs: Counter,
     /// Stale `presence-online` entries dropped by the reconciliation pass.
     pub online_pruned: Counter,
+    /// Sessions disconnected because their client read too slowly.
+    pub slow_consumers: Counter,
+    /// Sessions closed for flooding.
+    pub floods: Counter,
 }
 
 /// The node's counters.
@@ -37,6 +41,8 @@ pub static STATS: Stats = Stats {
     devices_reaped: Counter(AtomicU64::new(0)),
     reconcile_repairs: Counter(AtomicU64::new(0)),
     online_pruned: Counter(AtomicU64::new(0)),
+    slow_consumers: Counter(AtomicU64::new(0)),
+    floods: Counter(AtomicU64::new(0)),
 };
 
 impl Stats {
@@ -47,6 +53,8 @@ impl Stats {
             "devices_reaped": self.devices_reaped.get(),
             "reconcile_repairs": self.reconcile_repairs.get(),
             "online_pruned": self.online_pruned.get(),
+            "slow_consumers": self.slow_consumers.get(),
+            "floods": self.floods.get(),
         })
     }
 }

@@ -65,6 +65,8 @@ pub enum Arrival {
     },
     /// Another connection took this device over; this one should close.
     Replaced,
+    /// The user has the most devices allowed (connect only); nothing changed.
+    TooManyDevices,
 }
 
 /// Outcome of the departure step.
@@ -137,6 +139,8 @@ pub struct Store {
     conn: ConnectionManager,
     scripts: Arc<Scripts>,
     ttl_ms: u64,
+    /// Devices one user may have at once.
+    max_devices: u32,
 }
 
 /// Now, in epoch ms (the unit of every timestamp in Redis and on the wire).
@@ -167,6 +171,12 @@ fn is_noscript(v: &Value) -> bool {
 impl Store {
     /// Wraps a connection; `ttl` is the device lease TTL.
     pub fn new(conn: ConnectionManager, ttl: Duration) -> Self {
+        Self::with_limits(conn, ttl, crate::config::DEFAULT_MAX_DEVICES_PER_USER)
+    }
+
+    /// Wraps a connection; `ttl` is the device lease TTL, `max_devices` the
+    /// devices one user may have at once.
+    pub fn with_limits(conn: ConnectionManager, ttl: Duration, max_devices: u32) -> Self {
         let scripts = Scripts {
             arrive: Script::new(include_str!("lua/arrive.lua")),
             depart: Script::new(include_str!("lua/depart.lua")),
@@ -179,6 +189,7 @@ impl Store {
             conn,
             scripts: Arc::new(scripts),
             ttl_ms: ttl.as_millis() as u64,
+            max_devices,
         }
     }
 
@@ -255,15 +266,18 @@ impl Store {
         .arg(keys::EVENTS)
         .arg(&fallback.status)
         .arg(&fallback.text)
-        .arg(fallback.since);
+        .arg(fallback.since)
+        .arg(self.max_devices);
         let reply = self.query(&pipe).await?;
         let (held, came_online, status, text, since): (i64, i64, String, String, String) =
             match reply.first() {
                 Some(v) => redis::from_redis_value_ref(v)?,
                 None => return Err(StoreError::Reply("arrive: empty reply".into())),
             };
-        if held != 1 {
-            return Ok(Arrival::Replaced);
+        match held {
+            1 => {}
+            -1 => return Ok(Arrival::TooManyDevices),
+            _ => return Ok(Arrival::Replaced),
         }
         // Only a holder writes the index: a replaced connection's deadline
         // must not stand for the new owner's lease. GT keeps the latest

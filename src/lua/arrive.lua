@@ -17,16 +17,23 @@
 -- ARGV[8] status this connection last knew for its user ("" when none)
 -- ARGV[9] that status's text ("" when none)
 -- ARGV[10] that status's `since`, epoch ms
+-- ARGV[11] most devices the user may have (connect only)
 --
 -- Returns {held, came_online, status, text, since}:
 --   held        1 when the lease now belongs to ARGV[1], 0 when another
---               connection owns it (refresh only: this connection was replaced)
+--               connection owns it (refresh only: this connection was replaced),
+--               -1 when the user already has ARGV[11] other devices (connect
+--               only; nothing was changed)
 --   came_online 1 when this call made the user's first device arrive; the
 --               `online` event has then been published
 --   status, text, since: the user's chosen status now ("" when none)
 local current = redis.call('GET', KEYS[1])
 if ARGV[5] == 'refresh' and current and current ~= ARGV[1] then
   return {0, 0, '', '', '0'}
+end
+if ARGV[5] == 'connect' and redis.call('SISMEMBER', KEYS[3], ARGV[3]) == 0
+    and redis.call('SCARD', KEYS[3]) >= tonumber(ARGV[11]) then
+  return {-1, 0, '', '', '0'}
 end
 if current == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])

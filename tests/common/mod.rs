@@ -435,6 +435,11 @@ impl Client {
         self.sink.send(m).await.unwrap();
     }
 
+    /// Sends a raw message; an error when the connection is gone.
+    pub async fn sink_send(&mut self, m: Message) -> Result<(), String> {
+        self.sink.send(m).await.map_err(|e| e.to_string())
+    }
+
     /// The next incoming item, within `timeout`.
     pub async fn next_within(&mut self, timeout: Duration) -> Option<Incoming> {
         tokio::time::timeout(timeout, self.rx.recv())
