@@ -341,3 +341,95 @@ mod tests {
         assert!(v["last_seen"].is_null());
     }
 }
+
+#[cfg(test)]
+mod fuzz {
+    //! Arbitrary input never panics the parser and always yields a typed result.
+
+    use super::*;
+    use proptest::prelude::*;
+    use serde_json::Value;
+
+    fn json() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(|n| Value::from(n)),
+            any::<f64>()
+                .prop_map(|f| serde_json::Number::from_f64(f).map_or(Value::Null, Value::Number)),
+            ".{0,20}".prop_map(Value::String),
+            prop_oneof![
+                Just("watch"),
+                Just("unwatch"),
+                Just("status"),
+                Just("heartbeat"),
+                Just("online"),
+                Just("invisible"),
+                Just("bob"),
+                Just("b:ob"),
+            ]
+            .prop_map(|s| Value::String(s.into())),
+        ];
+        leaf.prop_recursive(4, 64, 8, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..8).prop_map(Value::Array),
+                prop::collection::btree_map(
+                    prop_oneof![
+                        Just("type".to_string()),
+                        Just("users".to_string()),
+                        Just("status".to_string()),
+                        Just("text".to_string()),
+                        ".{0,8}"
+                    ],
+                    inner,
+                    0..6
+                )
+                .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    fn check(text: &str) {
+        match parse_client_frame(text) {
+            Ok(ClientFrame::Watch { users }) | Ok(ClientFrame::Unwatch { users }) => {
+                assert!(users.iter().all(|u| ids::validate("user", u).is_ok()))
+            }
+            Ok(ClientFrame::Status { status, text }) => {
+                assert!(Status::parse(&status).is_ok());
+                assert!(text.is_none_or(|t| t.chars().count() <= MAX_STATUS_TEXT));
+            }
+            Ok(ClientFrame::Heartbeat) => {}
+            Err(e) => assert!(!e.message.is_empty()),
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+
+        #[test]
+        fn arbitrary_text_is_typed(text in ".{0,200}") {
+            check(&text);
+        }
+
+        #[test]
+        fn arbitrary_bytes_are_typed(bytes in prop::collection::vec(any::<u8>(), 0..200)) {
+            check(&String::from_utf8_lossy(&bytes));
+        }
+
+        #[test]
+        fn arbitrary_json_is_typed(v in json()) {
+            check(&v.to_string());
+        }
+
+        #[test]
+        fn tagged_json_is_typed(kind in prop_oneof![Just("watch"), Just("unwatch"), Just("status"), Just("heartbeat")], v in json()) {
+            let mut obj = match v { Value::Object(m) => m, other => {
+                let mut m = serde_json::Map::new();
+                m.insert("users".into(), other);
+                m
+            }};
+            obj.insert("type".into(), Value::String(kind.into()));
+            check(&Value::Object(obj).to_string());
+        }
+    }
+}
