@@ -354,7 +354,7 @@ mod fuzz {
         let leaf = prop_oneof![
             Just(Value::Null),
             any::<bool>().prop_map(Value::Bool),
-            any::<i64>().prop_map(|n| Value::from(n)),
+            any::<i64>().prop_map(Value::from),
             any::<f64>()
                 .prop_map(|f| serde_json::Number::from_f64(f).map_or(Value::Null, Value::Number)),
             ".{0,20}".prop_map(Value::String),
