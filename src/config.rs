@@ -54,6 +54,9 @@ pub struct Config {
     pub max_frames_per_sec: u32,
     /// Devices one user may have connected at once.
     pub max_devices_per_user: u32,
+    /// Watch policy `contacts`: a watch on a user who does not list the
+    /// watcher as a contact shows only `offline`, with no last seen.
+    pub contacts_only: bool,
 }
 
 impl Config {
@@ -70,6 +73,7 @@ impl Config {
             max_queued_events: DEFAULT_MAX_QUEUED_EVENTS,
             max_frames_per_sec: DEFAULT_MAX_FRAMES_PER_SEC,
             max_devices_per_user: DEFAULT_MAX_DEVICES_PER_USER,
+            contacts_only: false,
         }
     }
 

@@ -1,3 +1,4 @@
+pub mod auth;
 pub mod config;
 pub mod conn;
 pub mod expiry;
@@ -5,6 +6,7 @@ pub mod http;
 pub mod ids;
 pub mod keys;
 pub mod local_redis;
+pub mod privacy;
 pub mod protocol;
 pub mod pubsub;
 pub mod registry;

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::MAX_STATUS_TEXT;
 use crate::ids;
+use crate::privacy::Audience;
 
 /// A frame sent by a client.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -32,10 +33,19 @@ pub enum ClientFrame {
     },
     /// Refresh the lease explicitly.
     Heartbeat,
+    /// Change who may see this user (`everyone`, `contacts`, `nobody`).
+    Privacy {
+        /// Who may see that the user is online.
+        #[serde(default)]
+        online: Option<String>,
+        /// Who may see when the user was last seen.
+        #[serde(default)]
+        last_seen: Option<String>,
+    },
 }
 
 /// The frame types a client may send; anything else is `unknown_type`.
-const CLIENT_TYPES: [&str; 4] = ["watch", "unwatch", "status", "heartbeat"];
+const CLIENT_TYPES: [&str; 5] = ["watch", "unwatch", "status", "heartbeat", "privacy"];
 
 /// A status a user may choose.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,6 +56,8 @@ pub enum Status {
     Away,
     /// Do not disturb.
     Busy,
+    /// Online, but offline to everyone else.
+    Invisible,
 }
 
 impl Status {
@@ -55,23 +67,20 @@ impl Status {
             Status::Online => "online",
             Status::Away => "away",
             Status::Busy => "busy",
+            Status::Invisible => "invisible",
         }
     }
 
-    /// Parses a client's choice; `invisible` is refused until privacy
-    /// filtering exists on every surface, so it can never leak.
+    /// Parses a client's choice.
     pub fn parse(s: &str) -> Result<Self, ProtocolError> {
         match s {
             "online" => Ok(Status::Online),
             "away" => Ok(Status::Away),
             "busy" => Ok(Status::Busy),
-            "invisible" => Err(ProtocolError::new(
-                ErrorCode::InvalidStatus,
-                "invisible is not supported by this server yet",
-            )),
+            "invisible" => Ok(Status::Invisible),
             other => Err(ProtocolError::new(
                 ErrorCode::InvalidStatus,
-                format!("status must be online, away or busy, not {other:?}"),
+                format!("status must be online, away, busy or invisible, not {other:?}"),
             )),
         }
     }
@@ -103,6 +112,10 @@ pub enum ErrorCode {
     Unavailable,
     /// No such route.
     NotFound,
+    /// No valid credentials.
+    Unauthorized,
+    /// Credentials valid, but not for this.
+    Forbidden,
 }
 
 /// A refused request: what goes into an error frame or HTTP error body.
@@ -169,6 +182,9 @@ pub fn parse_client_frame(text: &str) -> Result<ClientFrame, ProtocolError> {
             ids::validate("user", user)?;
         }
     }
+    if let ClientFrame::Privacy { online, last_seen } = &frame {
+        parse_privacy(online.as_deref(), last_seen.as_deref())?;
+    }
     if let ClientFrame::Status { status, text } = &frame {
         Status::parse(status)?;
         if text
@@ -182,6 +198,33 @@ pub fn parse_client_frame(text: &str) -> Result<ClientFrame, ProtocolError> {
         }
     }
     Ok(frame)
+}
+
+/// Reads the two privacy settings of a `privacy` frame or HTTP body; at
+/// least one must be given.
+pub fn parse_privacy(
+    online: Option<&str>,
+    last_seen: Option<&str>,
+) -> Result<(Option<Audience>, Option<Audience>), ProtocolError> {
+    let parse = |what: &str, v: Option<&str>| {
+        v.map(|s| {
+            Audience::parse(s).ok_or_else(|| {
+                ProtocolError::new(
+                    ErrorCode::BadRequest,
+                    format!("{what} must be everyone, contacts or nobody, not {s:?}"),
+                )
+            })
+        })
+        .transpose()
+    };
+    let settings = (parse("online", online)?, parse("last_seen", last_seen)?);
+    if settings == (None, None) {
+        return Err(ProtocolError::new(
+            ErrorCode::BadRequest,
+            "give online and/or last_seen: everyone, contacts or nobody",
+        ));
+    }
+    Ok(settings)
 }
 
 /// What a viewer sees of one user.
@@ -202,9 +245,9 @@ pub struct Record {
 /// A transition as published on the `presence-events` channel by the scripts.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 pub struct Event {
-    /// The record after the transition.
+    /// The user's true presence after the transition.
     #[serde(flatten)]
-    pub record: Record,
+    pub presence: crate::privacy::Presence,
     /// Per-user sequence number, increasing with each transition; lets a
     /// session drop an event its snapshot already reflects.
     pub seq: u64,
@@ -313,9 +356,10 @@ mod tests {
             ErrorCode::InvalidStatus
         );
         assert_eq!(
-            code(r#"{"type":"status","status":"invisible"}"#),
-            ErrorCode::InvalidStatus
+            code(r#"{"type":"privacy","online":"friends"}"#),
+            ErrorCode::BadRequest
         );
+        assert_eq!(code(r#"{"type":"privacy"}"#), ErrorCode::BadRequest);
         let long = "x".repeat(MAX_STATUS_TEXT + 1);
         assert_eq!(
             code(&format!(
@@ -399,6 +443,9 @@ mod fuzz {
                 assert!(text.is_none_or(|t| t.chars().count() <= MAX_STATUS_TEXT));
             }
             Ok(ClientFrame::Heartbeat) => {}
+            Ok(ClientFrame::Privacy { online, last_seen }) => {
+                assert!(parse_privacy(online.as_deref(), last_seen.as_deref()).is_ok())
+            }
             Err(e) => assert!(!e.message.is_empty()),
         }
     }
@@ -422,7 +469,7 @@ mod fuzz {
         }
 
         #[test]
-        fn tagged_json_is_typed(kind in prop_oneof![Just("watch"), Just("unwatch"), Just("status"), Just("heartbeat")], v in json()) {
+        fn tagged_json_is_typed(kind in prop_oneof![Just("watch"), Just("unwatch"), Just("status"), Just("heartbeat"), Just("privacy")], v in json()) {
             let mut obj = match v { Value::Object(m) => m, other => {
                 let mut m = serde_json::Map::new();
                 m.insert("users".into(), other);

@@ -18,10 +18,12 @@ use crate::config::Config;
 use bytestring::ByteString;
 
 use crate::conn::ConnHandle;
+use crate::privacy::{self, Relation};
+use crate::protocol::Record;
 use crate::protocol::{self, ClientFrame, ErrorCode, ProtocolError, Status};
-use crate::registry::{self, Deliver, GoingAway, Registry, SessionId};
+use crate::registry::{self, Deliver, GoingAway, Recheck, Registry, SessionId};
 use crate::stats::STATS;
-use crate::store::{Arrival, ArriveMode, ChosenStatus, Departure, Store, StoreResult};
+use crate::store::{Arrival, ArriveMode, ChosenStatus, Departure, Observed, Store, StoreResult};
 
 /// Close code sent when another connection of the same device took the lease.
 pub const CLOSE_REPLACED: u16 = 4001;
@@ -79,7 +81,7 @@ pub struct Session {
 }
 
 /// What a session last told its client about one watched user.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 struct Seen {
     /// Highest transition sequence number reflected: older events (ones a
     /// snapshot already covered) are dropped.
@@ -87,6 +89,9 @@ struct Seen {
     /// Fingerprint of the last record sent: a record that looks the same
     /// (e.g. `online` re-announced after a Redis restart) is not sent again.
     fingerprint: u64,
+    /// How this session's user stands to the watched one: which view of
+    /// each transition it gets.
+    relation: Relation,
 }
 
 /// Who a new session is.
@@ -99,6 +104,16 @@ pub struct Identity {
     pub device: String,
     /// Its lease value (`<node> <conn> <since>`).
     pub owner: String,
+}
+
+impl Default for Seen {
+    fn default() -> Self {
+        Self {
+            seq: 0,
+            fingerprint: 0,
+            relation: Relation::Other,
+        }
+    }
 }
 
 impl Session {
@@ -282,6 +297,23 @@ impl Session {
                 }));
             }
             ClientFrame::Heartbeat => {}
+            ClientFrame::Privacy { online, last_seen } => {
+                // Already validated by the parser.
+                let Ok((online, last_seen)) =
+                    protocol::parse_privacy(online.as_deref(), last_seen.as_deref())
+                else {
+                    return;
+                };
+                let store = self.store.clone();
+                let user = self.user.clone();
+                let set = async move { store.set_privacy(&user, online, last_seen).await };
+                ctx.wait(set.into_actor(self).map(|res, act, ctx| {
+                    if let Err(e) = res {
+                        log::warn!("{}: privacy change failed: {e}", act.user);
+                        act.send_error(ctx, &unavailable());
+                    }
+                }));
+            }
         }
     }
 
@@ -320,14 +352,16 @@ impl Session {
         let watch = registry::Watch {
             session,
             addr: ctx.address().recipient(),
+            recheck: ctx.address().recipient(),
             users: new.clone(),
         };
+        let viewer = self.user.clone();
         let fut = async move {
             if let Err(e) = registry.send(watch).await {
                 log::error!("registry unreachable: {e}");
                 return None;
             }
-            match store.records(&users).await {
+            match store.presences(&users, Some(&viewer)).await {
                 Ok(records) => Some(records),
                 Err(e) => {
                     log::warn!("snapshot failed: {e}");
@@ -341,18 +375,26 @@ impl Session {
             }
         };
         ctx.wait(fut.into_actor(self).map(|res, act, ctx| match res {
-            Some(records) => {
-                let mut out = Vec::with_capacity(records.len());
-                for (record, seq) in records {
-                    let seen = act.watching.entry(record.user.clone()).or_default();
-                    seen.seq = seen.seq.max(seq);
-                    seen.fingerprint = registry::fingerprint(&record);
-                    out.push(record);
-                }
+            Some(observed) => {
+                let out: Vec<Record> = observed.iter().map(|o| act.observe(o)).collect();
                 act.send(ctx, protocol::snapshot_frame(&out));
             }
             None => act.send_error(ctx, &unavailable()),
         }));
+    }
+}
+
+impl Session {
+    /// Takes in a fresh read of a watched user: how this viewer stands to
+    /// it, its sequence number, and the view this client now holds.
+    fn observe(&mut self, o: &Observed) -> Record {
+        let relation = o.relation(Some(&self.user), self.config.contacts_only);
+        let record = privacy::view(&o.presence, relation);
+        let seen = self.watching.entry(o.presence.user.clone()).or_default();
+        seen.seq = seen.seq.max(o.seq);
+        seen.relation = relation;
+        seen.fingerprint = registry::fingerprint(&record);
+        record
     }
 }
 
@@ -511,11 +553,39 @@ impl Handler<Deliver> for Session {
             return;
         }
         seen.seq = seen.seq.max(msg.seq);
-        if msg.fingerprint == seen.fingerprint {
+        let view = &msg.views[seen.relation.index()];
+        if view.fingerprint == seen.fingerprint {
             return;
         }
-        seen.fingerprint = msg.fingerprint;
-        self.send(ctx, msg.frame);
+        seen.fingerprint = view.fingerprint;
+        self.send(ctx, view.frame.clone());
+    }
+}
+
+impl Handler<Recheck> for Session {
+    type Result = ();
+
+    /// The user's contacts changed: re-read it as this viewer and tell the
+    /// client if what it may see changed.
+    fn handle(&mut self, msg: Recheck, ctx: &mut Self::Context) {
+        if !self.watching.contains_key(&msg.user) {
+            return;
+        }
+        let store = self.store.clone();
+        let viewer = self.user.clone();
+        let read = async move { store.presences(&[msg.user], Some(&viewer)).await };
+        ctx.wait(read.into_actor(self).map(|res, act, ctx| {
+            let Ok(observed) = res else {
+                return; // the next transition or resync brings it
+            };
+            for o in observed {
+                let before = act.watching.get(&o.presence.user).map(|s| s.fingerprint);
+                let record = act.observe(&o);
+                if before != Some(registry::fingerprint(&record)) {
+                    act.send(ctx, protocol::presence_frame(&record));
+                }
+            }
+        }));
     }
 }
 

@@ -62,16 +62,5 @@ local count = redis.call('INCR', KEYS[2])
 if count ~= 1 then
   return {1, 0, status, text, since}
 end
--- Never below now: stays increasing even after the retention trim
--- deleted the hash, so a watcher's last seen seq never hides an event.
-local seq = math.max(tonumber(redis.call('HGET', KEYS[4], 'seq') or '0') + 1, tonumber(ARGV[4]))
-redis.call('HSET', KEYS[4], 'seq', seq)
-redis.call('PUBLISH', ARGV[7], cjson.encode({
-  user = ARGV[6],
-  status = st[1] or 'online',
-  text = st[2] or cjson.null,
-  devices = 1,
-  last_seen = cjson.null,
-  seq = seq,
-}))
+publish_event(ARGV[7], KEYS[4], ARGV[6], 1, nil, next_seq(KEYS[4], ARGV[4]))
 return {1, 1, status, text, since}
