@@ -12,6 +12,14 @@ pub const TTL_HEARTBEATS: u32 = 3;
 pub const DEFAULT_MAX_WATCHES: usize = 1_000;
 /// Default largest WebSocket frame accepted from a client, in bytes.
 pub const DEFAULT_MAX_FRAME_BYTES: usize = 64 * 1024;
+/// Default events a session may have waiting for a slow client before it is
+/// disconnected. Room for a burst of every watched user changing at once.
+pub const DEFAULT_MAX_QUEUED_EVENTS: usize = 4 * DEFAULT_MAX_WATCHES;
+/// Default client frames per second a session may send (sustained; twice as
+/// many in a burst).
+pub const DEFAULT_MAX_FRAMES_PER_SEC: u32 = 30;
+/// Default devices one user may have connected at once.
+pub const DEFAULT_MAX_DEVICES_PER_USER: u32 = 32;
 /// Most users one bulk query (`POST /api/presence/query`) may name.
 pub const MAX_QUERY_USERS: usize = 1_000;
 /// Longest status text accepted, in characters.
@@ -39,6 +47,16 @@ pub struct Config {
     pub last_seen_retention: Duration,
     /// Period of the reconciliation pass over all device sets.
     pub reconcile_interval: Duration,
+    /// Events a session may have waiting for its client; a client that
+    /// reads slower than its events arrive is disconnected beyond this.
+    pub max_queued_events: usize,
+    /// Client frames per second a session may send, sustained.
+    pub max_frames_per_sec: u32,
+    /// Devices one user may have connected at once.
+    pub max_devices_per_user: u32,
+    /// Watch policy `contacts`: a watch on a user who does not list the
+    /// watcher as a contact shows only `offline`, with no last seen.
+    pub contacts_only: bool,
 }
 
 impl Config {
@@ -52,6 +70,10 @@ impl Config {
             max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
             last_seen_retention: DEFAULT_LAST_SEEN_RETENTION,
             reconcile_interval: DEFAULT_RECONCILE_INTERVAL,
+            max_queued_events: DEFAULT_MAX_QUEUED_EVENTS,
+            max_frames_per_sec: DEFAULT_MAX_FRAMES_PER_SEC,
+            max_devices_per_user: DEFAULT_MAX_DEVICES_PER_USER,
+            contacts_only: false,
         }
     }
 

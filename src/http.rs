@@ -9,17 +9,21 @@ use actix_web::{web, HttpRequest, HttpResponse, ResponseError};
 use actix_web_actors::ws;
 use serde::{Deserialize, Serialize};
 
+use crate::auth::{Auth, AuthError, Origins};
 use crate::config::{Config, MAX_QUERY_USERS};
+use crate::conn::ConnHandle;
 use crate::ids;
-use crate::protocol::{ErrorCode, ProtocolError, Record};
+use crate::protocol::{parse_privacy, ErrorCode, ProtocolError, Record};
 use crate::registry::{GetStats, Registry};
-use crate::session::Session;
+use crate::session::{Identity, Session};
 use crate::store::{now_ms, Cursor, DeviceInfo, LeaseOwner, Store, StoreError};
 
 /// Default page size of `GET /api/online`.
 const ONLINE_DEFAULT_LIMIT: usize = 50;
 /// Largest page size of `GET /api/online`.
 const ONLINE_MAX_LIMIT: usize = 1_000;
+/// Most contacts one user may have.
+const MAX_CONTACTS: usize = 1_000;
 /// Largest JSON body accepted by `POST /api/presence/query`: room for
 /// [`MAX_QUERY_USERS`] ids of the longest length, and then some.
 const MAX_QUERY_BODY: usize = 128 * 1024;
@@ -34,6 +38,12 @@ pub struct AppState {
     pub config: Arc<Config>,
     /// Next session id on this node.
     pub next_session: AtomicU64,
+    /// How clients prove who they are.
+    pub auth: Auth,
+    /// Browser origins allowed to open a WebSocket.
+    pub origins: Origins,
+    /// Bearer key of the admin API (contacts); `None` turns it off.
+    pub admin_key: Option<String>,
 }
 
 /// An HTTP error: a status and the same `{code, message}` as an error frame.
@@ -119,6 +129,9 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
     .route("/api/presence/query", web::post().to(query))
     .route("/api/presence/{user}", web::get().to(presence))
     .route("/api/online", web::get().to(online))
+    .route("/api/users/{user}/privacy", web::put().to(set_privacy))
+    .route("/api/users/{user}/contacts", web::put().to(put_contacts))
+    .route("/api/users/{user}/contacts", web::get().to(get_contacts))
     .route("/healthz", web::get().to(healthz))
     .route("/metrics", web::get().to(metrics))
     .route("/", web::get().to(index))
@@ -128,14 +141,32 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
     }));
 }
 
-/// Query string of the WebSocket handshake (development auth).
+/// Query string of the WebSocket handshake.
 #[derive(Deserialize)]
 struct Connect {
+    /// The user (development auth; with JWT it must match the token if given).
     user: Option<String>,
+    /// The device.
     device: Option<String>,
+    /// A JWT (browsers cannot set headers on a WebSocket handshake).
+    token: Option<String>,
 }
 
-/// `GET /ws?user=&device=`: upgrades to a session.
+impl From<AuthError> for ApiError {
+    fn from(e: AuthError) -> Self {
+        let (status, code) = match e {
+            AuthError::Missing | AuthError::Invalid(_) => {
+                (StatusCode::UNAUTHORIZED, ErrorCode::Unauthorized)
+            }
+            AuthError::Mismatch { .. } | AuthError::Origin(_) => {
+                (StatusCode::FORBIDDEN, ErrorCode::Forbidden)
+            }
+        };
+        ApiError::new(status, code, e.to_string())
+    }
+}
+
+/// `GET /ws?user=&device=` or `GET /ws?token=&device=`: upgrades to a session.
 async fn websocket(
     req: HttpRequest,
     stream: web::Payload,
@@ -143,11 +174,16 @@ async fn websocket(
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, actix_web::Error> {
     let query = query.into_inner();
-    let (Some(user), Some(device)) = (query.user, query.device) else {
+    state.origins.check(&req).map_err(ApiError::from)?;
+    let user = state
+        .auth
+        .connecting_user(&req, query.token.as_deref(), query.user.as_deref())
+        .map_err(ApiError::from)?;
+    let (Some(user), Some(device)) = (user, query.device) else {
         return Err(ApiError::new(
             StatusCode::BAD_REQUEST,
             ErrorCode::BadRequest,
-            "connect as /ws?user=<user>&device=<device>",
+            "connect as /ws?user=<user>&device=<device> (or ?token=<JWT>&device=<device>)",
         )
         .into());
     };
@@ -156,29 +192,67 @@ async fn websocket(
     crate::metrics::METRICS.sessions_opened.inc();
     let id = state.next_session.fetch_add(1, Ordering::Relaxed);
     let owner = LeaseOwner::format(&state.config.node_id, &id.to_string(), now_ms());
-    let session = Session::new(
+    let who = Identity {
         id,
         user,
         device,
         owner,
+    };
+    let session = Session::new(
+        who,
         state.store.clone(),
         state.registry.clone(),
         state.config.clone(),
+        req.conn_data::<ConnHandle>().cloned(),
     );
     ws::WsResponseBuilder::new(session, &req, stream)
         .frame_size(state.config.max_frame_bytes)
         .start()
 }
 
-/// `GET /api/presence/{user}`: the record with a device list.
+/// Who reads: `?viewer=` in dev mode, a token with JWT.
+#[derive(Deserialize)]
+struct As {
+    viewer: Option<String>,
+    token: Option<String>,
+}
+
+/// The viewer of an API read (`None`: anonymous, dev mode only).
+fn viewer(req: &HttpRequest, state: &AppState, who: &As) -> Result<Option<String>, ApiError> {
+    let viewer = state
+        .auth
+        .viewer(req, who.token.as_deref(), who.viewer.as_deref())?;
+    if let Some(v) = &viewer {
+        ids::validate("user", v)?;
+    }
+    Ok(viewer)
+}
+
+/// `GET /api/presence/{user}`: what the viewer may see, with a device list.
 async fn presence(
+    req: HttpRequest,
     user: web::Path<String>,
+    who: web::Query<As>,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
     let user = user.into_inner();
     ids::validate("user", &user)?;
-    let records = state.store.records(std::slice::from_ref(&user)).await?;
-    let devices = state.store.devices(&user).await?;
+    let viewer = viewer(&req, &state, &who)?;
+    let record = state
+        .store
+        .records(
+            std::slice::from_ref(&user),
+            viewer.as_deref(),
+            state.config.contacts_only,
+        )
+        .await?
+        .remove(0);
+    // Devices only of a user the viewer may see online.
+    let devices = if record.devices > 0 {
+        state.store.devices(&user).await?
+    } else {
+        Vec::new()
+    };
     #[derive(Serialize)]
     struct Body<'a> {
         #[serde(flatten)]
@@ -186,7 +260,7 @@ async fn presence(
         device_list: Vec<DeviceInfo>,
     }
     Ok(HttpResponse::Ok().json(Body {
-        record: &records[0].0,
+        record: &record,
         device_list: devices,
     }))
 }
@@ -199,7 +273,9 @@ struct Query {
 
 /// `POST /api/presence/query`: records of up to 1,000 users, in request order.
 async fn query(
+    req: HttpRequest,
     body: web::Json<Query>,
+    who: web::Query<As>,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
     let users = body.into_inner().users;
@@ -216,17 +292,15 @@ async fn query(
     for user in &users {
         ids::validate("user", user)?;
     }
+    let viewer = viewer(&req, &state, &who)?;
     #[derive(Serialize)]
     struct Body {
         presence: Vec<Record>,
     }
     let presence = state
         .store
-        .records(&users)
-        .await?
-        .into_iter()
-        .map(|(r, _)| r)
-        .collect();
+        .records(&users, viewer.as_deref(), state.config.contacts_only)
+        .await?;
     Ok(HttpResponse::Ok().json(Body { presence }))
 }
 
@@ -235,10 +309,14 @@ async fn query(
 struct OnlineQuery {
     limit: Option<usize>,
     cursor: Option<String>,
+    #[serde(flatten)]
+    who: As,
 }
 
-/// `GET /api/online?limit=&cursor=`: users online now, most recently active first.
+/// `GET /api/online?limit=&cursor=`: users the viewer may see online now,
+/// most recently active first.
 async fn online(
+    req: HttpRequest,
     query: web::Query<OnlineQuery>,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
@@ -260,8 +338,139 @@ async fn online(
             )
         })?),
     };
-    let page = state.store.online(limit, cursor.as_ref()).await?;
+    let viewer = viewer(&req, &state, &query.who)?;
+    let page = state
+        .store
+        .online(
+            limit,
+            cursor.as_ref(),
+            viewer.as_deref(),
+            state.config.contacts_only,
+        )
+        .await?;
     Ok(HttpResponse::Ok().json(page))
+}
+
+/// Body of `PUT /api/users/{user}/privacy`.
+#[derive(Deserialize)]
+struct PrivacyBody {
+    online: Option<String>,
+    last_seen: Option<String>,
+}
+
+/// `PUT /api/users/{user}/privacy`: the user itself (its token; in dev mode
+/// anyone) or the admin changes who may see the user.
+async fn set_privacy(
+    req: HttpRequest,
+    user: web::Path<String>,
+    body: web::Json<PrivacyBody>,
+    who: web::Query<As>,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let user = user.into_inner();
+    ids::validate("user", &user)?;
+    if !is_admin(&req, &state) {
+        let acting = state.auth.viewer(&req, who.token.as_deref(), Some(&user))?;
+        if acting.as_deref() != Some(user.as_str()) {
+            return Err(AuthError::Mismatch {
+                token: acting.unwrap_or_default(),
+                asked: user,
+            }
+            .into());
+        }
+    }
+    let (online, last_seen) = parse_privacy(body.online.as_deref(), body.last_seen.as_deref())
+        .map_err(|error| ApiError {
+            status: StatusCode::BAD_REQUEST,
+            error,
+        })?;
+    state.store.set_privacy(&user, online, last_seen).await?;
+    Ok(HttpResponse::NoContent().finish())
+}
+
+/// Body of `PUT /api/users/{user}/contacts`.
+#[derive(Deserialize, Serialize)]
+struct Contacts {
+    contacts: Vec<String>,
+}
+
+/// True when the request carries the admin key.
+fn is_admin(req: &HttpRequest, state: &AppState) -> bool {
+    let Some(key) = state.admin_key.as_deref() else {
+        return false;
+    };
+    let given = req
+        .headers()
+        .get(actix_web::http::header::AUTHORIZATION)
+        .and_then(|h| h.to_str().ok())
+        .and_then(|h| h.strip_prefix("Bearer "))
+        .unwrap_or("");
+    // Same time whatever the key, so it cannot be guessed byte by byte.
+    given.len() == key.len()
+        && given
+            .bytes()
+            .zip(key.bytes())
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0
+}
+
+fn require_admin(req: &HttpRequest, state: &AppState) -> Result<(), ApiError> {
+    if state.admin_key.is_none() {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            ErrorCode::Forbidden,
+            "the admin API is off: start the server with --admin-key",
+        ));
+    }
+    if !is_admin(req, state) {
+        return Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            ErrorCode::Unauthorized,
+            "the admin API needs Authorization: Bearer <admin key>",
+        ));
+    }
+    Ok(())
+}
+
+/// `PUT /api/users/{user}/contacts` (admin): replaces the users who count
+/// as `user`'s contacts for its privacy settings.
+async fn put_contacts(
+    req: HttpRequest,
+    user: web::Path<String>,
+    body: web::Json<Contacts>,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    require_admin(&req, &state)?;
+    let user = user.into_inner();
+    ids::validate("user", &user)?;
+    let mut contacts = body.into_inner().contacts;
+    if contacts.len() > MAX_CONTACTS {
+        return Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorCode::TooManyUsers,
+            format!("at most {MAX_CONTACTS} contacts"),
+        ));
+    }
+    for c in &contacts {
+        ids::validate("user", c)?;
+    }
+    contacts.sort();
+    contacts.dedup();
+    state.store.set_contacts(&user, &contacts).await?;
+    Ok(HttpResponse::Ok().json(Contacts { contacts }))
+}
+
+/// `GET /api/users/{user}/contacts` (admin).
+async fn get_contacts(
+    req: HttpRequest,
+    user: web::Path<String>,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    require_admin(&req, &state)?;
+    let user = user.into_inner();
+    ids::validate("user", &user)?;
+    let contacts = state.store.contacts(&user).await?;
+    Ok(HttpResponse::Ok().json(Contacts { contacts }))
 }
 
 /// `GET /healthz`: 200 when the process is up and Redis answers, else 503.

@@ -35,6 +35,11 @@ pub fn status(user: &str) -> String {
     format!("presence-status:{{{user}}}")
 }
 
+/// The users who count as a user's contacts (for its privacy settings).
+pub fn contacts(user: &str) -> String {
+    format!("presence-contacts:{{{user}}}")
+}
+
 /// The four per-user keys of a device, in the order the scripts expect them.
 pub fn device_keys(user: &str, device: &str) -> [String; 4] {
     [

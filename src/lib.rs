@@ -1,5 +1,7 @@
+pub mod auth;
 pub mod config;
 pub mod config_file;
+pub mod conn;
 pub mod expiry;
 pub mod http;
 pub mod ids;
@@ -7,6 +9,7 @@ pub mod keys;
 pub mod local_redis;
 pub mod logging;
 pub mod metrics;
+pub mod privacy;
 pub mod protocol;
 pub mod pubsub;
 pub mod registry;

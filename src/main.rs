@@ -1,14 +1,16 @@
 //! `presence-server`: flags, logging, an optional private Redis, then [`server::run`].
 
-use std::net::TcpListener;
+use std::net::{TcpListener, ToSocketAddrs};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{CommandFactory, Parser};
+use presence_server::auth::{Auth, JwtVerifier, Origins};
 use presence_server::config::{self, Config};
 use presence_server::local_redis::LocalRedis;
 use presence_server::logging::{self, LogFormat};
+use presence_server::server::Security;
 use presence_server::{config_file, ids, server};
 
 /// Presence server: who is online, on which devices, with which status.
@@ -47,6 +49,25 @@ struct Args {
     #[arg(long, env = "PRESENCE_MAX_FRAME_BYTES", default_value_t = config::DEFAULT_MAX_FRAME_BYTES)]
     max_frame_bytes: usize,
 
+    /// Events a session may have waiting for a client that reads too
+    /// slowly; one more disconnects it. Keep it above --max-watches.
+    #[arg(long, env = "PRESENCE_MAX_QUEUED_EVENTS", default_value_t = config::DEFAULT_MAX_QUEUED_EVENTS as u64,
+          value_parser = clap::value_parser!(u64).range(16..=1_000_000))]
+    max_queued_events: u64,
+
+    /// Client frames per second one session may send (bursts of twice as
+    /// many pass); beyond it frames are refused, and a sustained flood is
+    /// closed with 1008.
+    #[arg(long, env = "PRESENCE_MAX_FRAMES_PER_SEC", default_value_t = config::DEFAULT_MAX_FRAMES_PER_SEC,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    max_frames_per_sec: u32,
+
+    /// Devices one user may have connected at once; one more is closed
+    /// with 1008.
+    #[arg(long, env = "PRESENCE_MAX_DEVICES_PER_USER", default_value_t = config::DEFAULT_MAX_DEVICES_PER_USER,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    max_devices_per_user: u32,
+
     /// Days an offline user's last seen (and status) is kept.
     #[arg(long, env = "PRESENCE_LAST_SEEN_RETENTION_DAYS", default_value_t = 90,
           value_parser = clap::value_parser!(u64).range(1..=36_500))]
@@ -58,6 +79,50 @@ struct Args {
           default_value_t = config::DEFAULT_RECONCILE_INTERVAL.as_millis() as u64,
           value_parser = clap::value_parser!(u64).range(100..=86_400_000))]
     reconcile_interval_ms: u64,
+
+    /// How clients prove who they are: `dev` takes ids from the query string
+    /// (anyone can be anyone: for the demo and wscat, refused on a
+    /// non-loopback address unless --allow-insecure-dev-auth); `jwt` needs a
+    /// token whose `sub` is the user.
+    #[arg(long, env = "PRESENCE_AUTH", value_enum, default_value = "dev")]
+    auth: AuthMode,
+
+    /// Serve dev auth on a non-loopback address anyway.
+    #[arg(long, env = "PRESENCE_ALLOW_INSECURE_DEV_AUTH")]
+    allow_insecure_dev_auth: bool,
+
+    /// HS256 secret for --auth jwt (at least 32 bytes). Prefer
+    /// --jwt-secret-file or the environment over the command line.
+    #[arg(long, env = "PRESENCE_JWT_SECRET", hide_env_values = true)]
+    jwt_secret: Option<String>,
+
+    /// File holding the HS256 secret for --auth jwt.
+    #[arg(long, env = "PRESENCE_JWT_SECRET_FILE")]
+    jwt_secret_file: Option<PathBuf>,
+
+    /// PEM public key (RSA for RS256, EC P-256 for ES256) for --auth jwt.
+    #[arg(long, env = "PRESENCE_JWT_PUBLIC_KEY_FILE")]
+    jwt_public_key_file: Option<PathBuf>,
+
+    /// Browser origins allowed to open a WebSocket besides the server's own,
+    /// comma-separated (e.g. https://chat.example.com); `*` allows any.
+    #[arg(long, env = "PRESENCE_ALLOWED_ORIGINS", value_delimiter = ',')]
+    allowed_origins: Vec<String>,
+
+    /// Bearer key of the admin API (contacts). Without it the admin API is off.
+    #[arg(long, env = "PRESENCE_ADMIN_KEY", hide_env_values = true)]
+    admin_key: Option<String>,
+
+    /// `open`: anyone may watch anyone (privacy settings still apply);
+    /// `contacts`: a watch on a user who does not list the watcher as a
+    /// contact shows only `offline`, without revealing whether it exists.
+    #[arg(
+        long,
+        env = "PRESENCE_WATCH_POLICY",
+        value_enum,
+        default_value = "open"
+    )]
+    watch_policy: WatchPolicy,
 
     /// Where the private redis-server keeps its data and log (a fresh
     /// directory is made inside, and removed on exit).
@@ -86,6 +151,24 @@ fn parse_args() -> anyhow::Result<Args> {
     Ok(Args::parse())
 }
 
+/// `--auth`.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum AuthMode {
+    /// Ids from the query string.
+    Dev,
+    /// JSON Web Tokens.
+    Jwt,
+}
+
+/// `--watch-policy`.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum WatchPolicy {
+    /// Anyone may watch anyone.
+    Open,
+    /// Only users who list the watcher as a contact.
+    Contacts,
+}
+
 fn main() -> ExitCode {
     let mut args = match parse_args() {
         Ok(args) => args,
@@ -112,6 +195,7 @@ fn main() -> ExitCode {
 fn start(args: Args) -> anyhow::Result<()> {
     let node_id = args
         .node_id
+        .clone()
         .unwrap_or_else(|| format!("presence-{:08x}", rand::random::<u32>()));
     ids::validate("node", &node_id)?;
     let heartbeat = Duration::from_millis(args.heartbeat_ms);
@@ -130,6 +214,11 @@ fn start(args: Args) -> anyhow::Result<()> {
     config.max_frame_bytes = args.max_frame_bytes;
     config.last_seen_retention = Duration::from_secs(args.last_seen_retention_days * 24 * 3600);
     config.reconcile_interval = Duration::from_millis(args.reconcile_interval_ms);
+    config.max_queued_events = args.max_queued_events as usize;
+    config.max_frames_per_sec = args.max_frames_per_sec;
+    config.max_devices_per_user = args.max_devices_per_user;
+    config.contacts_only = matches!(args.watch_policy, WatchPolicy::Contacts);
+    let security = security(&args)?;
     raise_fd_limit();
 
     let listener = TcpListener::bind(&args.listen)
@@ -143,7 +232,61 @@ fn start(args: Args) -> anyhow::Result<()> {
             (Some(local), url)
         }
     };
-    actix_web::rt::System::new().block_on(server::run(config, &url, listener))
+    actix_web::rt::System::new().block_on(server::run(config, security, &url, listener))
+}
+
+/// Authentication, origins and the admin key from the flags.
+fn security(args: &Args) -> anyhow::Result<Security> {
+    let auth = match args.auth {
+        AuthMode::Dev => {
+            let loopback = args
+                .listen
+                .to_socket_addrs()
+                .map(|mut a| a.all(|a| a.ip().is_loopback()))
+                .unwrap_or(false);
+            if !loopback && !args.allow_insecure_dev_auth {
+                anyhow::bail!(
+                    "--auth dev lets anyone connect as anyone; it is refused on {} (not loopback). Use --auth jwt, or --allow-insecure-dev-auth if you really mean it",
+                    args.listen
+                );
+            }
+            log::warn!(
+                "*** --auth dev: anyone can connect as any user. Use --auth jwt in production. ***"
+            );
+            Auth::Dev
+        }
+        AuthMode::Jwt => {
+            let secret = match (&args.jwt_secret, &args.jwt_secret_file) {
+                (Some(s), _) => Some(s.trim().as_bytes().to_vec()),
+                (None, Some(path)) => Some(
+                    std::fs::read_to_string(path)
+                        .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?
+                        .trim()
+                        .as_bytes()
+                        .to_vec(),
+                ),
+                (None, None) => None,
+            };
+            let public = match &args.jwt_public_key_file {
+                Some(path) => Some(
+                    std::fs::read(path)
+                        .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?,
+                ),
+                None => None,
+            };
+            Auth::Jwt(JwtVerifier::new(secret.as_deref(), public.as_deref())?)
+        }
+    };
+    if let Some(key) = &args.admin_key {
+        if key.len() < 16 {
+            anyhow::bail!("--admin-key must be at least 16 characters");
+        }
+    }
+    Ok(Security {
+        auth,
+        origins: Origins::new(args.allowed_origins.iter().cloned()),
+        admin_key: args.admin_key.clone(),
+    })
 }
 
 /// Every connection is a file descriptor: lift the soft limit to the hard one.

@@ -8,7 +8,7 @@
 //! shared connection, so every command the store sends is timed.
 
 use std::collections::HashMap;
-use std::sync::LazyLock;
+use std::sync::{LazyLock, RwLock};
 use std::time::Instant;
 
 use prometheus::{
@@ -55,6 +55,8 @@ pub struct Metrics {
     pub online_pruned: IntCounter,
     /// Sessions disconnected because they could not keep up with their events.
     pub slow_consumers_dropped: IntCounter,
+    /// Sessions closed for sending too many frames.
+    pub floods: IntCounter,
     /// Re-reads of the watched users after a resubscription.
     pub registry_resyncs: IntCounter,
     /// Records re-sent to sessions by those re-reads.
@@ -154,6 +156,10 @@ impl Metrics {
                 "presence_slow_consumers_dropped_total",
                 "Sessions disconnected because they could not keep up with their events.",
             ),
+            floods: counter(
+                "presence_floods_total",
+                "Sessions closed for sending too many frames.",
+            ),
             registry_resyncs: counter(
                 "presence_registry_resyncs_total",
                 "Re-reads of the watched users after resubscribing to presence-events.",
@@ -197,6 +203,7 @@ impl Metrics {
         r.register(Box::new(m.online_pruned.clone())).unwrap();
         r.register(Box::new(m.slow_consumers_dropped.clone()))
             .unwrap();
+        r.register(Box::new(m.floods.clone())).unwrap();
         r.register(Box::new(m.registry_resyncs.clone())).unwrap();
         r.register(Box::new(m.registry_resync_records.clone()))
             .unwrap();
@@ -229,6 +236,8 @@ impl Metrics {
             "devices_reaped": self.devices_reaped.get(),
             "reconcile_repairs": self.reconcile_repairs.get(),
             "online_pruned": self.online_pruned.get(),
+            "slow_consumers": self.slow_consumers_dropped.get(),
+            "floods": self.floods.get(),
             "sessions_opened": self.sessions_opened.get(),
             "transitions_delivered": self.transitions_delivered.get(),
         })
@@ -237,19 +246,17 @@ impl Metrics {
 
 /// Names of the store's Lua scripts by SHA1, so that an EVALSHA is timed
 /// under the step it runs rather than under one opaque label.
-static SCRIPT_NAMES: LazyLock<HashMap<String, &'static str>> = LazyLock::new(|| {
-    [
-        ("arrive", include_str!("lua/arrive.lua")),
-        ("depart", include_str!("lua/depart.lua")),
-        ("status", include_str!("lua/status.lua")),
-        ("read", include_str!("lua/read.lua")),
-        ("reconcile", include_str!("lua/reconcile.lua")),
-        ("zrem_if", include_str!("lua/zrem_if.lua")),
-    ]
-    .into_iter()
-    .map(|(name, src)| (redis::Script::new(src).get_hash().to_string(), name))
-    .collect()
-});
+static SCRIPT_NAMES: LazyLock<RwLock<HashMap<String, &'static str>>> =
+    LazyLock::new(Default::default);
+
+/// Tells the latency histogram the names of `scripts` (the store calls this
+/// as it creates them).
+pub fn name_scripts<'a>(scripts: impl IntoIterator<Item = (&'a redis::Script, &'static str)>) {
+    let mut names = SCRIPT_NAMES.write().unwrap_or_else(|e| e.into_inner());
+    for (script, name) in scripts {
+        names.insert(script.get_hash().to_string(), name);
+    }
+}
 
 /// The latency label of a command: its name in upper case, or for EVALSHA
 /// the script's name; anything unexpected becomes "OTHER" so that the number
@@ -265,10 +272,8 @@ fn label(cmd: Option<&Cmd>) -> &'static str {
     };
     if name.eq_ignore_ascii_case(b"EVALSHA") {
         if let Some(Arg::Simple(sha)) = args.next() {
-            if let Some(script) = std::str::from_utf8(sha)
-                .ok()
-                .and_then(|sha| SCRIPT_NAMES.get(sha))
-            {
+            let names = SCRIPT_NAMES.read().unwrap_or_else(|e| e.into_inner());
+            if let Some(script) = std::str::from_utf8(sha).ok().and_then(|sha| names.get(sha)) {
                 return script;
             }
         }
@@ -373,7 +378,8 @@ mod tests {
     fn labels_name_commands_and_scripts() {
         assert_eq!(label(Some(&redis::cmd("ping"))), "PING");
         assert_eq!(label(Some(&redis::cmd("FLUSHALL"))), "OTHER");
-        let arrive = redis::Script::new(include_str!("lua/arrive.lua"));
+        let arrive = redis::Script::new("return 1");
+        name_scripts([(&arrive, "arrive")]);
         let mut evalsha = redis::cmd("EVALSHA");
         evalsha.arg(arrive.get_hash()).arg(0);
         assert_eq!(label(Some(&evalsha)), "arrive");

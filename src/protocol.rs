@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::MAX_STATUS_TEXT;
 use crate::ids;
+use crate::privacy::Audience;
 
 /// A frame sent by a client.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -32,10 +33,19 @@ pub enum ClientFrame {
     },
     /// Refresh the lease explicitly.
     Heartbeat,
+    /// Change who may see this user (`everyone`, `contacts`, `nobody`).
+    Privacy {
+        /// Who may see that the user is online.
+        #[serde(default)]
+        online: Option<String>,
+        /// Who may see when the user was last seen.
+        #[serde(default)]
+        last_seen: Option<String>,
+    },
 }
 
 /// The frame types a client may send; anything else is `unknown_type`.
-const CLIENT_TYPES: [&str; 4] = ["watch", "unwatch", "status", "heartbeat"];
+const CLIENT_TYPES: [&str; 5] = ["watch", "unwatch", "status", "heartbeat", "privacy"];
 
 /// A status a user may choose.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,6 +56,8 @@ pub enum Status {
     Away,
     /// Do not disturb.
     Busy,
+    /// Online, but offline to everyone else.
+    Invisible,
 }
 
 impl Status {
@@ -55,23 +67,20 @@ impl Status {
             Status::Online => "online",
             Status::Away => "away",
             Status::Busy => "busy",
+            Status::Invisible => "invisible",
         }
     }
 
-    /// Parses a client's choice; `invisible` is refused until privacy
-    /// filtering exists on every surface, so it can never leak.
+    /// Parses a client's choice.
     pub fn parse(s: &str) -> Result<Self, ProtocolError> {
         match s {
             "online" => Ok(Status::Online),
             "away" => Ok(Status::Away),
             "busy" => Ok(Status::Busy),
-            "invisible" => Err(ProtocolError::new(
-                ErrorCode::InvalidStatus,
-                "invisible is not supported by this server yet",
-            )),
+            "invisible" => Ok(Status::Invisible),
             other => Err(ProtocolError::new(
                 ErrorCode::InvalidStatus,
-                format!("status must be online, away or busy, not {other:?}"),
+                format!("status must be online, away, busy or invisible, not {other:?}"),
             )),
         }
     }
@@ -93,12 +102,20 @@ pub enum ErrorCode {
     TooManyWatches,
     /// More users in a bulk query than allowed.
     TooManyUsers,
+    /// The user already has the most devices allowed.
+    TooManyDevices,
+    /// More frames per second than allowed; the frame was not processed.
+    RateLimited,
     /// A frame larger than the limit, or a binary frame.
     Unsupported,
     /// Redis could not be reached; try again.
     Unavailable,
     /// No such route.
     NotFound,
+    /// No valid credentials.
+    Unauthorized,
+    /// Credentials valid, but not for this.
+    Forbidden,
 }
 
 /// A refused request: what goes into an error frame or HTTP error body.
@@ -165,6 +182,9 @@ pub fn parse_client_frame(text: &str) -> Result<ClientFrame, ProtocolError> {
             ids::validate("user", user)?;
         }
     }
+    if let ClientFrame::Privacy { online, last_seen } = &frame {
+        parse_privacy(online.as_deref(), last_seen.as_deref())?;
+    }
     if let ClientFrame::Status { status, text } = &frame {
         Status::parse(status)?;
         if text
@@ -178,6 +198,33 @@ pub fn parse_client_frame(text: &str) -> Result<ClientFrame, ProtocolError> {
         }
     }
     Ok(frame)
+}
+
+/// Reads the two privacy settings of a `privacy` frame or HTTP body; at
+/// least one must be given.
+pub fn parse_privacy(
+    online: Option<&str>,
+    last_seen: Option<&str>,
+) -> Result<(Option<Audience>, Option<Audience>), ProtocolError> {
+    let parse = |what: &str, v: Option<&str>| {
+        v.map(|s| {
+            Audience::parse(s).ok_or_else(|| {
+                ProtocolError::new(
+                    ErrorCode::BadRequest,
+                    format!("{what} must be everyone, contacts or nobody, not {s:?}"),
+                )
+            })
+        })
+        .transpose()
+    };
+    let settings = (parse("online", online)?, parse("last_seen", last_seen)?);
+    if settings == (None, None) {
+        return Err(ProtocolError::new(
+            ErrorCode::BadRequest,
+            "give online and/or last_seen: everyone, contacts or nobody",
+        ));
+    }
+    Ok(settings)
 }
 
 /// What a viewer sees of one user.
@@ -198,9 +245,9 @@ pub struct Record {
 /// A transition as published on the `presence-events` channel by the scripts.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 pub struct Event {
-    /// The record after the transition.
+    /// The user's true presence after the transition.
     #[serde(flatten)]
-    pub record: Record,
+    pub presence: crate::privacy::Presence,
     /// Per-user sequence number, increasing with each transition; lets a
     /// session drop an event its snapshot already reflects.
     pub seq: u64,
@@ -309,9 +356,10 @@ mod tests {
             ErrorCode::InvalidStatus
         );
         assert_eq!(
-            code(r#"{"type":"status","status":"invisible"}"#),
-            ErrorCode::InvalidStatus
+            code(r#"{"type":"privacy","online":"friends"}"#),
+            ErrorCode::BadRequest
         );
+        assert_eq!(code(r#"{"type":"privacy"}"#), ErrorCode::BadRequest);
         let long = "x".repeat(MAX_STATUS_TEXT + 1);
         assert_eq!(
             code(&format!(
@@ -335,5 +383,100 @@ mod tests {
         assert_eq!(v["user"], "bob");
         assert_eq!(v["devices"], 2);
         assert!(v["last_seen"].is_null());
+    }
+}
+
+#[cfg(test)]
+mod fuzz {
+    //! Arbitrary input never panics the parser and always yields a typed result.
+
+    use super::*;
+    use proptest::prelude::*;
+    use serde_json::Value;
+
+    fn json() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(Value::from),
+            any::<f64>()
+                .prop_map(|f| serde_json::Number::from_f64(f).map_or(Value::Null, Value::Number)),
+            ".{0,20}".prop_map(Value::String),
+            prop_oneof![
+                Just("watch"),
+                Just("unwatch"),
+                Just("status"),
+                Just("heartbeat"),
+                Just("online"),
+                Just("invisible"),
+                Just("bob"),
+                Just("b:ob"),
+            ]
+            .prop_map(|s| Value::String(s.into())),
+        ];
+        leaf.prop_recursive(4, 64, 8, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..8).prop_map(Value::Array),
+                prop::collection::btree_map(
+                    prop_oneof![
+                        Just("type".to_string()),
+                        Just("users".to_string()),
+                        Just("status".to_string()),
+                        Just("text".to_string()),
+                        ".{0,8}"
+                    ],
+                    inner,
+                    0..6
+                )
+                .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    fn check(text: &str) {
+        match parse_client_frame(text) {
+            Ok(ClientFrame::Watch { users }) | Ok(ClientFrame::Unwatch { users }) => {
+                assert!(users.iter().all(|u| ids::validate("user", u).is_ok()))
+            }
+            Ok(ClientFrame::Status { status, text }) => {
+                assert!(Status::parse(&status).is_ok());
+                assert!(text.is_none_or(|t| t.chars().count() <= MAX_STATUS_TEXT));
+            }
+            Ok(ClientFrame::Heartbeat) => {}
+            Ok(ClientFrame::Privacy { online, last_seen }) => {
+                assert!(parse_privacy(online.as_deref(), last_seen.as_deref()).is_ok())
+            }
+            Err(e) => assert!(!e.message.is_empty()),
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+
+        #[test]
+        fn arbitrary_text_is_typed(text in ".{0,200}") {
+            check(&text);
+        }
+
+        #[test]
+        fn arbitrary_bytes_are_typed(bytes in prop::collection::vec(any::<u8>(), 0..200)) {
+            check(&String::from_utf8_lossy(&bytes));
+        }
+
+        #[test]
+        fn arbitrary_json_is_typed(v in json()) {
+            check(&v.to_string());
+        }
+
+        #[test]
+        fn tagged_json_is_typed(kind in prop_oneof![Just("watch"), Just("unwatch"), Just("status"), Just("heartbeat"), Just("privacy")], v in json()) {
+            let mut obj = match v { Value::Object(m) => m, other => {
+                let mut m = serde_json::Map::new();
+                m.insert("users".into(), other);
+                m
+            }};
+            obj.insert("type".into(), Value::String(kind.into()));
+            check(&Value::Object(obj).to_string());
+        }
     }
 }

@@ -14,15 +14,18 @@
 
 use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
+use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
 use bytestring::ByteString;
 use tokio::sync::oneshot;
 
+use crate::conn::ConnHandle;
 use crate::keys;
+use crate::privacy::{self, Presence, Relation};
 use crate::protocol::{self, Event, Record};
-use crate::store::Store;
+use crate::store::{Observed, Store};
 
 /// Identifies one session within this node.
 pub type SessionId = u64;
@@ -30,7 +33,18 @@ pub type SessionId = u64;
 /// Users re-read per round trip during a resync.
 const RESYNC_BATCH: usize = 1_000;
 
-/// A presence record for one watched user, ready to send.
+/// One viewer class's view of a transition, ready to send.
+#[derive(Debug, Clone)]
+pub struct View {
+    /// What the viewer can tell apart (status and text); equal
+    /// fingerprints mean nothing changed for the viewer.
+    pub fingerprint: u64,
+    /// The `presence` frame.
+    pub frame: ByteString,
+}
+
+/// A transition (or re-read) of one watched user, ready to send: one view
+/// per [`Relation`], each serialized once for all watchers of that class.
 #[derive(Message, Clone)]
 #[rtype(result = "()")]
 pub struct Deliver {
@@ -38,27 +52,39 @@ pub struct Deliver {
     pub user: ByteString,
     /// The user's transition sequence number.
     pub seq: u64,
-    /// What a watcher sees of the record (status and text); equal
-    /// fingerprints mean nothing changed for the watcher.
-    pub fingerprint: u64,
     /// A re-read after missed events rather than a live event: passed on
     /// only if it differs from what the session last sent.
     pub resync: bool,
-    /// The `presence` frame, serialized once for every watcher.
-    pub frame: ByteString,
+    /// The views, indexed by [`Relation::index`].
+    pub views: Arc<[View; 4]>,
 }
 
 impl Deliver {
-    /// A delivery of `record`.
-    pub fn new(record: &Record, seq: u64, resync: bool) -> Self {
+    /// A delivery of `presence`.
+    pub fn new(presence: &Presence, seq: u64, resync: bool) -> Self {
+        let views = Relation::ALL.map(|r| {
+            let record = privacy::view(presence, r);
+            View {
+                fingerprint: fingerprint(&record),
+                frame: ByteString::from(protocol::presence_frame(&record)),
+            }
+        });
         Self {
-            user: ByteString::from(record.user.as_str()),
+            user: ByteString::from(presence.user.as_str()),
             seq,
-            fingerprint: fingerprint(record),
             resync,
-            frame: ByteString::from(protocol::presence_frame(record)),
+            views: Arc::new(views),
         }
     }
+}
+
+/// Asks a session to re-read a watched user whose contacts changed, since
+/// what it may see of that user may have changed.
+#[derive(Message, Clone)]
+#[rtype(result = "()")]
+pub struct Recheck {
+    /// The user whose contacts changed.
+    pub user: String,
 }
 
 /// What a watcher can tell apart in a record: its status and text. Device
@@ -78,6 +104,8 @@ pub struct Watch {
     pub session: SessionId,
     /// Where its events go.
     pub addr: Recipient<Deliver>,
+    /// Where re-read requests go.
+    pub recheck: Recipient<Recheck>,
     /// Users to watch.
     pub users: Vec<String>,
 }
@@ -100,6 +128,8 @@ pub struct Join {
     pub session: SessionId,
     /// Where the shutdown notice goes.
     pub addr: Recipient<GoingAway>,
+    /// Its TCP connection, cut if the session falls too far behind.
+    pub conn: Option<ConnHandle>,
 }
 
 /// Tells a session that the node is shutting down.
@@ -139,8 +169,8 @@ struct Subscribed;
 struct Resynced {
     /// Which resync they belong to.
     round: u64,
-    /// The records with their sequence numbers.
-    records: Vec<(Record, u64)>,
+    /// The users as read.
+    records: Vec<Observed>,
 }
 
 /// Numbers for `/healthz` and tests.
@@ -165,6 +195,8 @@ pub struct RegistryStats {
 struct Watcher {
     /// Where its events go.
     addr: Recipient<Deliver>,
+    /// Where re-read requests go.
+    recheck: Recipient<Recheck>,
     /// What it watches, so that a disconnect can be undone in one step.
     users: HashSet<String>,
 }
@@ -183,8 +215,9 @@ pub struct Registry {
     by_user: HashMap<String, HashSet<SessionId>>,
     /// Session -> its address and watched users.
     watchers: HashMap<SessionId, Watcher>,
-    /// Every open session of this node, for the shutdown notice.
-    sessions: HashMap<SessionId, Recipient<GoingAway>>,
+    /// Every open session of this node: where the shutdown notice goes,
+    /// and its connection.
+    sessions: HashMap<SessionId, (Recipient<GoingAway>, Option<ConnHandle>)>,
     /// Current resync round (0: none yet).
     round: u64,
     /// A resync read is in flight.
@@ -230,13 +263,38 @@ impl Registry {
         }
     }
 
-    fn deliver(&self, deliver: Deliver) {
+    /// Hands `deliver` to every local watcher of its user. A session whose
+    /// mailbox is full has a client that stopped reading (its actor only
+    /// runs while the socket takes bytes): it is cut off rather than allowed
+    /// to grow the node's memory.
+    fn deliver(&mut self, deliver: Deliver) {
         let Some(sessions) = self.by_user.get(&*deliver.user) else {
             return;
         };
+        let mut slow = Vec::new();
         for session in sessions {
             if let Some(w) = self.watchers.get(session) {
-                w.addr.do_send(deliver.clone());
+                if let Err(SendError::Full(_)) = w.addr.try_send(deliver.clone()) {
+                    slow.push(*session);
+                }
+            }
+        }
+        for session in slow {
+            self.cut_off(session);
+        }
+    }
+
+    /// Disconnects a session that cannot keep up; its close releases its
+    /// device like any other.
+    fn cut_off(&mut self, session: SessionId) {
+        log::warn!("session {session} reads too slowly: its queue is full, disconnecting");
+        crate::metrics::slow_consumer_dropped();
+        if let Some((_, Some(conn))) = self.sessions.get(&session) {
+            conn.cut();
+        }
+        if let Some(w) = self.watchers.remove(&session) {
+            for user in &w.users {
+                self.unwatch(session, user);
             }
         }
     }
@@ -257,7 +315,7 @@ impl Registry {
             actix::spawn(async move {
                 let mut records = Vec::with_capacity(users.len());
                 for batch in users.chunks(RESYNC_BATCH) {
-                    match store.records(batch).await {
+                    match store.presences(batch, None).await {
                         Ok(r) => records.extend(r),
                         Err(e) => {
                             // Hand over what was read; the rest waits for
@@ -315,12 +373,12 @@ impl Handler<Resynced> for Registry {
             return;
         }
         let mut sent = 0;
-        for (record, seq) in msg.records {
-            if self.touched.contains(&record.user) {
+        for o in msg.records {
+            if self.touched.contains(&o.presence.user) {
                 continue;
             }
             sent += 1;
-            self.deliver(Deliver::new(&record, seq, true));
+            self.deliver(Deliver::new(&o.presence, o.seq, true));
         }
         self.resynced += sent;
         crate::metrics::registry_resynced(sent);
@@ -336,6 +394,7 @@ impl Handler<Watch> for Registry {
     fn handle(&mut self, msg: Watch, _: &mut Self::Context) {
         let watcher = self.watchers.entry(msg.session).or_insert_with(|| Watcher {
             addr: msg.addr,
+            recheck: msg.recheck,
             users: HashSet::new(),
         });
         for user in msg.users {
@@ -370,7 +429,7 @@ impl Handler<Join> for Registry {
     type Result = ();
 
     fn handle(&mut self, msg: Join, _: &mut Self::Context) {
-        self.sessions.insert(msg.session, msg.addr);
+        self.sessions.insert(msg.session, (msg.addr, msg.conn));
     }
 }
 
@@ -378,7 +437,7 @@ impl Handler<Shutdown> for Registry {
     type Result = usize;
 
     fn handle(&mut self, _: Shutdown, _: &mut Self::Context) -> usize {
-        for addr in self.sessions.values() {
+        for (addr, _) in self.sessions.values() {
             addr.do_send(GoingAway);
         }
         self.sessions.len()
@@ -402,22 +461,52 @@ impl Handler<Published> for Registry {
     type Result = ();
 
     fn handle(&mut self, msg: Published, _: &mut Self::Context) {
-        let event: Event = match serde_json::from_str(&msg.payload) {
-            Ok(e) => e,
+        let wire: Wire = match serde_json::from_str(&msg.payload) {
+            Ok(w) => w,
             Err(e) => {
                 log::warn!("ignoring malformed presence event ({e}): {}", msg.payload);
                 return;
             }
         };
-        crate::metrics::transition_published(&event.record.status);
-        if !self.by_user.contains_key(&event.record.user) {
-            return;
+        match wire {
+            Wire::ContactsChanged { user, .. } => {
+                let Some(sessions) = self.by_user.get(&user) else {
+                    return;
+                };
+                for session in sessions {
+                    if let Some(w) = self.watchers.get(session) {
+                        let _ = w.recheck.try_send(Recheck { user: user.clone() });
+                    }
+                }
+            }
+            Wire::Event(event) => {
+                crate::metrics::transition_published(event.presence.status.as_str());
+                if !self.by_user.contains_key(&event.presence.user) {
+                    return;
+                }
+                if self.reading {
+                    self.touched.insert(event.presence.user.clone());
+                }
+                self.deliver(Deliver::new(&event.presence, event.seq, false));
+            }
         }
-        if self.reading {
-            self.touched.insert(event.record.user.clone());
-        }
-        self.deliver(Deliver::new(&event.record, event.seq, false));
     }
+}
+
+/// What travels on `presence-events`.
+#[derive(serde::Deserialize)]
+#[serde(untagged)]
+enum Wire {
+    /// A user's contacts were replaced.
+    ContactsChanged {
+        /// The user.
+        user: String,
+        /// Always true; tells this shape apart.
+        #[allow(dead_code)]
+        contacts_changed: bool,
+    },
+    /// A transition, as published by the scripts.
+    Event(Event),
 }
 
 impl Handler<GetStats> for Registry {

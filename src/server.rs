@@ -11,6 +11,7 @@ use anyhow::Context as _;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::sync::oneshot;
 
+use crate::auth::{Auth, Origins};
 use crate::config::Config;
 use crate::expiry::ExpiryListener;
 use crate::http::{self, AppState};
@@ -32,9 +33,24 @@ const RESYNC_MARGIN: Duration = Duration::from_millis(500);
 /// cut and the process exits.
 const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Who may connect and administer.
+pub struct Security {
+    /// How clients prove who they are.
+    pub auth: Auth,
+    /// Browser origins allowed to open a WebSocket besides the server's own.
+    pub origins: Origins,
+    /// Bearer key of the admin API; `None` turns it off.
+    pub admin_key: Option<String>,
+}
+
 /// Runs a node on an already bound `listener` until SIGINT or SIGTERM.
 /// Must be called inside an actix system (`#[actix_web::main]`).
-pub async fn run(config: Config, redis_url: &str, listener: TcpListener) -> anyhow::Result<()> {
+pub async fn run(
+    config: Config,
+    security: Security,
+    redis_url: &str,
+    listener: TcpListener,
+) -> anyhow::Result<()> {
     let config = Arc::new(config);
     let client = redis::Client::open(redis_url)
         .with_context(|| format!("invalid redis url {redis_url:?}"))?;
@@ -45,7 +61,7 @@ pub async fn run(config: Config, redis_url: &str, listener: TcpListener) -> anyh
         .await
         .with_context(|| format!("cannot connect to redis at {redis_url}"))?;
     store::ensure_expired_events(&mut conn).await?;
-    let store = Store::new(conn, config.ttl);
+    let store = Store::with_limits(conn, config.ttl, config.max_devices_per_user);
     store.load_scripts().await.context("cannot load scripts")?;
 
     let (registry_ready, registry_subscribed) = oneshot::channel();
@@ -74,10 +90,14 @@ pub async fn run(config: Config, redis_url: &str, listener: TcpListener) -> anyh
         registry: registry.clone(),
         config: config.clone(),
         next_session: AtomicU64::new(1),
+        auth: security.auth,
+        origins: security.origins,
+        admin_key: security.admin_key,
     });
     let addr = listener.local_addr()?;
     let server =
         HttpServer::new(move || App::new().app_data(state.clone()).configure(http::routes))
+            .on_connect(crate::conn::on_connect)
             .disable_signals()
             .shutdown_timeout(SHUTDOWN_TIMEOUT.as_secs())
             .listen(listener)?

@@ -15,14 +15,22 @@ use actix::prelude::*;
 use actix_web_actors::ws;
 
 use crate::config::Config;
+use bytestring::ByteString;
+
+use crate::conn::ConnHandle;
+use crate::privacy::{self, Relation};
+use crate::protocol::Record;
 use crate::protocol::{self, ClientFrame, ErrorCode, ProtocolError, Status};
-use crate::registry::{self, Deliver, GoingAway, Registry, SessionId};
-use crate::store::{Arrival, ArriveMode, ChosenStatus, Departure, Store, StoreResult};
+use crate::registry::{self, Deliver, GoingAway, Recheck, Registry, SessionId};
+use crate::store::{Arrival, ArriveMode, ChosenStatus, Departure, Observed, Store, StoreResult};
 
 /// Close code sent when another connection of the same device took the lease.
 pub const CLOSE_REPLACED: u16 = 4001;
 /// Close code sent when the lease cannot be claimed (Redis unreachable).
 pub const CLOSE_UNAVAILABLE: u16 = 1011;
+/// Sustained flooding this many times the allowed rate, within one refill
+/// of the bucket, closes the session instead of refusing frame by frame.
+const FLOOD_CLOSE_FACTOR: u32 = 5;
 /// First wait before retrying a release that Redis refused.
 const RELEASE_RETRY_MIN: Duration = Duration::from_millis(100);
 /// Longest wait between release retries.
@@ -60,10 +68,19 @@ pub struct Session {
     /// The user's chosen status as last seen in Redis, re-asserted if Redis
     /// comes back without it.
     known_status: Option<ChosenStatus>,
+    /// Handle on the TCP connection, handed to the registry to cut it when
+    /// this session falls too far behind.
+    conn: Option<ConnHandle>,
+    /// Client frames this session may still send now (token bucket).
+    tokens: f64,
+    /// When `tokens` was last refilled.
+    refilled: Instant,
+    /// Frames refused since the bucket last had a token.
+    refused: u32,
 }
 
 /// What a session last told its client about one watched user.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 struct Seen {
     /// Highest transition sequence number reflected: older events (ones a
     /// snapshot already covered) are dropped.
@@ -71,25 +88,49 @@ struct Seen {
     /// Fingerprint of the last record sent: a record that looks the same
     /// (e.g. `online` re-announced after a Redis restart) is not sent again.
     fingerprint: u64,
+    /// How this session's user stands to the watched one: which view of
+    /// each transition it gets.
+    relation: Relation,
+}
+
+/// Who a new session is.
+pub struct Identity {
+    /// Unique within this node.
+    pub id: SessionId,
+    /// The connected user.
+    pub user: String,
+    /// The connected device.
+    pub device: String,
+    /// Its lease value (`<node> <conn> <since>`).
+    pub owner: String,
+}
+
+impl Default for Seen {
+    fn default() -> Self {
+        Self {
+            seq: 0,
+            fingerprint: 0,
+            relation: Relation::Other,
+        }
+    }
 }
 
 impl Session {
-    /// A session for `user`/`device`; `owner` is its lease value.
+    /// A session for `who` on connection `conn`.
     pub fn new(
-        id: SessionId,
-        user: String,
-        device: String,
-        owner: String,
+        who: Identity,
         store: Store,
         registry: Addr<Registry>,
         config: Arc<Config>,
+        conn: Option<ConnHandle>,
     ) -> Self {
         let now = Instant::now();
+        let burst = f64::from(config.max_frames_per_sec) * 2.0;
         Self {
-            id,
-            user,
-            device,
-            owner,
+            id: who.id,
+            user: who.user,
+            device: who.device,
+            owner: who.owner,
             deadline: 0,
             claimed: false,
             store,
@@ -100,7 +141,51 @@ impl Session {
             refreshing: false,
             watching: HashMap::new(),
             known_status: None,
+            conn,
+            tokens: burst,
+            refilled: now,
+            refused: 0,
         }
+    }
+
+    /// Queues a text frame for the client.
+    fn send(&mut self, ctx: &mut ws::WebsocketContext<Self>, frame: impl Into<ByteString>) {
+        ctx.text(frame.into());
+    }
+
+    /// Takes a token for one client frame. Returns false when the frame is
+    /// to be refused; a sustained flood closes the session with 1008.
+    fn admit(&mut self, ctx: &mut ws::WebsocketContext<Self>) -> bool {
+        let rate = f64::from(self.config.max_frames_per_sec);
+        let now = Instant::now();
+        let elapsed = now.duration_since(self.refilled).as_secs_f64();
+        self.refilled = now;
+        self.tokens = (self.tokens + elapsed * rate).min(rate * 2.0);
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            self.refused = 0;
+            return true;
+        }
+        self.refused += 1;
+        if self.refused == 1 {
+            let err = ProtocolError::new(
+                ErrorCode::RateLimited,
+                format!(
+                    "more than {} frames per second; frames are refused until the rate drops",
+                    self.config.max_frames_per_sec
+                ),
+            );
+            self.send_error(ctx, &err);
+        } else if self.refused > self.config.max_frames_per_sec * FLOOD_CLOSE_FACTOR {
+            log::warn!("{}/{}: flooding, closing", self.user, self.device);
+            crate::metrics::METRICS.floods.inc();
+            ctx.close(Some(ws::CloseReason {
+                code: ws::CloseCode::Policy,
+                description: Some("too many frames".into()),
+            }));
+            ctx.stop();
+        }
+        false
     }
 
     /// Pings the client every heartbeat; stops a client that went silent.
@@ -160,7 +245,7 @@ impl Session {
                         log::info!("{}/{}: lease re-asserted", act.user, act.device);
                     }
                 }
-                Ok(Arrival::Replaced) => {
+                Ok(Arrival::Replaced | Arrival::TooManyDevices) => {
                     log::debug!(
                         "{}/{}: replaced by a newer connection",
                         act.user,
@@ -178,8 +263,8 @@ impl Session {
         }));
     }
 
-    fn send_error(ctx: &mut ws::WebsocketContext<Self>, err: &ProtocolError) {
-        ctx.text(err.to_frame());
+    fn send_error(&mut self, ctx: &mut ws::WebsocketContext<Self>, err: &ProtocolError) {
+        self.send(ctx, err.to_frame());
     }
 
     fn handle_frame(&mut self, frame: ClientFrame, ctx: &mut ws::WebsocketContext<Self>) {
@@ -206,11 +291,28 @@ impl Session {
                     Ok(chosen) => act.known_status = Some(chosen),
                     Err(e) => {
                         log::warn!("{}: status change failed: {e}", act.user);
-                        Self::send_error(ctx, &unavailable());
+                        act.send_error(ctx, &unavailable());
                     }
                 }));
             }
             ClientFrame::Heartbeat => {}
+            ClientFrame::Privacy { online, last_seen } => {
+                // Already validated by the parser.
+                let Ok((online, last_seen)) =
+                    protocol::parse_privacy(online.as_deref(), last_seen.as_deref())
+                else {
+                    return;
+                };
+                let store = self.store.clone();
+                let user = self.user.clone();
+                let set = async move { store.set_privacy(&user, online, last_seen).await };
+                ctx.wait(set.into_actor(self).map(|res, act, ctx| {
+                    if let Err(e) = res {
+                        log::warn!("{}: privacy change failed: {e}", act.user);
+                        act.send_error(ctx, &unavailable());
+                    }
+                }));
+            }
         }
     }
 
@@ -220,7 +322,7 @@ impl Session {
         users.sort();
         users.dedup();
         if users.is_empty() {
-            ctx.text(protocol::snapshot_frame(&[]));
+            self.send(ctx, protocol::snapshot_frame(&[]));
             return;
         }
         let new: Vec<String> = users
@@ -229,7 +331,7 @@ impl Session {
             .cloned()
             .collect();
         if self.watching.len() + new.len() > self.config.max_watches {
-            Self::send_error(
+            self.send_error(
                 ctx,
                 &ProtocolError::new(
                     ErrorCode::TooManyWatches,
@@ -249,14 +351,16 @@ impl Session {
         let watch = registry::Watch {
             session,
             addr: ctx.address().recipient(),
+            recheck: ctx.address().recipient(),
             users: new.clone(),
         };
+        let viewer = self.user.clone();
         let fut = async move {
             if let Err(e) = registry.send(watch).await {
                 log::error!("registry unreachable: {e}");
                 return None;
             }
-            match store.records(&users).await {
+            match store.presences(&users, Some(&viewer)).await {
                 Ok(records) => Some(records),
                 Err(e) => {
                     log::warn!("snapshot failed: {e}");
@@ -270,18 +374,26 @@ impl Session {
             }
         };
         ctx.wait(fut.into_actor(self).map(|res, act, ctx| match res {
-            Some(records) => {
-                let mut out = Vec::with_capacity(records.len());
-                for (record, seq) in records {
-                    let seen = act.watching.entry(record.user.clone()).or_default();
-                    seen.seq = seen.seq.max(seq);
-                    seen.fingerprint = registry::fingerprint(&record);
-                    out.push(record);
-                }
-                ctx.text(protocol::snapshot_frame(&out));
+            Some(observed) => {
+                let out: Vec<Record> = observed.iter().map(|o| act.observe(o)).collect();
+                act.send(ctx, protocol::snapshot_frame(&out));
             }
-            None => Self::send_error(ctx, &unavailable()),
+            None => act.send_error(ctx, &unavailable()),
         }));
+    }
+}
+
+impl Session {
+    /// Takes in a fresh read of a watched user: how this viewer stands to
+    /// it, its sequence number, and the view this client now holds.
+    fn observe(&mut self, o: &Observed) -> Record {
+        let relation = o.relation(Some(&self.user), self.config.contacts_only);
+        let record = privacy::view(&o.presence, relation);
+        let seen = self.watching.entry(o.presence.user.clone()).or_default();
+        seen.seq = seen.seq.max(o.seq);
+        seen.relation = relation;
+        seen.fingerprint = registry::fingerprint(&record);
+        record
     }
 }
 
@@ -330,9 +442,13 @@ impl Actor for Session {
     type Context = ws::WebsocketContext<Self>;
 
     fn started(&mut self, ctx: &mut Self::Context) {
+        // Bounded, so that a client that stops reading cannot grow the
+        // server's memory: the registry cuts it off when this fills up.
+        ctx.set_mailbox_capacity(self.config.max_queued_events);
         self.registry.do_send(registry::Join {
             session: self.id,
             addr: ctx.address().recipient(),
+            conn: self.conn.take(),
         });
         self.hb(ctx);
         let claim = self.arrive(ArriveMode::Connect);
@@ -346,16 +462,37 @@ impl Actor for Session {
                 act.known_status = status;
                 act.last_refresh = Instant::now();
                 log::debug!("{}/{}: connected", act.user, act.device);
-                ctx.text(protocol::hello_frame(
+                let hello = protocol::hello_frame(
                     &act.user,
                     &act.device,
                     act.config.heartbeat.as_millis() as u64,
                     act.config.ttl.as_millis() as u64,
-                ));
+                );
+                act.send(ctx, hello);
+            }
+            Ok(Arrival::TooManyDevices) => {
+                let limit = act.config.max_devices_per_user;
+                log::debug!(
+                    "{}/{}: refused, {limit} devices already",
+                    act.user,
+                    act.device
+                );
+                act.send_error(
+                    ctx,
+                    &ProtocolError::new(
+                        ErrorCode::TooManyDevices,
+                        format!("a user may have at most {limit} devices connected"),
+                    ),
+                );
+                ctx.close(Some(ws::CloseReason {
+                    code: ws::CloseCode::Policy,
+                    description: Some("too many devices".into()),
+                }));
+                ctx.stop();
             }
             other => {
                 log::warn!("{}/{}: cannot claim lease: {other:?}", act.user, act.device);
-                Self::send_error(ctx, &unavailable());
+                act.send_error(ctx, &unavailable());
                 ctx.close(Some(ws::CloseReason {
                     code: ws::CloseCode::Other(CLOSE_UNAVAILABLE),
                     description: Some("presence store unavailable".into()),
@@ -421,12 +558,40 @@ impl Handler<Deliver> for Session {
             return;
         }
         seen.seq = seen.seq.max(msg.seq);
-        if msg.fingerprint == seen.fingerprint {
+        let view = &msg.views[seen.relation.index()];
+        if view.fingerprint == seen.fingerprint {
             return;
         }
-        seen.fingerprint = msg.fingerprint;
+        seen.fingerprint = view.fingerprint;
         crate::metrics::METRICS.transitions_delivered.inc();
-        ctx.text(msg.frame);
+        self.send(ctx, view.frame.clone());
+    }
+}
+
+impl Handler<Recheck> for Session {
+    type Result = ();
+
+    /// The user's contacts changed: re-read it as this viewer and tell the
+    /// client if what it may see changed.
+    fn handle(&mut self, msg: Recheck, ctx: &mut Self::Context) {
+        if !self.watching.contains_key(&msg.user) {
+            return;
+        }
+        let store = self.store.clone();
+        let viewer = self.user.clone();
+        let read = async move { store.presences(&[msg.user], Some(&viewer)).await };
+        ctx.wait(read.into_actor(self).map(|res, act, ctx| {
+            let Ok(observed) = res else {
+                return; // the next transition or resync brings it
+            };
+            for o in observed {
+                let before = act.watching.get(&o.presence.user).map(|s| s.fingerprint);
+                let record = act.observe(&o);
+                if before != Some(registry::fingerprint(&record)) {
+                    act.send(ctx, protocol::presence_frame(&record));
+                }
+            }
+        }));
     }
 }
 
@@ -452,21 +617,30 @@ impl StreamHandler<Result<ws::Message, ws::ProtocolError>> for Session {
             }
         };
         match msg {
+            // Pongs answer our own pings: never limited.
+            ws::Message::Pong(_) => self.touch(ctx),
             ws::Message::Ping(payload) => {
                 self.touch(ctx);
-                ctx.pong(&payload);
+                if self.admit(ctx) {
+                    ctx.pong(&payload);
+                }
             }
-            ws::Message::Pong(_) => self.touch(ctx),
             ws::Message::Text(text) => {
                 self.touch(ctx);
+                if !self.admit(ctx) {
+                    return;
+                }
                 match protocol::parse_client_frame(&text) {
                     Ok(frame) => self.handle_frame(frame, ctx),
-                    Err(e) => Self::send_error(ctx, &e),
+                    Err(e) => self.send_error(ctx, &e),
                 }
             }
             ws::Message::Binary(_) | ws::Message::Continuation(_) => {
                 self.touch(ctx);
-                Self::send_error(
+                if !self.admit(ctx) {
+                    return;
+                }
+                self.send_error(
                     ctx,
                     &ProtocolError::new(
                         ErrorCode::Unsupported,

@@ -13,6 +13,7 @@ use crate::metrics::TimedConnection;
 use redis::{Pipeline, RedisError, Script, Value};
 
 use crate::keys;
+use crate::privacy::{view, Audience, Presence, Relation};
 use crate::protocol::{Record, Status};
 
 /// A failed Redis operation.
@@ -67,6 +68,8 @@ pub enum Arrival {
     },
     /// Another connection took this device over; this one should close.
     Replaced,
+    /// The user has the most devices allowed (connect only); nothing changed.
+    TooManyDevices,
 }
 
 /// Outcome of the departure step.
@@ -120,6 +123,33 @@ pub struct OnlineUser {
     pub active_at: i64,
 }
 
+/// A script that publishes transitions, with the shared event code
+/// (`lua/event.lua`) in front of it.
+macro_rules! with_events {
+    ($file:literal) => {
+        concat!(include_str!("lua/event.lua"), "\n", include_str!($file))
+    };
+}
+
+/// One user as read for a viewer: the truth, its sequence number, and
+/// whether the viewer is one of the user's contacts.
+#[derive(Debug, Clone)]
+pub struct Observed {
+    /// The user's true presence.
+    pub presence: Presence,
+    /// Its transition sequence number.
+    pub seq: u64,
+    /// The viewer is in the user's contacts.
+    pub is_contact: bool,
+}
+
+impl Observed {
+    /// How `viewer` stands to this user.
+    pub fn relation(&self, viewer: Option<&str>, contacts_only: bool) -> Relation {
+        Relation::of(viewer, &self.presence.user, self.is_contact, contacts_only)
+    }
+}
+
 /// The scripts, loaded once; invoked by SHA inside pipelines.
 struct Scripts {
     arrive: Script,
@@ -127,6 +157,7 @@ struct Scripts {
     status: Script,
     read: Script,
     reconcile: Script,
+    privacy: Script,
     zrem_if: Script,
 }
 
@@ -139,6 +170,8 @@ pub struct Store {
     conn: TimedConnection<ConnectionManager>,
     scripts: Arc<Scripts>,
     ttl_ms: u64,
+    /// Devices one user may have at once.
+    max_devices: u32,
 }
 
 /// Now, in epoch ms (the unit of every timestamp in Redis and on the wire).
@@ -169,18 +202,36 @@ fn is_noscript(v: &Value) -> bool {
 impl Store {
     /// Wraps a connection; `ttl` is the device lease TTL.
     pub fn new(conn: ConnectionManager, ttl: Duration) -> Self {
+        Self::with_limits(conn, ttl, crate::config::DEFAULT_MAX_DEVICES_PER_USER)
+    }
+
+    /// Wraps a connection; `ttl` is the device lease TTL, `max_devices` the
+    /// devices one user may have at once.
+    pub fn with_limits(conn: ConnectionManager, ttl: Duration, max_devices: u32) -> Self {
         let scripts = Scripts {
-            arrive: Script::new(include_str!("lua/arrive.lua")),
-            depart: Script::new(include_str!("lua/depart.lua")),
-            status: Script::new(include_str!("lua/status.lua")),
+            arrive: Script::new(with_events!("lua/arrive.lua")),
+            depart: Script::new(with_events!("lua/depart.lua")),
+            status: Script::new(with_events!("lua/status.lua")),
             read: Script::new(include_str!("lua/read.lua")),
-            reconcile: Script::new(include_str!("lua/reconcile.lua")),
+            reconcile: Script::new(with_events!("lua/reconcile.lua")),
+            privacy: Script::new(with_events!("lua/privacy.lua")),
             zrem_if: Script::new(include_str!("lua/zrem_if.lua")),
         };
+        let s = &scripts;
+        crate::metrics::name_scripts([
+            (&s.arrive, "arrive"),
+            (&s.depart, "depart"),
+            (&s.status, "status"),
+            (&s.read, "read"),
+            (&s.reconcile, "reconcile"),
+            (&s.privacy, "privacy"),
+            (&s.zrem_if, "zrem_if"),
+        ]);
         Self {
             conn: TimedConnection::new(conn),
             scripts: Arc::new(scripts),
             ttl_ms: ttl.as_millis() as u64,
+            max_devices,
         }
     }
 
@@ -257,15 +308,18 @@ impl Store {
         .arg(keys::EVENTS)
         .arg(&fallback.status)
         .arg(&fallback.text)
-        .arg(fallback.since);
+        .arg(fallback.since)
+        .arg(self.max_devices);
         let reply = self.query(&pipe).await?;
         let (held, came_online, status, text, since): (i64, i64, String, String, String) =
             match reply.first() {
                 Some(v) => redis::from_redis_value_ref(v)?,
                 None => return Err(StoreError::Reply("arrive: empty reply".into())),
             };
-        if held != 1 {
-            return Ok(Arrival::Replaced);
+        match held {
+            1 => {}
+            -1 => return Ok(Arrival::TooManyDevices),
+            _ => return Ok(Arrival::Replaced),
         }
         // Only a holder writes the index: a replaced connection's deadline
         // must not stand for the new owner's lease. GT keeps the latest
@@ -372,10 +426,15 @@ impl Store {
         Ok(chosen)
     }
 
-    /// The records of `users`, in order, each with its transition sequence
-    /// number (for dropping events a snapshot already reflects). Each user
-    /// is read atomically, so state and sequence number belong together.
-    pub async fn records(&self, users: &[String]) -> StoreResult<Vec<(Record, u64)>> {
+    /// The true presence of `users`, in order, each with its transition
+    /// sequence number (for dropping events a snapshot already reflects)
+    /// and whether `viewer` is one of the user's contacts. Each user is read
+    /// atomically, so state and sequence number belong together.
+    pub async fn presences(
+        &self,
+        users: &[String],
+        viewer: Option<&str>,
+    ) -> StoreResult<Vec<Observed>> {
         if users.is_empty() {
             return Ok(Vec::new());
         }
@@ -384,39 +443,124 @@ impl Store {
             eval(
                 &mut pipe,
                 &self.scripts.read,
-                &[&keys::count(user), &keys::status(user)],
-            );
+                &[
+                    &keys::count(user),
+                    &keys::status(user),
+                    &keys::contacts(user),
+                ],
+            )
+            .arg(viewer.unwrap_or(""));
         }
         let reply = self.query(&pipe).await?;
         let mut out = Vec::with_capacity(users.len());
         for (user, value) in users.iter().zip(&reply) {
-            let (count, status, text, seq, last_seen): (i64, String, String, String, String) =
+            type Row = (
+                i64,
+                String,
+                String,
+                String,
+                String,
+                String,
+                String,
+                String,
+                i64,
+            );
+            let (count, status, text, seq, last_seen, since, show_online, show_last_seen, contact): Row =
                 redis::from_redis_value_ref(value)?;
             let devices = count.max(0) as u32;
-            let text = (!text.is_empty()).then_some(text);
-            let record = if devices > 0 {
-                Record {
-                    user: user.clone(),
-                    status: if status.is_empty() {
-                        "online".into()
-                    } else {
-                        status
-                    },
-                    devices,
-                    last_seen: None,
-                    text,
-                }
+            let chosen = if status.is_empty() {
+                "online".to_string()
             } else {
-                Record {
-                    user: user.clone(),
-                    status: "offline".into(),
-                    devices: 0,
-                    last_seen: last_seen.parse().ok(),
-                    text,
-                }
+                status
             };
-            out.push((record, seq.parse().unwrap_or(0)));
+            let presence = Presence {
+                user: user.clone(),
+                status: if devices > 0 {
+                    chosen.clone()
+                } else {
+                    "offline".into()
+                },
+                devices,
+                last_seen: last_seen.parse().ok(),
+                text: (!text.is_empty()).then_some(text),
+                chosen,
+                since: since.parse().unwrap_or(0),
+                show_online: Audience::parse(&show_online).unwrap_or_default(),
+                show_last_seen: Audience::parse(&show_last_seen).unwrap_or_default(),
+            };
+            out.push(Observed {
+                presence,
+                seq: seq.parse().unwrap_or(0),
+                is_contact: contact == 1,
+            });
         }
+        Ok(out)
+    }
+
+    /// What `viewer` may see of `users`, in order (see [`crate::privacy`]).
+    pub async fn records(
+        &self,
+        users: &[String],
+        viewer: Option<&str>,
+        contacts_only: bool,
+    ) -> StoreResult<Vec<Record>> {
+        Ok(self
+            .presences(users, viewer)
+            .await?
+            .iter()
+            .map(|o| view(&o.presence, o.relation(viewer, contacts_only)))
+            .collect())
+    }
+
+    /// Changes who may see `user` online and its last seen; publishes the
+    /// record when something changed.
+    pub async fn set_privacy(
+        &self,
+        user: &str,
+        show_online: Option<Audience>,
+        show_last_seen: Option<Audience>,
+    ) -> StoreResult<bool> {
+        let mut pipe = redis::pipe();
+        eval(
+            &mut pipe,
+            &self.scripts.privacy,
+            &[&keys::status(user), &keys::count(user)],
+        )
+        .arg(show_online.map_or("", Audience::as_str))
+        .arg(show_last_seen.map_or("", Audience::as_str))
+        .arg(now_ms())
+        .arg(user)
+        .arg(keys::EVENTS);
+        let reply = self.query(&pipe).await?;
+        Ok(int(reply.first().unwrap_or(&Value::Nil))? == 1)
+    }
+
+    /// Replaces `user`'s contacts and tells every node, so that watchers'
+    /// views follow at once.
+    pub async fn set_contacts(&self, user: &str, contacts: &[String]) -> StoreResult<()> {
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        pipe.del(keys::contacts(user)).ignore();
+        if !contacts.is_empty() {
+            pipe.sadd(keys::contacts(user), contacts).ignore();
+        }
+        pipe.publish(
+            keys::EVENTS,
+            serde_json::json!({"user": user, "contacts_changed": true}).to_string(),
+        )
+        .ignore();
+        self.query(&pipe).await?;
+        Ok(())
+    }
+
+    /// `user`'s contacts, sorted.
+    pub async fn contacts(&self, user: &str) -> StoreResult<Vec<String>> {
+        let mut conn = self.conn.clone();
+        let mut out: Vec<String> = redis::cmd("SMEMBERS")
+            .arg(keys::contacts(user))
+            .query_async(&mut conn)
+            .await?;
+        out.sort();
         Ok(out)
     }
 
@@ -461,7 +605,14 @@ impl Store {
     /// refresh, so a user who becomes active while a client pages may show
     /// up on an earlier page than the one being read: the list is a view of
     /// "now", not a snapshot.
-    pub async fn online(&self, limit: usize, cursor: Option<&Cursor>) -> StoreResult<OnlinePage> {
+    /// Only users `viewer` may see online are listed.
+    pub async fn online(
+        &self,
+        limit: usize,
+        cursor: Option<&Cursor>,
+        viewer: Option<&str>,
+        contacts_only: bool,
+    ) -> StoreResult<OnlinePage> {
         let mut conn = self.conn.clone();
         let mut users: Vec<(Record, i64)> = Vec::with_capacity(limit + 1);
         let max = cursor.map_or("+inf".to_string(), |c| c.active_at.to_string());
@@ -494,8 +645,8 @@ impl Store {
                 })
                 .collect();
             let names: Vec<String> = candidates.iter().map(|(u, _)| u.clone()).collect();
-            let records = self.records(&names).await?;
-            for ((_, score), (record, _)) in candidates.into_iter().zip(records) {
+            let records = self.records(&names, viewer, contacts_only).await?;
+            for ((_, score), record) in candidates.into_iter().zip(records) {
                 if record.devices > 0 {
                     users.push((record, score));
                 }

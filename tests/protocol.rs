@@ -35,8 +35,8 @@ async fn malformed_frames_get_error_frames_and_the_session_keeps_working() {
             "invalid_status",
         ),
         (
-            Message::Text(r#"{"type":"status","status":"invisible"}"#.into()),
-            "invalid_status",
+            Message::Text(r#"{"type":"privacy","online":"friends"}"#.into()),
+            "bad_request",
         ),
         (Message::Text(r#"{"type":"status"}"#.into()), "bad_request"),
         (

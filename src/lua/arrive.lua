@@ -17,16 +17,23 @@
 -- ARGV[8] status this connection last knew for its user ("" when none)
 -- ARGV[9] that status's text ("" when none)
 -- ARGV[10] that status's `since`, epoch ms
+-- ARGV[11] most devices the user may have (connect only)
 --
 -- Returns {held, came_online, status, text, since}:
 --   held        1 when the lease now belongs to ARGV[1], 0 when another
---               connection owns it (refresh only: this connection was replaced)
+--               connection owns it (refresh only: this connection was replaced),
+--               -1 when the user already has ARGV[11] other devices (connect
+--               only; nothing was changed)
 --   came_online 1 when this call made the user's first device arrive; the
 --               `online` event has then been published
 --   status, text, since: the user's chosen status now ("" when none)
 local current = redis.call('GET', KEYS[1])
 if ARGV[5] == 'refresh' and current and current ~= ARGV[1] then
   return {0, 0, '', '', '0'}
+end
+if ARGV[5] == 'connect' and redis.call('SISMEMBER', KEYS[3], ARGV[3]) == 0
+    and redis.call('SCARD', KEYS[3]) >= tonumber(ARGV[11]) then
+  return {-1, 0, '', '', '0'}
 end
 if current == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -55,16 +62,5 @@ local count = redis.call('INCR', KEYS[2])
 if count ~= 1 then
   return {1, 0, status, text, since}
 end
--- Never below now: stays increasing even after the retention trim
--- deleted the hash, so a watcher's last seen seq never hides an event.
-local seq = math.max(tonumber(redis.call('HGET', KEYS[4], 'seq') or '0') + 1, tonumber(ARGV[4]))
-redis.call('HSET', KEYS[4], 'seq', seq)
-redis.call('PUBLISH', ARGV[7], cjson.encode({
-  user = ARGV[6],
-  status = st[1] or 'online',
-  text = st[2] or cjson.null,
-  devices = 1,
-  last_seen = cjson.null,
-  seq = seq,
-}))
+publish_event(ARGV[7], KEYS[4], ARGV[6], 1, nil, next_seq(KEYS[4], ARGV[4]))
 return {1, 1, status, text, since}

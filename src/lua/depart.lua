@@ -43,19 +43,8 @@ if ARGV[1] == '' then
     last_seen = active
   end
 end
--- Never below now: stays increasing even after the retention trim
--- deleted the hash, so a watcher's last seen seq never hides an event.
-local seq = math.max(tonumber(redis.call('HGET', KEYS[4], 'seq') or '0') + 1, tonumber(ARGV[3]))
 -- last_seen is stored with the transition, so no read ever sees the user
 -- offline without it.
-redis.call('HSET', KEYS[4], 'seq', seq, 'last_seen', last_seen)
-local text = redis.call('HGET', KEYS[4], 'text')
-redis.call('PUBLISH', ARGV[5], cjson.encode({
-  user = ARGV[4],
-  status = 'offline',
-  text = text or cjson.null,
-  devices = 0,
-  last_seen = last_seen,
-  seq = seq,
-}))
+redis.call('HSET', KEYS[4], 'last_seen', last_seen)
+publish_event(ARGV[5], KEYS[4], ARGV[4], 0, last_seen, next_seq(KEYS[4], ARGV[3]))
 return {1, 1, last_seen}

@@ -37,19 +37,12 @@ local was_online, is_online = old > 0, new > 0
 if was_online == is_online then
   return {removed, old, new, 0}
 end
-local seq = math.max(tonumber(redis.call('HGET', KEYS[3], 'seq') or '0') + 1, tonumber(ARGV[2]))
-local st = redis.call('HMGET', KEYS[3], 'status', 'text', 'active')
-local event = {user = ARGV[1], text = st[2] or cjson.null, devices = new, seq = seq}
-if is_online then
-  event.status = st[1] or 'online'
-  event.last_seen = cjson.null
-  redis.call('HSET', KEYS[3], 'seq', seq)
-else
+local seq = next_seq(KEYS[3], ARGV[2])
+local last_seen = nil
+if not is_online then
   -- Last seen at the last refresh of any device, as for a lapsed lease.
-  local last_seen = tonumber(st[3] or ARGV[2])
-  event.status = 'offline'
-  event.last_seen = last_seen
-  redis.call('HSET', KEYS[3], 'seq', seq, 'last_seen', last_seen)
+  last_seen = tonumber(redis.call('HGET', KEYS[3], 'active') or ARGV[2])
+  redis.call('HSET', KEYS[3], 'last_seen', last_seen)
 end
-redis.call('PUBLISH', ARGV[3], cjson.encode(event))
+publish_event(ARGV[3], KEYS[3], ARGV[1], new, last_seen, seq)
 return {removed, old, new, 1}

@@ -3,7 +3,7 @@
 --
 -- KEYS[1] presence-status:{<user>}     status hash (status, text, since, active, last_seen, seq)
 -- KEYS[2] presence-count:{<user>}      live device counter
--- ARGV[1] status: online, away or busy
+-- ARGV[1] status: online, away, busy or invisible
 -- ARGV[2] text, "" for none
 -- ARGV[3] now, epoch ms
 -- ARGV[4] user id
@@ -26,18 +26,5 @@ local count = tonumber(redis.call('GET', KEYS[2]) or '0')
 if count <= 0 then
   return 0
 end
--- Never below now: stays increasing even after the retention trim
--- deleted the hash, so a watcher's last seen seq never hides an event.
-local seq = math.max(tonumber(redis.call('HGET', KEYS[1], 'seq') or '0') + 1, tonumber(ARGV[3]))
-redis.call('HSET', KEYS[1], 'seq', seq)
-local text = cjson.null
-if ARGV[2] ~= '' then text = ARGV[2] end
-redis.call('PUBLISH', ARGV[5], cjson.encode({
-  user = ARGV[4],
-  status = ARGV[1],
-  text = text,
-  devices = count,
-  last_seen = cjson.null,
-  seq = seq,
-}))
+publish_event(ARGV[5], KEYS[1], ARGV[4], count, nil, next_seq(KEYS[1], ARGV[3]))
 return 1

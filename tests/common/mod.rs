@@ -370,9 +370,16 @@ pub struct Client {
     reader: tokio::task::JoinHandle<()>,
     pub user: String,
     pub device: String,
+    /// Port of the node this client is connected to.
+    port: u16,
 }
 
 impl Client {
+    /// Port of the node this client is connected to.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
     /// Connects and waits for the `hello` frame.
     pub async fn connect(node: &Node, user: &str, device: &str) -> Self {
         let mut c = Self::connect_raw(&node.ws_url(user, device), user, device)
@@ -413,12 +420,20 @@ impl Client {
             }
             let _ = tx.send(Incoming::Closed(None));
         });
+        let port = url
+            .split("://")
+            .nth(1)
+            .and_then(|rest| rest.split('/').next())
+            .and_then(|host| host.rsplit(':').next())
+            .and_then(|p| p.parse().ok())
+            .unwrap_or(0);
         Ok(Self {
             sink,
             rx,
             reader,
             user: user.to_string(),
             device: device.to_string(),
+            port,
         })
     }
 
@@ -433,6 +448,28 @@ impl Client {
     /// Sends a raw message.
     pub async fn send_raw(&mut self, m: Message) {
         self.sink.send(m).await.unwrap();
+    }
+
+    /// Sends a raw message; an error when the connection is gone.
+    pub async fn sink_send(&mut self, m: Message) -> Result<(), String> {
+        self.sink.send(m).await.map_err(|e| e.to_string())
+    }
+
+    /// The next incoming item if one is waiting.
+    pub fn try_next(&mut self) -> Option<Incoming> {
+        self.rx.try_recv().ok()
+    }
+
+    /// Connects and waits for `hello`; None if the server refused or
+    /// closed instead (e.g. while Redis is away).
+    pub async fn try_connect(node: &Node, user: &str, device: &str) -> Option<Self> {
+        let mut c = Self::connect_raw(&node.ws_url(user, device), user, device)
+            .await
+            .ok()?;
+        match c.next_within(DEADLINE).await {
+            Some(Incoming::Frame(v)) if v["type"] == "hello" => Some(c),
+            _ => None,
+        }
     }
 
     /// The next incoming item, within `timeout`.
