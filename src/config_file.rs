@@ -37,15 +37,15 @@ pub fn apply(path: &Path, command: &clap::Command) -> anyhow::Result<Vec<String>
             );
         };
         let value = match value {
-            toml::Value::String(s) => s,
-            toml::Value::Integer(i) => i.to_string(),
-            toml::Value::Float(f) => f.to_string(),
-            toml::Value::Boolean(b) => b.to_string(),
-            other => bail!(
-                "config file {}: {key} must be a string, number or boolean, not {}",
-                path.display(),
-                other.type_str()
-            ),
+            // List flags take comma-separated values.
+            toml::Value::Array(items) => {
+                let mut parts = Vec::with_capacity(items.len());
+                for item in items {
+                    parts.push(scalar(&key, path, item)?);
+                }
+                parts.join(",")
+            }
+            other => scalar(&key, path, other)?,
         };
         if std::env::var_os(env).is_none() {
             std::env::set_var(env, value);
@@ -53,6 +53,21 @@ pub fn apply(path: &Path, command: &clap::Command) -> anyhow::Result<Vec<String>
         }
     }
     Ok(set)
+}
+
+/// A string, number or boolean as the text a flag would be given.
+fn scalar(key: &str, path: &Path, value: toml::Value) -> anyhow::Result<String> {
+    Ok(match value {
+        toml::Value::String(s) => s,
+        toml::Value::Integer(i) => i.to_string(),
+        toml::Value::Float(f) => f.to_string(),
+        toml::Value::Boolean(b) => b.to_string(),
+        other => bail!(
+            "config file {}: {key} must be a string, number, boolean or a list of them, not {}",
+            path.display(),
+            other.type_str()
+        ),
+    })
 }
 
 /// Long flag name -> its environment variable, for every flag that has one.
@@ -96,10 +111,13 @@ mod tests {
     #[test]
     fn sets_unset_envs_and_leaves_set_ones() {
         std::env::set_var("CONFIG_FILE_TEST_BETA", "from-env");
-        let f = write("alpha_ms = 700\nbeta = \"from-file\"\n");
+        let f = write("alpha_ms = [700, 800]\nbeta = \"from-file\"\n");
         let set = apply(f.path(), &command()).unwrap();
         assert_eq!(set, ["CONFIG_FILE_TEST_ALPHA_MS"]);
-        assert_eq!(std::env::var("CONFIG_FILE_TEST_ALPHA_MS").unwrap(), "700");
+        assert_eq!(
+            std::env::var("CONFIG_FILE_TEST_ALPHA_MS").unwrap(),
+            "700,800"
+        );
         assert_eq!(std::env::var("CONFIG_FILE_TEST_BETA").unwrap(), "from-env");
     }
 
@@ -112,7 +130,9 @@ mod tests {
         );
         let err = apply(write("config = \"x\"\n").path(), &command()).unwrap_err();
         assert!(format!("{err:#}").contains("unknown key"), "{err:#}");
-        let err = apply(write("alpha-ms = [1]\n").path(), &command()).unwrap_err();
+        let err = apply(write("alpha-ms = { a = 1 }\n").path(), &command()).unwrap_err();
+        assert!(format!("{err:#}").contains("must be a string"), "{err:#}");
+        let err = apply(write("alpha-ms = [[1]]\n").path(), &command()).unwrap_err();
         assert!(format!("{err:#}").contains("must be a string"), "{err:#}");
         let err = apply(write("alpha-ms = \n").path(), &command()).unwrap_err();
         assert!(format!("{err:#}").contains("not valid TOML"), "{err:#}");

@@ -81,8 +81,8 @@ fn bad_config_files_are_refused_with_a_clear_message() {
     for (text, needle) in [
         ("heartbeat-secs = 5\n", "unknown key \"heartbeat-secs\""),
         (
-            "heartbeat-ms = [1]\n",
-            "must be a string, number or boolean",
+            "heartbeat-ms = { a = 1 }\n",
+            "must be a string, number, boolean or a list",
         ),
         ("heartbeat-ms = \n", "not valid TOML"),
         ("heartbeat-ms = 5\n", "heartbeat"), // out of range, refused by the flag's own check
