@@ -254,6 +254,7 @@ impl Store {
             &s.status,
             &s.read,
             &s.reconcile,
+            &s.privacy,
             &s.zrem_if,
         ] {
             script.prepare_invoke().load_async(&mut conn).await?;
