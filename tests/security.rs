@@ -220,6 +220,19 @@ fn dev_auth_is_refused_off_loopback() {
     assert!(node.logs().contains("anyone can connect as any user"));
 }
 
+/// `PUT /api/users/{user}/privacy` with `bearer`; the status code.
+async fn put_privacy(node: &Node, user: &str, bearer: &str, body: Value) -> u16 {
+    reqwest::Client::new()
+        .put(format!("{}/api/users/{user}/privacy", node.http()))
+        .bearer_auth(bearer)
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
 async fn admin_put(node: &Node, user: &str, contacts: &[&str]) {
     let r = reqwest::Client::new()
         .put(format!("{}/api/users/{user}/contacts", node.http()))
@@ -413,38 +426,38 @@ async fn privacy_settings_hold_on_every_surface() {
     }
 
     // Nobody: not even a contact; bob's own view is still the truth.
-    let r = reqwest::Client::new()
-        .put(format!("{}/api/users/bob/privacy", node.http()))
-        .bearer_auth(token("bob"))
-        .json(&json!({"last_seen": "nobody"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 204);
+    assert_eq!(
+        put_privacy(&node, "bob", &token("bob"), json!({"last_seen": "nobody"})).await,
+        204
+    );
     assert!(presence_as(&node, "bob", "carol").await["last_seen"].is_null());
     assert_eq!(
         presence_as(&node, "bob", "bob").await["last_seen"],
         json!(seen)
     );
     // Nobody else may change bob's settings.
-    let r = reqwest::Client::new()
-        .put(format!("{}/api/users/bob/privacy", node.http()))
-        .bearer_auth(token("dave"))
-        .json(&json!({"last_seen": "everyone"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 403);
+    assert_eq!(
+        put_privacy(
+            &node,
+            "bob",
+            &token("dave"),
+            json!({"last_seen": "everyone"})
+        )
+        .await,
+        403
+    );
 
     // Everyone again.
-    let r = reqwest::Client::new()
-        .put(format!("{}/api/users/bob/privacy", node.http()))
-        .bearer_auth(ADMIN)
-        .json(&json!({"online": "everyone", "last_seen": "everyone"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 204);
+    assert_eq!(
+        put_privacy(
+            &node,
+            "bob",
+            ADMIN,
+            json!({"online": "everyone", "last_seen": "everyone"})
+        )
+        .await,
+        204
+    );
     assert_eq!(
         presence_as(&node, "bob", "dave").await["last_seen"],
         json!(seen)
