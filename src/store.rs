@@ -266,6 +266,7 @@ impl Store {
             &s.status,
             &s.read,
             &s.reconcile,
+            &s.privacy,
             &s.zrem_if,
         ] {
             script.prepare_invoke().load_async(&mut conn).await?;
@@ -555,9 +556,14 @@ impl Store {
 
     /// `user`'s contacts, sorted.
     pub async fn contacts(&self, user: &str) -> StoreResult<Vec<String>> {
+        self.sorted_members(&keys::contacts(user)).await
+    }
+
+    /// The members of a set, sorted.
+    async fn sorted_members(&self, key: &str) -> StoreResult<Vec<String>> {
         let mut conn = self.conn.clone();
         let mut out: Vec<String> = redis::cmd("SMEMBERS")
-            .arg(keys::contacts(user))
+            .arg(key)
             .query_async(&mut conn)
             .await?;
         out.sort();
@@ -566,12 +572,7 @@ impl Store {
 
     /// The live devices of `user`, sorted by device id.
     pub async fn devices(&self, user: &str) -> StoreResult<Vec<DeviceInfo>> {
-        let mut conn = self.conn.clone();
-        let mut ids: Vec<String> = redis::cmd("SMEMBERS")
-            .arg(keys::devices(user))
-            .query_async(&mut conn)
-            .await?;
-        ids.sort();
+        let ids = self.sorted_members(&keys::devices(user)).await?;
         if ids.is_empty() {
             return Ok(Vec::new());
         }
@@ -778,17 +779,13 @@ impl Store {
                         .arg(member)
                         .ignore();
                 }
-                Departure::Removed { last_seen } => {
-                    removed += 1;
-                    if let (Some(ts), Some((user, _))) = (last_seen, parsed) {
-                        record_offline(&mut follow, user, ts);
+                Departure::Removed { .. } | Departure::AlreadyGone => {
+                    if let Departure::Removed { last_seen } = departure {
+                        removed += 1;
+                        if let (Some(ts), Some((user, _))) = (last_seen, parsed) {
+                            record_offline(&mut follow, user, ts);
+                        }
                     }
-                    eval(&mut follow, &self.scripts.zrem_if, &[keys::LEASES])
-                        .arg(member)
-                        .arg(score)
-                        .ignore();
-                }
-                Departure::AlreadyGone => {
                     eval(&mut follow, &self.scripts.zrem_if, &[keys::LEASES])
                         .arg(member)
                         .arg(score)

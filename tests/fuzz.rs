@@ -14,6 +14,14 @@ fn percent_encode(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("%{b:02X}")).collect()
 }
 
+/// Sends `req` and returns the status and body.
+fn fetch(rt: &tokio::runtime::Runtime, req: reqwest::RequestBuilder) -> (u16, String) {
+    rt.block_on(async {
+        let r = req.send().await.unwrap();
+        (r.status().as_u16(), r.text().await.unwrap())
+    })
+}
+
 /// A 4xx must carry `{code, message}`; anything else must be a 2xx.
 fn assert_typed(what: &str, status: u16, body: &str) {
     assert!(status < 500, "{what}: {status} {body}");
@@ -42,10 +50,7 @@ fn http_handlers_answer_arbitrary_input_with_typed_errors() {
     runner
         .run(&prop::collection::vec(any::<u8>(), 0..80), |bytes| {
             let url = format!("{base}/api/presence/{}", percent_encode(&bytes));
-            let (status, body) = rt.block_on(async {
-                let r = http.get(&url).send().await.unwrap();
-                (r.status().as_u16(), r.text().await.unwrap())
-            });
+            let (status, body) = fetch(&rt, http.get(&url));
             assert_typed(&url, status, &body);
             Ok(())
         })
@@ -53,16 +58,12 @@ fn http_handlers_answer_arbitrary_input_with_typed_errors() {
 
     runner
         .run(&prop::collection::vec(any::<u8>(), 0..300), |bytes| {
-            let (status, body) = rt.block_on(async {
-                let r = http
-                    .post(format!("{base}/api/presence/query"))
+            let (status, body) = fetch(
+                &rt,
+                http.post(format!("{base}/api/presence/query"))
                     .header("content-type", "application/json")
-                    .body(bytes.clone())
-                    .send()
-                    .await
-                    .unwrap();
-                (r.status().as_u16(), r.text().await.unwrap())
-            });
+                    .body(bytes.clone()),
+            );
             assert_typed(&format!("query {bytes:?}"), status, &body);
             Ok(())
         })
@@ -71,15 +72,11 @@ fn http_handlers_answer_arbitrary_input_with_typed_errors() {
     let users = prop::collection::vec(prop_oneof![".{0,10}", Just("bob".to_string())], 0..20);
     runner
         .run(&users, |users| {
-            let (status, body) = rt.block_on(async {
-                let r = http
-                    .post(format!("{base}/api/presence/query"))
-                    .json(&serde_json::json!({ "users": users }))
-                    .send()
-                    .await
-                    .unwrap();
-                (r.status().as_u16(), r.text().await.unwrap())
-            });
+            let (status, body) = fetch(
+                &rt,
+                http.post(format!("{base}/api/presence/query"))
+                    .json(&serde_json::json!({ "users": users })),
+            );
             assert_typed(&format!("query {users:?}"), status, &body);
             Ok(())
         })
@@ -104,10 +101,7 @@ fn http_handlers_answer_arbitrary_input_with_typed_errors() {
                         percent_encode(&b)
                     ),
                 ] {
-                    let (status, body) = rt.block_on(async {
-                        let r = http.get(&url).send().await.unwrap();
-                        (r.status().as_u16(), r.text().await.unwrap())
-                    });
+                    let (status, body) = fetch(&rt, http.get(&url));
                     assert_typed(&url, status, &body);
                 }
                 Ok(())

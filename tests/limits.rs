@@ -14,7 +14,12 @@ use tokio_tungstenite::tungstenite::Message;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stalled_watcher_is_disconnected_without_affecting_others() {
     let redis = Redis::start();
-    let node = Node::start_with(&redis, "n1", &["--max-queued-events", "64"]);
+    // A long heartbeat: the silent-client timeout must not beat the queue bound.
+    let node = Node::start_with(
+        &redis,
+        "n1",
+        &["--max-queued-events", "64", "--heartbeat-ms", "5000"],
+    );
     let mut healthy = Client::connect(&node, "healthy", "h").await;
     healthy.watch(&["bob"]).await;
     let mut monitor = Client::connect(&node, "monitor", "m").await;

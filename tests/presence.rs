@@ -58,13 +58,19 @@ async fn multi_device_on_one_node() {
         .unwrap();
     assert!(keys.is_empty(), "leftover leases {keys:?}");
     assert_eq!(count(&redis, "alice").await, 0);
-    let seen: Option<i64> = redis::cmd("ZSCORE")
-        .arg("presence-lastseen")
-        .arg("alice")
-        .query_async(&mut c)
-        .await
-        .unwrap();
-    assert_eq!(seen, Some(last_seen));
+    // The retention index follows the transition (a moment later: it is
+    // written beside the atomic step).
+    wait_until("last seen indexed", DEADLINE, || async {
+        let mut c = redis.aconn().await;
+        let seen: Option<i64> = redis::cmd("ZSCORE")
+            .arg("presence-lastseen")
+            .arg("alice")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        seen == Some(last_seen)
+    })
+    .await;
 
     // A late watcher sees the same last seen.
     let mut late = Client::connect(&node, "late", "w").await;
