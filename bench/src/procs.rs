@@ -252,6 +252,32 @@ pub fn rss_bytes(pid: u32) -> Option<u64> {
     Some(kib * 1024)
 }
 
+/// Fails fast, with what to do, when `sockets` connections (one file each
+/// in the bench, and one each in a node) would not fit the open-file
+/// limit: past it, accept() and socket() fail and connects only time out.
+pub fn ensure_fds(sockets: usize) -> anyhow::Result<()> {
+    // Room for the runtime, Redis connections, logs and the like.
+    const SPARE: u64 = 256;
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit on a local struct.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return Ok(());
+    }
+    anyhow::ensure!(
+        sockets as u64 + SPARE <= lim.rlim_cur,
+        "{sockets} connections need an open-file limit of at least {} in the bench and in \
+         the node, but it is {} (hard limit {}); raise the hard limit (`ulimit -Hn`, \
+         LimitNOFILE=, or run as root with CAP_SYS_RESOURCE) or ask for fewer",
+        sockets as u64 + SPARE,
+        lim.rlim_cur,
+        lim.rlim_max
+    );
+    Ok(())
+}
+
 /// Lifts the open-file limit as far as the kernel allows: the hard limit
 /// too when running as root (up to fs.nr_open), else the soft one to the
 /// hard one. Spawned nodes inherit it. Returns the soft limit now.

@@ -33,6 +33,7 @@ pub struct ConnectionsArgs {
 const SAMPLE_EVERY: Duration = Duration::from_millis(250);
 
 pub async fn run(common: &Common, args: &ConnectionsArgs) -> anyhow::Result<()> {
+    procs::ensure_fds(args.devices)?;
     let mut report = Report::new("connections");
     let mut setup = Setup::redis(common)?;
     setup.start_nodes(common, 1, None)?;

@@ -32,6 +32,7 @@ const STAR: &str = "star";
 const PER_TRANSITION: Duration = Duration::from_secs(30);
 
 pub async fn run(common: &Common, args: &FanoutArgs) -> anyhow::Result<()> {
+    crate::procs::ensure_fds(args.watchers)?;
     let mut report = Report::new("fanout");
     let mut setup = Setup::redis(common)?;
     setup.start_nodes(common, 1, None)?;

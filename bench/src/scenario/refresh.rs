@@ -56,6 +56,7 @@ pub struct RefreshArgs {
 const DEFAULT_HEARTBEAT_MS: u64 = 300;
 
 pub async fn run(common: &Common, args: &RefreshArgs) -> anyhow::Result<()> {
+    crate::procs::ensure_fds(args.devices)?;
     let mut report = Report::new("refresh");
     let mut setup = Setup::redis(common)?;
     setup.start_nodes(common, 1, Some(DEFAULT_HEARTBEAT_MS))?;
@@ -71,18 +72,24 @@ pub async fn run(common: &Common, args: &RefreshArgs) -> anyhow::Result<()> {
     let stop = Arc::new(AtomicBool::new(false));
     let sent = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::with_capacity(sockets.len());
+    // Why the first device that lost its connection lost it.
+    let why_closed: Arc<std::sync::Mutex<Option<String>>> = Arc::default();
     let frame = json!({"type": "heartbeat"}).to_string();
     let interval = Duration::from_millis(args.send_interval_ms);
     for ws in sockets {
         let (mut sink, mut stream) = ws.split();
         // Reads all the time: answers pings, and notices a close.
+        let why = why_closed.clone();
         let reader = tokio::spawn(async move {
-            while let Some(Ok(m)) = stream.next().await {
-                if m.is_close() {
-                    return false;
+            let reason = loop {
+                match stream.next().await {
+                    Some(Ok(Message::Close(f))) => break format!("closed by the node: {f:?}"),
+                    Some(Ok(_)) => {}
+                    Some(Err(e)) => break format!("error: {e}"),
+                    None => break "dropped".to_string(),
                 }
-            }
-            false
+            };
+            why.lock().unwrap().get_or_insert(reason);
         });
         let (stop, sent, frame) = (stop.clone(), sent.clone(), frame.clone());
         tasks.push(tokio::spawn(async move {
@@ -106,6 +113,11 @@ pub async fn run(common: &Common, args: &RefreshArgs) -> anyhow::Result<()> {
     }
     // Let the first round of refreshes settle, then count.
     tokio::time::sleep(Duration::from_millis(hb_ms)).await;
+    eprintln!(
+        "refresh: measuring the node (pid {:?}) for {} s",
+        setup.nodes[0].pid(),
+        secs.as_secs()
+    );
     let (calls0, sent0, t0) = (
         redis_calls(&mut redis, "evalsha").await?,
         sent.load(Ordering::Relaxed),
@@ -249,8 +261,9 @@ pub async fn run(common: &Common, args: &RefreshArgs) -> anyhow::Result<()> {
     report.print_table();
     anyhow::ensure!(
         still_open == args.devices,
-        "only {still_open} of {} devices stayed connected",
-        args.devices
+        "only {still_open} of {} devices stayed connected; the first: {}",
+        args.devices,
+        why_closed.lock().unwrap().as_deref().unwrap_or("?")
     );
     Ok(())
 }
