@@ -182,8 +182,12 @@ impl Setup {
 
     /// A multiplexed connection to the Redis under test.
     pub async fn redis_conn(&self) -> anyhow::Result<redis::aio::MultiplexedConnection> {
+        // redis-rs gives up on a reply after 500 ms by default; a loaded
+        // shared box, a big pipeline or INFO under load can take longer.
+        let config = redis::AsyncConnectionConfig::new()
+            .set_response_timeout(Some(std::time::Duration::from_secs(30)));
         Ok(redis::Client::open(self.redis_url.as_str())?
-            .get_multiplexed_async_connection()
+            .get_multiplexed_async_connection_with_config(&config)
             .await?)
     }
 }
@@ -214,10 +218,14 @@ pub async fn redis_calls(
     conn: &mut redis::aio::MultiplexedConnection,
     command: &str,
 ) -> anyhow::Result<u64> {
-    let v = match redis_info(conn, "commandstats", &format!("cmdstat_{command}")).await {
-        Ok(v) => v,
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await?;
+    let prefix = format!("cmdstat_{command}:");
+    let Some(v) = info.lines().find_map(|l| l.strip_prefix(prefix.as_str())) else {
         // Never called yet.
-        Err(_) => return Ok(0),
+        return Ok(0);
     };
     v.split(',')
         .find_map(|kv| kv.strip_prefix("calls="))

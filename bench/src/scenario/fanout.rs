@@ -45,17 +45,20 @@ pub async fn run(common: &Common, args: &FanoutArgs) -> anyhow::Result<()> {
     let base = Instant::now();
     let start = Arc::new(AtomicU64::new(0));
     let received = Arc::new(AtomicUsize::new(0));
+    // The slowest receipt of the current transition, µs.
+    let slowest = Arc::new(AtomicU64::new(0));
     let hist = Arc::new(Mutex::new(latency_histogram()));
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let star = vec![STAR.to_string()];
     let mut tasks = Vec::with_capacity(watchers.len());
     for mut ws in watchers {
         let star = star.clone();
-        let (start, received, hist, stop_rx) = (
+        let (start, received, hist, stop_rx, slowest) = (
             start.clone(),
             received.clone(),
             hist.clone(),
             stop_rx.clone(),
+            slowest.clone(),
         );
         // Watch in parallel: 10,000 snapshots one after another would be slow.
         tasks.push(tokio::spawn(async move {
@@ -65,6 +68,7 @@ pub async fn run(common: &Common, args: &FanoutArgs) -> anyhow::Result<()> {
                     .saturating_sub(start.load(Ordering::Acquire))
                     .max(1);
                 hist.lock().unwrap().saturating_record(lat);
+                slowest.fetch_max(lat, Ordering::AcqRel);
                 received.fetch_add(1, Ordering::Release);
             });
             anyhow::Ok(())
@@ -74,11 +78,17 @@ pub async fn run(common: &Common, args: &FanoutArgs) -> anyhow::Result<()> {
         t.await??;
     }
 
+    eprintln!(
+        "fanout: {} transitions of {STAR} (node pid {:?})",
+        args.transitions,
+        setup.nodes[0].pid()
+    );
     let mut lasts = latency_histogram();
     let mut incomplete = 0;
     let mut device = None;
     for k in 0..args.transitions {
         received.store(0, Ordering::Release);
+        slowest.store(0, Ordering::Release);
         start.store(base.elapsed().as_micros() as u64, Ordering::Release);
         let t = Instant::now();
         match device.take() {
@@ -105,7 +115,7 @@ pub async fn run(common: &Common, args: &FanoutArgs) -> anyhow::Result<()> {
             );
             incomplete += 1;
         }
-        lasts.saturating_record(t.elapsed().as_micros() as u64);
+        lasts.saturating_record(slowest.load(Ordering::Acquire).max(1));
         // Lets stragglers land before the next transition starts.
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

@@ -138,6 +138,10 @@ pub async fn run(common: &Common, args: &RefreshArgs) -> anyhow::Result<()> {
         }
         reader.abort();
     }
+    anyhow::ensure!(
+        calls1 >= calls0,
+        "EVALSHA calls went down ({calls0} -> {calls1}): was Redis restarted or its stats reset?"
+    );
     let through_node = (calls1 - calls0) as f64 / took.as_secs_f64();
     let bound = args.devices as f64 * 3000.0 / hb_ms as f64;
     report.figure(
