@@ -252,6 +252,20 @@ pub fn rss_bytes(pid: u32) -> Option<u64> {
     Some(kib * 1024)
 }
 
+/// CPU time (user + system) a process has used so far, in µs: a cost per
+/// operation that, unlike latency, other load on a shared box barely moves.
+pub fn cpu_us(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name, which may hold spaces: ") S ppid ...".
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 here.
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    Some(ticks * 1_000_000 / hz)
+}
+
 /// Fails fast, with what to do, when `sockets` connections (one file each
 /// in the bench, and one each in a node) would not fit the open-file
 /// limit: past it, accept() and socket() fail and connects only time out.

@@ -66,6 +66,7 @@ pub async fn run(common: &Common, args: &ConnectionsArgs) -> anyhow::Result<()> 
 
     eprintln!("connections: ramping to {} devices", args.devices);
     let sem = Arc::new(Semaphore::new(args.concurrency.max(1)));
+    let cpu0 = pid.and_then(procs::cpu_us);
     let start = Instant::now();
     let mut tasks = Vec::with_capacity(args.devices);
     for i in 0..args.devices {
@@ -101,6 +102,7 @@ pub async fn run(common: &Common, args: &ConnectionsArgs) -> anyhow::Result<()> 
         }
     }
     let ramp = start.elapsed();
+    let cpu1 = pid.and_then(procs::cpu_us);
     if let Some(e) = first_error {
         eprintln!("connections: {failed} failed; first: {e:#}");
     }
@@ -112,6 +114,14 @@ pub async fn run(common: &Common, args: &ConnectionsArgs) -> anyhow::Result<()> 
         json!({"devices": n, "failed": failed, "ramp_s": ramp.as_secs_f64(), "concurrency": args.concurrency}),
     );
     report.latency("handshake", &handshake, json!({}));
+    if let (Some(a), Some(b)) = (cpu0, cpu1) {
+        report.figure(
+            "node_cpu_per_connect",
+            (b - a) as f64 / n.max(1) as f64,
+            "us",
+            json!({}),
+        );
+    }
 
     eprintln!("connections: holding {n} devices for {} s", args.hold_secs);
     tokio::time::sleep(Duration::from_secs(args.hold_secs)).await;

@@ -83,6 +83,8 @@ pub async fn run(common: &Common, args: &FanoutArgs) -> anyhow::Result<()> {
         args.transitions,
         setup.nodes[0].pid()
     );
+    let pid = setup.nodes[0].pid();
+    let cpu0 = pid.and_then(crate::procs::cpu_us);
     let mut lasts = latency_histogram();
     let mut incomplete = 0;
     let mut device = None;
@@ -119,6 +121,7 @@ pub async fn run(common: &Common, args: &FanoutArgs) -> anyhow::Result<()> {
         // Lets stragglers land before the next transition starts.
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    let cpu1 = pid.and_then(crate::procs::cpu_us);
     let _ = stop_tx.send(true);
     let hist = hist.lock().unwrap();
     report.latency(
@@ -128,6 +131,14 @@ pub async fn run(common: &Common, args: &FanoutArgs) -> anyhow::Result<()> {
                "incomplete_transitions": incomplete, "target_p99_ms": 50}),
     );
     report.latency("transition_to_last_watcher", &lasts, json!({}));
+    if let (Some(a), Some(b)) = (cpu0, cpu1) {
+        report.figure(
+            "node_cpu_per_delivery",
+            (b - a) as f64 / (args.watchers * args.transitions).max(1) as f64,
+            "us",
+            json!({"node_cpu_ms": (b - a) as f64 / 1000.0}),
+        );
+    }
     if let Some(dir) = &common.svg {
         crate::plot::latency(
             &dir.join("fanout-latency.svg"),

@@ -24,7 +24,7 @@ use tokio_tungstenite::tungstenite::Message;
 
 use super::connect_many;
 use crate::report::Report;
-use crate::{redis_calls, Common, Setup};
+use crate::{procs, redis_calls, Common, Setup};
 
 /// The node's script, sent by the ceiling exactly as the node sends it.
 const ARRIVE_LUA: &str = include_str!("../../../src/lua/arrive.lua");
@@ -118,6 +118,8 @@ pub async fn run(common: &Common, args: &RefreshArgs) -> anyhow::Result<()> {
         setup.nodes[0].pid(),
         secs.as_secs()
     );
+    let pid = setup.nodes[0].pid();
+    let cpu0 = pid.and_then(procs::cpu_us);
     let (calls0, sent0, t0) = (
         redis_calls(&mut redis, "evalsha").await?,
         sent.load(Ordering::Relaxed),
@@ -129,6 +131,7 @@ pub async fn run(common: &Common, args: &RefreshArgs) -> anyhow::Result<()> {
         sent.load(Ordering::Relaxed),
         t0.elapsed(),
     );
+    let cpu1 = pid.and_then(procs::cpu_us);
     stop.store(true, Ordering::Relaxed);
     let mut still_open = 0;
     for t in tasks {
@@ -156,6 +159,15 @@ pub async fn run(common: &Common, args: &RefreshArgs) -> anyhow::Result<()> {
         "refresh/s",
         json!({"heartbeat_ms": hb_ms, "throttle_bound": bound}),
     );
+    if let (Some(a), Some(b)) = (cpu0, cpu1) {
+        report.figure(
+            "node_cpu_per_refresh",
+            (b - a) as f64 / (calls1 - calls0).max(1) as f64,
+            "us",
+            json!({"node_cpu_share": (b - a) as f64 / took.as_micros() as f64,
+                   "includes": "parsing every heartbeat frame, refreshed or not"}),
+        );
+    }
     report.figure(
         "throttle_bound",
         bound,

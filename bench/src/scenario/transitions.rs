@@ -114,6 +114,9 @@ pub async fn run(common: &Common, args: &TransitionsArgs) -> anyhow::Result<()> 
         "transitions: {total} devices, {arrivals_per_s} arrivals/s, each held {} ms",
         args.hold_ms
     );
+    let pids: Vec<u32> = setup.nodes.iter().filter_map(|n| n.pid()).collect();
+    let node_cpu = || -> Option<u64> { pids.iter().map(|&p| crate::procs::cpu_us(p)).sum() };
+    let cpu0 = node_cpu();
     let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / arrivals_per_s));
     let hold = Duration::from_millis(args.hold_ms);
     let sources = setup.sources.clone();
@@ -151,6 +154,7 @@ pub async fn run(common: &Common, args: &TransitionsArgs) -> anyhow::Result<()> 
     while events.load(Ordering::Relaxed) < expected && Instant::now() < drain_until {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    let cpu1 = node_cpu();
     let _ = stop_tx.send(true);
     let seen = seen.lock().unwrap();
     let got = events.load(Ordering::Relaxed);
@@ -161,6 +165,14 @@ pub async fn run(common: &Common, args: &TransitionsArgs) -> anyhow::Result<()> 
         json!({"devices": total, "failed": failed, "events_expected": expected,
                "events_received": got, "unexpected": seen.unexpected}),
     );
+    if let (Some(a), Some(b)) = (cpu0, cpu1) {
+        report.figure(
+            "nodes_cpu_per_transition",
+            (b - a) as f64 / expected.max(1) as f64,
+            "us",
+            json!({"includes": "both nodes: connect, close, publish, deliver"}),
+        );
+    }
     let mut both = seen.online.clone();
     both.add(&seen.offline)?;
     report.latency("latency_all", &both, json!({"target_p99_ms": 5}));
