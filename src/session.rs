@@ -59,7 +59,7 @@ pub struct Session {
     config: Arc<Config>,
     /// Last client frame or pong; a silent client is disconnected.
     last_activity: Instant,
-    /// Last lease refresh that reached Redis (throttling).
+    /// When the last lease refresh started (throttling).
     last_refresh: Instant,
     /// A refresh is in flight.
     refreshing: bool,
@@ -229,6 +229,9 @@ impl Session {
             return;
         }
         self.refreshing = true;
+        // Stamped when it starts: under load a slow round trip must not
+        // make every frame meanwhile count as due.
+        self.last_refresh = Instant::now();
         let refresh = self.arrive(ArriveMode::Refresh);
         ctx.spawn(refresh.into_actor(self).map(|res, act, ctx| {
             act.refreshing = false;
@@ -238,7 +241,6 @@ impl Session {
                     status,
                     deadline,
                 }) => {
-                    act.last_refresh = Instant::now();
                     act.deadline = deadline;
                     act.known_status = status;
                     if came_online {

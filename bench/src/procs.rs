@@ -1,0 +1,323 @@
+//! The processes under test: a private redis-server and presence-server
+//! nodes started as separate processes (so that RSS is theirs alone and a
+//! node can be SIGKILLed), or ones the user already runs, given by URL.
+
+use std::collections::VecDeque;
+use std::io::{BufRead, BufReader};
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+
+/// How long a process gets to start listening.
+const START_TIMEOUT: Duration = Duration::from_secs(20);
+/// Log lines kept per node, for error messages.
+const LOG_LINES: usize = 200;
+
+/// A redis-server on a random loopback port with the repository's
+/// redis.conf, in a temp dir; killed on drop.
+pub struct LocalRedis {
+    child: Child,
+    /// Holds the data and log; removed on drop.
+    dir: tempfile::TempDir,
+    /// `redis://127.0.0.1:<port>/0`.
+    pub url: String,
+}
+
+/// The repository's redis.conf (the bench lives in `<repo>/bench`).
+pub fn redis_conf() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../redis.conf")
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+impl LocalRedis {
+    /// Starts redis-server; retries on another port if the chosen one is
+    /// taken before Redis binds it.
+    pub fn start() -> anyhow::Result<Self> {
+        let conf = redis_conf();
+        anyhow::ensure!(conf.exists(), "redis.conf not found at {}", conf.display());
+        for _ in 0..5 {
+            let dir = tempfile::Builder::new()
+                .prefix("presence-bench-redis")
+                .tempdir()?;
+            let port = free_port()?;
+            let child = Command::new("redis-server")
+                .arg(&conf)
+                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+                .arg("--dir")
+                .arg(dir.path())
+                .arg("--logfile")
+                .arg(dir.path().join("redis.log"))
+                // Persistence would measure the disk, not the server.
+                .args(["--appendonly", "no"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .context("cannot run redis-server (apt-get install -y redis-server)")?;
+            let mut redis = Self {
+                child,
+                dir,
+                url: format!("redis://127.0.0.1:{port}/0"),
+            };
+            if redis.wait_ready()? {
+                return Ok(redis);
+            }
+        }
+        bail!("redis-server did not start on any of 5 ports")
+    }
+
+    fn wait_ready(&mut self) -> anyhow::Result<bool> {
+        let deadline = Instant::now() + START_TIMEOUT;
+        let client = redis::Client::open(self.url.as_str())?;
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return Ok(false);
+            }
+            if let Ok(mut c) = client.get_connection_with_timeout(Duration::from_millis(200)) {
+                if redis::cmd("PING").query::<String>(&mut c).is_ok() {
+                    return Ok(true);
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        bail!(
+            "redis-server did not answer within {START_TIMEOUT:?}; log:\n{}",
+            std::fs::read_to_string(self.dir.path().join("redis.log")).unwrap_or_default()
+        )
+    }
+
+    /// The process id, for RSS.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for LocalRedis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A presence-server node: spawned by the bench, or given by URL.
+pub struct Node {
+    /// The process, when the bench started it.
+    child: Option<Child>,
+    /// Where it serves HTTP and WebSockets.
+    pub addr: SocketAddr,
+    /// The last lines it logged (spawned nodes only).
+    logs: Arc<Mutex<VecDeque<String>>>,
+}
+
+impl Node {
+    /// Spawns `bin` against `redis_url` on a random loopback port with
+    /// `--heartbeat-ms heartbeat_ms` and waits until it listens.
+    pub fn spawn(
+        bin: &Path,
+        redis_url: &str,
+        id: &str,
+        heartbeat_ms: Option<u64>,
+    ) -> anyhow::Result<Self> {
+        let mut cmd = Command::new(bin);
+        cmd.args(["--listen", "127.0.0.1:0", "--redis-url", redis_url])
+            .args(["--node-id", id]);
+        if let Some(hb) = heartbeat_ms {
+            cmd.args(["--heartbeat-ms", &hb.to_string()]);
+        }
+        let mut child = cmd
+            .env("RUST_LOG", "info")
+            .env_remove("REDIS_URL")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("cannot run {}", bin.display()))?;
+        let stderr = child.stderr.take().context("node stderr")?;
+        let logs = Arc::new(Mutex::new(VecDeque::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        {
+            let logs = logs.clone();
+            // Drains the node's stderr for its whole life, so that it never
+            // blocks on a full pipe.
+            std::thread::spawn(move || {
+                for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                    if let Some(rest) = line.split("listening on http://").nth(1) {
+                        let addr = rest.split_whitespace().next().unwrap_or("").to_string();
+                        let _ = tx.send(addr);
+                    }
+                    let mut logs = logs.lock().unwrap_or_else(|e| e.into_inner());
+                    if logs.len() == LOG_LINES {
+                        logs.pop_front();
+                    }
+                    logs.push_back(line);
+                }
+            });
+        }
+        match rx.recv_timeout(START_TIMEOUT) {
+            Ok(addr) => Ok(Self {
+                child: Some(child),
+                addr: addr.parse().context("node listen address")?,
+                logs,
+            }),
+            Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                std::thread::sleep(Duration::from_millis(100));
+                let logs = logs.lock().unwrap_or_else(|e| e.into_inner());
+                bail!(
+                    "node {id} did not start; log:\n{}",
+                    Vec::from(logs.clone()).join("\n")
+                )
+            }
+        }
+    }
+
+    /// A node the user runs, e.g. `http://127.0.0.1:8080`.
+    pub fn remote(url: &str) -> anyhow::Result<Self> {
+        let hostport = url
+            .trim_start_matches("http://")
+            .trim_start_matches("ws://")
+            .trim_end_matches('/');
+        let addr = hostport
+            .parse()
+            .with_context(|| format!("--node-url {url:?}: expected http://<ip>:<port>"))?;
+        Ok(Self {
+            child: None,
+            addr,
+            logs: Arc::default(),
+        })
+    }
+
+    /// The process id, when the bench started the node.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Kills the node with SIGKILL (a crash: no goodbyes).
+    pub fn kill(&mut self) -> anyhow::Result<()> {
+        let Some(child) = self.child.as_mut() else {
+            bail!("cannot kill a node given by --node-url");
+        };
+        child.kill()?;
+        child.wait()?;
+        Ok(())
+    }
+
+    /// The node's last log lines.
+    pub fn logs(&self) -> String {
+        let logs = self.logs.lock().unwrap_or_else(|e| e.into_inner());
+        Vec::from(logs.clone()).join("\n")
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        if let Some(child) = self.child.as_mut() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// The release-built server: `--server-bin`, else `target/release/presence-server`
+/// of this workspace (or of `CARGO_TARGET_DIR`).
+pub fn server_bin(given: Option<&Path>) -> anyhow::Result<PathBuf> {
+    if let Some(p) = given {
+        anyhow::ensure!(p.exists(), "--server-bin {} does not exist", p.display());
+        return Ok(p.to_path_buf());
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    let bin = target.join("release/presence-server");
+    anyhow::ensure!(
+        bin.exists(),
+        "{} not found: run `cargo build --release` first, or pass --server-bin",
+        bin.display()
+    );
+    Ok(bin)
+}
+
+/// Resident set size of a process in bytes (VmRSS of /proc/<pid>/status).
+pub fn rss_bytes(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// CPU time (user + system) a process has used so far, in µs: a cost per
+/// operation that, unlike latency, other load on a shared box barely moves.
+pub fn cpu_us(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name, which may hold spaces: ") S ppid ...".
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 here.
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    Some(ticks * 1_000_000 / hz)
+}
+
+/// Fails fast, with what to do, when `sockets` connections (one file each
+/// in the bench, and one each in a node) would not fit the open-file
+/// limit: past it, accept() and socket() fail and connects only time out.
+pub fn ensure_fds(sockets: usize) -> anyhow::Result<()> {
+    // Room for the runtime, Redis connections, logs and the like.
+    const SPARE: u64 = 256;
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit on a local struct.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return Ok(());
+    }
+    anyhow::ensure!(
+        sockets as u64 + SPARE <= lim.rlim_cur,
+        "{sockets} connections need an open-file limit of at least {} in the bench and in \
+         the node, but it is {} (hard limit {}); raise the hard limit (`ulimit -Hn`, \
+         LimitNOFILE=, or run as root with CAP_SYS_RESOURCE) or ask for fewer",
+        sockets as u64 + SPARE,
+        lim.rlim_cur,
+        lim.rlim_max
+    );
+    Ok(())
+}
+
+/// Lifts the open-file limit as far as the kernel allows: the hard limit
+/// too when running as root (up to fs.nr_open), else the soft one to the
+/// hard one. Spawned nodes inherit it. Returns the soft limit now.
+pub fn raise_fd_limit() -> u64 {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit on a local struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+            return 0;
+        }
+        let nr_open = std::fs::read_to_string("/proc/sys/fs/nr_open")
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok())
+            .unwrap_or(lim.rlim_max);
+        let want = libc::rlimit {
+            rlim_cur: nr_open,
+            rlim_max: nr_open.max(lim.rlim_max),
+        };
+        if libc::setrlimit(libc::RLIMIT_NOFILE, &want) != 0 {
+            lim.rlim_cur = lim.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim);
+    }
+    lim.rlim_cur
+}

@@ -1,0 +1,53 @@
+//! One module per subcommand, each with its flags (`*Args`) and `run`.
+
+pub mod connections;
+pub mod expiry;
+pub mod fanout;
+pub mod refresh;
+pub mod transitions;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use hdrhistogram::Histogram;
+use tokio::sync::Semaphore;
+
+use crate::client::{self, Sources, Ws};
+
+/// Connects `users` (device `d` each) to `node`, at most `concurrency`
+/// handshakes at a time. Returns the sockets in order, the handshake
+/// latencies (µs) and the first error, if any connection failed.
+pub async fn connect_many(
+    node: SocketAddr,
+    sources: &Arc<Sources>,
+    users: Vec<String>,
+    concurrency: usize,
+) -> anyhow::Result<(Vec<Ws>, Histogram<u64>)> {
+    let sem = Arc::new(Semaphore::new(concurrency.max(1)));
+    let mut tasks = Vec::with_capacity(users.len());
+    for user in users {
+        let permit = sem.clone().acquire_owned().await?;
+        let sources = sources.clone();
+        tasks.push(tokio::spawn(async move {
+            let start = Instant::now();
+            let ws = client::connect(node, sources.next(), &user, "d").await;
+            drop(permit);
+            ws.map(|ws| (ws, start.elapsed()))
+        }));
+    }
+    let mut out = Vec::with_capacity(tasks.len());
+    let mut hist = crate::report::latency_histogram();
+    for t in tasks {
+        let (ws, took) = t.await??;
+        hist.saturating_record(took.as_micros() as u64);
+        out.push(ws);
+    }
+    Ok((out, hist))
+}
+
+/// Splits `users` into watch lists of at most `per` (the node's
+/// max_watches), one per watcher.
+pub fn watch_lists(users: &[String], per: usize) -> Vec<Vec<String>> {
+    users.chunks(per.max(1)).map(<[String]>::to_vec).collect()
+}

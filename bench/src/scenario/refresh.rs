@@ -1,0 +1,285 @@
+//! `refresh`: how many lease refreshes per second a node gets into Redis,
+//! against the ceiling of the same Redis commands sent straight to Redis
+//! pipelined, in the same run.
+//!
+//! A refresh through the node is the `arrive.lua` script (EVALSHA) in one
+//! round trip, then `ZADD presence-leases GT` and `ZADD presence-online GT`
+//! in a second. The ceiling sends exactly those three commands for devices
+//! written the same way, pipelined from a few connections. Refreshes are
+//! counted on the Redis side (INFO commandstats, EVALSHA calls).
+//!
+//! The node refreshes one session's lease at most once per heartbeat / 3,
+//! however fast the client sends, so the node's figure is bounded by
+//! `devices * 3 / heartbeat`: the scenario runs its nodes with a 300 ms
+//! heartbeat and prints that bound beside the figures.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use futures_util::{SinkExt, StreamExt};
+use serde_json::json;
+use tokio_tungstenite::tungstenite::Message;
+
+use super::connect_many;
+use crate::report::Report;
+use crate::{procs, redis_calls, Common, Setup};
+
+/// The node's script, sent by the ceiling exactly as the node sends it.
+const ARRIVE_LUA: &str = include_str!("../../../src/lua/arrive.lua");
+/// Lease TTL the ceiling writes (the node's own TTL is 3 heartbeats).
+const CEILING_TTL_MS: u64 = 900;
+
+/// Flags of `refresh`.
+#[derive(Args, Debug)]
+pub struct RefreshArgs {
+    /// Devices (one WebSocket each) sending heartbeats.
+    #[arg(long, default_value_t = 5_000)]
+    pub devices: usize,
+    /// Seconds each phase (node, then ceiling) is measured.
+    #[arg(long, default_value_t = 10)]
+    pub secs: u64,
+    /// Pause between one device's heartbeats in ms; 0 sends as fast as the
+    /// node reads them.
+    #[arg(long, default_value_t = 0)]
+    pub send_interval_ms: u64,
+    /// Connections the ceiling sends from.
+    #[arg(long, default_value_t = 4)]
+    pub direct_conns: usize,
+    /// Refreshes (of three commands each) per pipeline in the ceiling.
+    #[arg(long, default_value_t = 64)]
+    pub pipeline: usize,
+}
+
+/// Heartbeat of spawned nodes unless --heartbeat-ms says otherwise.
+const DEFAULT_HEARTBEAT_MS: u64 = 300;
+
+pub async fn run(common: &Common, args: &RefreshArgs) -> anyhow::Result<()> {
+    crate::procs::ensure_fds(args.devices)?;
+    let mut report = Report::new("refresh");
+    let mut setup = Setup::redis(common)?;
+    setup.start_nodes(common, 1, Some(DEFAULT_HEARTBEAT_MS))?;
+    let hb_ms = common.heartbeat_ms.unwrap_or(DEFAULT_HEARTBEAT_MS);
+    let node = setup.nodes[0].addr;
+    let mut redis = setup.redis_conn().await?;
+    let secs = Duration::from_secs(args.secs.max(1));
+
+    // Phase 1: through the node.
+    eprintln!("refresh: connecting {} devices", args.devices);
+    let users: Vec<String> = (0..args.devices).map(|i| format!("r{i}")).collect();
+    let (sockets, _) = connect_many(node, &setup.sources, users, 200).await?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let sent = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::with_capacity(sockets.len());
+    // Why the first device that lost its connection lost it.
+    let why_closed: Arc<std::sync::Mutex<Option<String>>> = Arc::default();
+    let frame = json!({"type": "heartbeat"}).to_string();
+    let interval = Duration::from_millis(args.send_interval_ms);
+    for ws in sockets {
+        let (mut sink, mut stream) = ws.split();
+        // Reads all the time: answers pings, and notices a close.
+        let why = why_closed.clone();
+        let reader = tokio::spawn(async move {
+            let reason = loop {
+                match stream.next().await {
+                    Some(Ok(Message::Close(f))) => break format!("closed by the node: {f:?}"),
+                    Some(Ok(_)) => {}
+                    Some(Err(e)) => break format!("error: {e}"),
+                    None => break "dropped".to_string(),
+                }
+            };
+            why.lock().unwrap().get_or_insert(reason);
+        });
+        let (stop, sent, frame) = (stop.clone(), sent.clone(), frame.clone());
+        tasks.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                if sink
+                    .send(Message::Text(frame.as_str().into()))
+                    .await
+                    .is_err()
+                {
+                    return (reader, false);
+                }
+                sent.fetch_add(1, Ordering::Relaxed);
+                if interval.is_zero() {
+                    tokio::task::yield_now().await;
+                } else {
+                    tokio::time::sleep(interval).await;
+                }
+            }
+            (reader, true)
+        }));
+    }
+    // Let the first round of refreshes settle, then count.
+    tokio::time::sleep(Duration::from_millis(hb_ms)).await;
+    eprintln!(
+        "refresh: measuring the node (pid {:?}) for {} s",
+        setup.nodes[0].pid(),
+        secs.as_secs()
+    );
+    let pid = setup.nodes[0].pid();
+    let cpu0 = pid.and_then(procs::cpu_us);
+    let (calls0, sent0, t0) = (
+        redis_calls(&mut redis, "evalsha").await?,
+        sent.load(Ordering::Relaxed),
+        Instant::now(),
+    );
+    tokio::time::sleep(secs).await;
+    let (calls1, sent1, took) = (
+        redis_calls(&mut redis, "evalsha").await?,
+        sent.load(Ordering::Relaxed),
+        t0.elapsed(),
+    );
+    let cpu1 = pid.and_then(procs::cpu_us);
+    stop.store(true, Ordering::Relaxed);
+    let mut still_open = 0;
+    for t in tasks {
+        let (reader, ok) = t.await?;
+        if ok && !reader.is_finished() {
+            still_open += 1;
+        }
+        reader.abort();
+    }
+    anyhow::ensure!(
+        calls1 >= calls0,
+        "EVALSHA calls went down ({calls0} -> {calls1}): was Redis restarted or its stats reset?"
+    );
+    let through_node = (calls1 - calls0) as f64 / took.as_secs_f64();
+    let bound = args.devices as f64 * 3000.0 / hb_ms as f64;
+    report.figure(
+        "heartbeats_sent",
+        (sent1 - sent0) as f64 / took.as_secs_f64(),
+        "frames/s",
+        json!({"devices": args.devices, "still_open": still_open}),
+    );
+    report.figure(
+        "refreshes_through_node",
+        through_node,
+        "refresh/s",
+        json!({"heartbeat_ms": hb_ms, "throttle_bound": bound}),
+    );
+    if let (Some(a), Some(b)) = (cpu0, cpu1) {
+        report.figure(
+            "node_cpu_per_refresh",
+            (b - a) as f64 / (calls1 - calls0).max(1) as f64,
+            "us",
+            json!({"node_cpu_share": (b - a) as f64 / took.as_micros() as f64,
+                   "includes": "parsing every heartbeat frame, refreshed or not"}),
+        );
+    }
+    report.figure(
+        "throttle_bound",
+        bound,
+        "refresh/s",
+        json!({"why": "one refresh per session per heartbeat/3"}),
+    );
+
+    // Phase 2: the ceiling, straight to Redis.
+    eprintln!("refresh: ceiling, straight to Redis");
+    let sha: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(ARRIVE_LUA)
+        .query_async(&mut redis)
+        .await?;
+    let owner = "bench 1 0";
+    for start in (0..args.devices).step_by(1000) {
+        let mut pipe = redis::pipe();
+        for i in start..(start + 1000).min(args.devices) {
+            let user = format!("x{i}");
+            pipe.cmd("SET")
+                .arg(format!("presence:{{{user}}}:d"))
+                .arg(owner)
+                .arg("PX")
+                .arg(600_000)
+                .ignore();
+            pipe.cmd("SADD")
+                .arg(format!("presence-devices:{{{user}}}"))
+                .arg("d")
+                .ignore();
+            pipe.cmd("SET")
+                .arg(format!("presence-count:{{{user}}}"))
+                .arg(1)
+                .ignore();
+        }
+        pipe.query_async::<()>(&mut redis).await?;
+    }
+    let done = Arc::new(AtomicU64::new(0));
+    let deadline = Instant::now() + secs;
+    let mut workers = Vec::new();
+    let devices = args.devices.max(1);
+    let per = args.pipeline.max(1);
+    for w in 0..args.direct_conns.max(1) {
+        let mut conn = setup.redis_conn().await?;
+        let (sha, done) = (sha.clone(), done.clone());
+        workers.push(tokio::spawn(async move {
+            let mut i = w * 7919;
+            while Instant::now() < deadline {
+                let now = crate::now_ms();
+                let mut pipe = redis::pipe();
+                for _ in 0..per {
+                    let user = format!("x{}", i % devices);
+                    i += 1;
+                    pipe.cmd("EVALSHA")
+                        .arg(&sha)
+                        .arg(4)
+                        .arg(format!("presence:{{{user}}}:d"))
+                        .arg(format!("presence-count:{{{user}}}"))
+                        .arg(format!("presence-devices:{{{user}}}"))
+                        .arg(format!("presence-status:{{{user}}}"))
+                        .arg(owner)
+                        .arg(CEILING_TTL_MS)
+                        .arg("d")
+                        .arg(now)
+                        .arg("refresh")
+                        .arg(&user)
+                        .arg("presence-events")
+                        .arg("")
+                        .arg("")
+                        .arg(0)
+                        .ignore();
+                    pipe.cmd("ZADD")
+                        .arg("presence-leases")
+                        .arg("GT")
+                        .arg(now + CEILING_TTL_MS as i64)
+                        .arg(format!("{user}:d"))
+                        .ignore();
+                    pipe.cmd("ZADD")
+                        .arg("presence-online")
+                        .arg("GT")
+                        .arg(now)
+                        .arg(&user)
+                        .ignore();
+                }
+                pipe.query_async::<()>(&mut conn).await?;
+                done.fetch_add(per as u64, Ordering::Relaxed);
+            }
+            anyhow::Ok(())
+        }));
+    }
+    let t0 = Instant::now();
+    for w in workers {
+        w.await??;
+    }
+    let ceiling = done.load(Ordering::Relaxed) as f64 / t0.elapsed().as_secs_f64();
+    report.figure(
+        "ceiling_direct_to_redis",
+        ceiling,
+        "refresh/s",
+        json!({"connections": args.direct_conns, "pipeline": per}),
+    );
+    report.figure(
+        "ratio_node_to_ceiling",
+        through_node / ceiling,
+        "ratio",
+        json!({"target_min": 0.5, "bound_ratio": bound / ceiling}),
+    );
+    report.print_table();
+    anyhow::ensure!(
+        still_open == args.devices,
+        "only {still_open} of {} devices stayed connected; the first: {}",
+        args.devices,
+        why_closed.lock().unwrap().as_deref().unwrap_or("?")
+    );
+    Ok(())
+}

@@ -1,0 +1,61 @@
+//! Smoke run of every `presence-bench` scenario, tiny, against this build's
+//! server binary: the load generator keeps working. Timings are printed by
+//! the bench, never asserted; each scenario fails only when something is
+//! lost (a device not connected, an event not delivered).
+
+use std::time::Duration;
+
+/// A tiny run of one scenario; panics with the bench's error.
+async fn bench(args: &[&str]) {
+    let bin = env!("CARGO_BIN_EXE_presence-server");
+    let mut argv = vec!["presence-bench", "--server-bin", bin, "--sources", "4"];
+    argv.extend_from_slice(args);
+    // Bounded: a hung scenario fails the test instead of stalling CI.
+    tokio::time::timeout(Duration::from_secs(120), presence_bench::run(argv))
+        .await
+        .unwrap_or_else(|_| panic!("{args:?} did not finish within 120 s"))
+        .unwrap_or_else(|e| panic!("{args:?}: {e:#}"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections() {
+    bench(&["connections", "--devices", "200", "--hold-secs", "1"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refresh() {
+    bench(&["refresh", "--devices", "100", "--secs", "1"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transitions() {
+    bench(&[
+        "transitions",
+        "--rate",
+        "200",
+        "--secs",
+        "1",
+        "--hold-ms",
+        "200",
+    ])
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expiry() {
+    bench(&[
+        "expiry",
+        "--live",
+        "2000",
+        "--devices",
+        "200",
+        "--heartbeat-ms",
+        "500",
+    ])
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fanout() {
+    bench(&["fanout", "--watchers", "200", "--transitions", "4"]).await;
+}
