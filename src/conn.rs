@@ -10,21 +10,48 @@
 //! released like after any close) and frees what was queued.
 
 use std::any::Any;
-use std::net::{Shutdown, TcpStream};
-use std::os::fd::AsFd;
-use std::sync::Arc;
+use std::os::fd::{AsRawFd, RawFd};
 
 use actix_web::dev::Extensions;
 
-/// A duplicate of the connection's socket; shutting it down aborts the
-/// connection whatever state the HTTP layer is in.
-#[derive(Debug, Clone)]
-pub struct ConnHandle(Arc<TcpStream>);
+/// The connection's socket, named by its descriptor and the socket's inode.
+///
+/// Duplicating the descriptor would be simpler but doubles the descriptors a
+/// node holds (one per connection is the real limit of a presence server).
+/// A bare descriptor number could be reused by a newer connection once this
+/// one closes, so [`ConnHandle::cut`] first checks that the descriptor still
+/// names the same socket (socket inodes are not reused while in use).
+#[derive(Debug, Clone, Copy)]
+pub struct ConnHandle {
+    fd: RawFd,
+    inode: u64,
+}
+
+/// The inode of the socket behind `fd`, if `fd` is open.
+fn inode(fd: RawFd) -> Option<u64> {
+    let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: fstat only writes into `st`; a closed or foreign fd is an error
+    // or another inode, both handled below.
+    let rc = unsafe { libc::fstat(fd, st.as_mut_ptr()) };
+    if rc != 0 {
+        return None;
+    }
+    // SAFETY: fstat succeeded, so it filled `st`.
+    let st = unsafe { st.assume_init() };
+    ((st.st_mode & libc::S_IFMT) == libc::S_IFSOCK).then_some(st.st_ino)
+}
 
 impl ConnHandle {
-    /// Aborts the connection: pending writes fail and the session ends.
+    /// Aborts the connection if it is still the one this handle was made
+    /// for: pending writes fail and the session ends.
     pub fn cut(&self) {
-        let _ = self.0.shutdown(Shutdown::Both);
+        if inode(self.fd) == Some(self.inode) {
+            // SAFETY: shutdown on a descriptor checked just above to be the
+            // same live socket; it does not close the descriptor.
+            unsafe {
+                libc::shutdown(self.fd, libc::SHUT_RDWR);
+            }
+        }
     }
 }
 
@@ -34,10 +61,11 @@ pub fn on_connect(io: &dyn Any, ext: &mut Extensions) {
     let Some(stream) = io.downcast_ref::<actix_web::rt::net::TcpStream>() else {
         return;
     };
-    match stream.as_fd().try_clone_to_owned() {
-        Ok(fd) => {
-            ext.insert(ConnHandle(Arc::new(TcpStream::from(fd))));
+    let fd = stream.as_raw_fd();
+    match inode(fd) {
+        Some(inode) => {
+            ext.insert(ConnHandle { fd, inode });
         }
-        Err(e) => log::warn!("cannot keep a handle on a connection: {e}"),
+        None => log::warn!("cannot keep a handle on connection fd {fd}"),
     }
 }
