@@ -84,9 +84,12 @@ pub fn registry_resynced(records: u64) {
 /// Counts a transition seen on `presence-events`.
 pub fn transition_published(status: &str) {
     // Only the statuses of the protocol become label values, so that a
-    // malformed event cannot grow the number of series.
+    // malformed event cannot grow the number of series. Invisible users are
+    // counted as online: a separate series would tell a scraper when someone
+    // hidden comes and goes.
     let status = match status {
-        "online" | "away" | "busy" | "offline" | "invisible" => status,
+        "online" | "away" | "busy" | "offline" => status,
+        "invisible" => "online",
         _ => "other",
     };
     METRICS

@@ -14,6 +14,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,7 +24,7 @@ use tokio::sync::oneshot;
 
 use crate::conn::ConnHandle;
 use crate::keys;
-use crate::privacy::{self, Presence, Relation};
+use crate::privacy::{self, Audience, Presence, Relation};
 use crate::protocol::{self, Event, Record};
 use crate::store::{Observed, Store};
 
@@ -130,6 +131,8 @@ pub struct Join {
     pub addr: Recipient<GoingAway>,
     /// Its TCP connection, cut if the session falls too far behind.
     pub conn: Option<ConnHandle>,
+    /// When its client was last heard from, epoch ms (kept by the session).
+    pub alive: Arc<AtomicI64>,
 }
 
 /// Tells a session that the node is shutting down.
@@ -191,6 +194,16 @@ pub struct RegistryStats {
     pub resynced: u64,
 }
 
+/// One open session of this node.
+struct Joined {
+    /// Where the shutdown notice goes.
+    going_away: Recipient<GoingAway>,
+    /// Its TCP connection, to cut it from here.
+    conn: Option<ConnHandle>,
+    /// When its client was last heard from, epoch ms.
+    alive: Arc<AtomicI64>,
+}
+
 /// One watching session.
 struct Watcher {
     /// Where its events go.
@@ -209,6 +222,12 @@ pub struct Registry {
     store: Store,
     /// How long a resync waits for live sessions to re-assert.
     resync_delay: Duration,
+    /// Watch policy `contacts`: every view depends on contacts.
+    contacts_only: bool,
+    /// A session whose client has been silent this long is frozen (its
+    /// socket stopped taking bytes, so its own heartbeat cannot run) and is
+    /// cut off; a running session closes itself well before.
+    stall_after: Duration,
     /// Told once the first subscription is in place.
     ready: Option<oneshot::Sender<()>>,
     /// Watched user -> sessions watching it.
@@ -217,7 +236,7 @@ pub struct Registry {
     watchers: HashMap<SessionId, Watcher>,
     /// Every open session of this node: where the shutdown notice goes,
     /// and its connection.
-    sessions: HashMap<SessionId, (Recipient<GoingAway>, Option<ConnHandle>)>,
+    sessions: HashMap<SessionId, Joined>,
     /// Current resync round (0: none yet).
     round: u64,
     /// A resync read is in flight.
@@ -237,12 +256,16 @@ impl Registry {
         client: redis::Client,
         store: Store,
         resync_delay: Duration,
+        contacts_only: bool,
+        stall_after: Duration,
         ready: oneshot::Sender<()>,
     ) -> Self {
         Self {
             client,
             store,
             resync_delay,
+            contacts_only,
+            stall_after,
             ready: Some(ready),
             by_user: HashMap::new(),
             watchers: HashMap::new(),
@@ -284,12 +307,58 @@ impl Registry {
         }
     }
 
+    /// Cuts off sessions whose client has not been heard from for
+    /// `stall_after`: a client that stops reading freezes its session
+    /// (whose own heartbeat then cannot run) even when no event is queued.
+    fn cut_frozen(&mut self) {
+        let limit = crate::store::now_ms() - self.stall_after.as_millis() as i64;
+        let frozen: Vec<SessionId> = self
+            .sessions
+            .iter()
+            .filter(|(_, s)| s.alive.load(Ordering::Relaxed) < limit)
+            .map(|(id, _)| *id)
+            .collect();
+        for session in frozen {
+            self.cut_off(session);
+            // Cut once: its close will send Disconnect.
+            if let Some(s) = self.sessions.get(&session) {
+                s.alive.store(i64::MAX, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Asks every local watcher of `user` to re-read how it stands to it.
+    /// A watcher whose mailbox is full is cut off like for an event: a
+    /// lost re-read could leave it seeing what it no longer may.
+    fn recheck(&mut self, user: &str) {
+        let Some(sessions) = self.by_user.get(user) else {
+            return;
+        };
+        let mut slow = Vec::new();
+        for session in sessions {
+            if let Some(w) = self.watchers.get(session) {
+                let msg = Recheck {
+                    user: user.to_string(),
+                };
+                if let Err(SendError::Full(_)) = w.recheck.try_send(msg) {
+                    slow.push(*session);
+                }
+            }
+        }
+        for session in slow {
+            self.cut_off(session);
+        }
+    }
+
     /// Disconnects a session that cannot keep up; its close releases its
     /// device like any other.
     fn cut_off(&mut self, session: SessionId) {
         log::warn!("session {session} reads too slowly: its queue is full, disconnecting");
         crate::metrics::slow_consumer_dropped();
-        if let Some((_, Some(conn))) = self.sessions.get(&session) {
+        if let Some(Joined {
+            conn: Some(conn), ..
+        }) = self.sessions.get(&session)
+        {
             conn.cut();
         }
         if let Some(w) = self.watchers.remove(&session) {
@@ -335,6 +404,7 @@ impl Actor for Registry {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Self::Context) {
+        ctx.run_interval(self.stall_after / 2, |act, _| act.cut_frozen());
         let addr = ctx.address();
         let on_subscribed = addr.clone();
         actix::spawn(crate::pubsub::run(
@@ -379,6 +449,15 @@ impl Handler<Resynced> for Registry {
             }
             sent += 1;
             self.deliver(Deliver::new(&o.presence, o.seq, true));
+            // A contacts change may have been missed too: watchers of a
+            // user whose view depends on contacts re-read their relation.
+            let p = &o.presence;
+            if self.contacts_only
+                || p.show_online == Audience::Contacts
+                || p.show_last_seen == Audience::Contacts
+            {
+                self.recheck(&p.user);
+            }
         }
         self.resynced += sent;
         crate::metrics::registry_resynced(sent);
@@ -429,7 +508,14 @@ impl Handler<Join> for Registry {
     type Result = ();
 
     fn handle(&mut self, msg: Join, _: &mut Self::Context) {
-        self.sessions.insert(msg.session, (msg.addr, msg.conn));
+        self.sessions.insert(
+            msg.session,
+            Joined {
+                going_away: msg.addr,
+                conn: msg.conn,
+                alive: msg.alive,
+            },
+        );
     }
 }
 
@@ -437,8 +523,8 @@ impl Handler<Shutdown> for Registry {
     type Result = usize;
 
     fn handle(&mut self, _: Shutdown, _: &mut Self::Context) -> usize {
-        for (addr, _) in self.sessions.values() {
-            addr.do_send(GoingAway);
+        for s in self.sessions.values() {
+            s.going_away.do_send(GoingAway);
         }
         self.sessions.len()
     }
@@ -469,16 +555,7 @@ impl Handler<Published> for Registry {
             }
         };
         match wire {
-            Wire::ContactsChanged { user, .. } => {
-                let Some(sessions) = self.by_user.get(&user) else {
-                    return;
-                };
-                for session in sessions {
-                    if let Some(w) = self.watchers.get(session) {
-                        let _ = w.recheck.try_send(Recheck { user: user.clone() });
-                    }
-                }
-            }
+            Wire::ContactsChanged { user, .. } => self.recheck(&user),
             Wire::Event(event) => {
                 crate::metrics::transition_published(event.presence.status.as_str());
                 if !self.by_user.contains_key(&event.presence.user) {

@@ -70,6 +70,8 @@ pub async fn run(
         client.clone(),
         store.clone(),
         config.heartbeat + RESYNC_MARGIN,
+        config.contacts_only,
+        config.client_timeout() + config.heartbeat,
         registry_ready,
     )
     .start();

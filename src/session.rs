@@ -8,6 +8,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -22,7 +23,9 @@ use crate::privacy::{self, Relation};
 use crate::protocol::Record;
 use crate::protocol::{self, ClientFrame, ErrorCode, ProtocolError, Status};
 use crate::registry::{self, Deliver, GoingAway, Recheck, Registry, SessionId};
-use crate::store::{Arrival, ArriveMode, ChosenStatus, Departure, Observed, Store, StoreResult};
+use crate::store::{
+    now_ms, Arrival, ArriveMode, ChosenStatus, Departure, Observed, Store, StoreResult,
+};
 
 /// Close code sent when another connection of the same device took the lease.
 pub const CLOSE_REPLACED: u16 = 4001;
@@ -59,6 +62,9 @@ pub struct Session {
     config: Arc<Config>,
     /// Last client frame or pong; a silent client is disconnected.
     last_activity: Instant,
+    /// The same, in epoch ms, shared with the registry, which cuts off a
+    /// session frozen by a client that stopped reading.
+    alive: Arc<AtomicI64>,
     /// When the last lease refresh started (throttling).
     last_refresh: Instant,
     /// A refresh is in flight.
@@ -137,6 +143,7 @@ impl Session {
             registry,
             config,
             last_activity: now,
+            alive: Arc::new(AtomicI64::new(now_ms())),
             last_refresh: now,
             refreshing: false,
             watching: HashMap::new(),
@@ -222,6 +229,7 @@ impl Session {
     /// Redis was unreachable) claims it again with the user's status.
     fn touch(&mut self, ctx: &mut ws::WebsocketContext<Self>) {
         self.last_activity = Instant::now();
+        self.alive.store(now_ms(), Ordering::Relaxed);
         if !self.claimed
             || self.refreshing
             || self.last_refresh.elapsed() < self.config.refresh_interval()
@@ -288,9 +296,15 @@ impl Session {
                 };
                 let store = self.store.clone();
                 let user = self.user.clone();
+                let chosen_text = text.clone().unwrap_or_default();
                 let set = async move { store.set_status(&user, status, text.as_deref()).await };
-                ctx.wait(set.into_actor(self).map(|res, act, ctx| match res {
-                    Ok(chosen) => act.known_status = Some(chosen),
+                ctx.wait(set.into_actor(self).map(move |res, act, ctx| match res {
+                    Ok(since) => {
+                        let known = act.known_status.get_or_insert_with(Default::default);
+                        known.status = status.as_str().to_string();
+                        known.text = chosen_text;
+                        known.since = since;
+                    }
                     Err(e) => {
                         log::warn!("{}: status change failed: {e}", act.user);
                         act.send_error(ctx, &unavailable());
@@ -308,8 +322,17 @@ impl Session {
                 let store = self.store.clone();
                 let user = self.user.clone();
                 let set = async move { store.set_privacy(&user, online, last_seen).await };
-                ctx.wait(set.into_actor(self).map(|res, act, ctx| {
-                    if let Err(e) = res {
+                ctx.wait(set.into_actor(self).map(move |res, act, ctx| match res {
+                    Ok(_) => {
+                        let known = act.known_status.get_or_insert_with(Default::default);
+                        if let Some(a) = online {
+                            known.show_online = a.as_str().to_string();
+                        }
+                        if let Some(a) = last_seen {
+                            known.show_last_seen = a.as_str().to_string();
+                        }
+                    }
+                    Err(e) => {
                         log::warn!("{}: privacy change failed: {e}", act.user);
                         act.send_error(ctx, &unavailable());
                     }
@@ -451,6 +474,7 @@ impl Actor for Session {
             session: self.id,
             addr: ctx.address().recipient(),
             conn: self.conn.take(),
+            alive: self.alive.clone(),
         });
         self.hb(ctx);
         let claim = self.arrive(ArriveMode::Connect);

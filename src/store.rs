@@ -42,15 +42,20 @@ pub enum ArriveMode {
     Refresh,
 }
 
-/// A user's chosen status as stored in Redis.
+/// A user's chosen status and privacy settings as stored in Redis; what a
+/// session re-asserts if Redis loses them.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ChosenStatus {
-    /// online, away or busy.
+    /// online, away, busy or invisible ("" for none chosen).
     pub status: String,
     /// Free text, "" for none.
     pub text: String,
-    /// When it was chosen, epoch ms.
+    /// When the status was chosen, epoch ms.
     pub since: i64,
+    /// Who may see the user online ("" when unset).
+    pub show_online: String,
+    /// Who may see the user's last seen ("" when unset).
+    pub show_last_seen: String,
 }
 
 /// Outcome of [`Store::arrive`].
@@ -310,9 +315,12 @@ impl Store {
         .arg(&fallback.status)
         .arg(&fallback.text)
         .arg(fallback.since)
-        .arg(self.max_devices);
+        .arg(self.max_devices)
+        .arg(&fallback.show_online)
+        .arg(&fallback.show_last_seen);
         let reply = self.query(&pipe).await?;
-        let (held, came_online, status, text, since): (i64, i64, String, String, String) =
+        type Reply = (i64, i64, String, String, String, String, String);
+        let (held, came_online, status, text, since, show_online, show_last_seen): Reply =
             match reply.first() {
                 Some(v) => redis::from_redis_value_ref(v)?,
                 None => return Err(StoreError::Reply("arrive: empty reply".into())),
@@ -341,10 +349,12 @@ impl Store {
         self.query(&pipe).await?;
         Ok(Arrival::Held {
             came_online: came_online == 1,
-            status: (!status.is_empty()).then(|| ChosenStatus {
+            status: Some(ChosenStatus {
                 status,
                 text,
                 since: since.parse().unwrap_or(0),
+                show_online,
+                show_last_seen,
             }),
             deadline,
         })
@@ -400,31 +410,30 @@ impl Store {
     }
 
     /// Sets a user's status and text; publishes it when the user is online.
-    /// Returns the stored status.
+    /// Returns when the status was chosen (a change of text alone keeps it).
     pub async fn set_status(
         &self,
         user: &str,
         status: Status,
         text: Option<&str>,
-    ) -> StoreResult<ChosenStatus> {
-        let chosen = ChosenStatus {
-            status: status.as_str().to_string(),
-            text: text.unwrap_or("").to_string(),
-            since: now_ms(),
-        };
+    ) -> StoreResult<i64> {
         let mut pipe = redis::pipe();
         eval(
             &mut pipe,
             &self.scripts.status,
             &[&keys::status(user), &keys::count(user)],
         )
-        .arg(&chosen.status)
-        .arg(&chosen.text)
-        .arg(chosen.since)
+        .arg(status.as_str())
+        .arg(text.unwrap_or(""))
+        .arg(now_ms())
         .arg(user)
         .arg(keys::EVENTS);
-        self.query(&pipe).await?;
-        Ok(chosen)
+        let reply = self.query(&pipe).await?;
+        let (_, since): (i64, String) = match reply.first() {
+            Some(v) => redis::from_redis_value_ref(v)?,
+            None => return Err(StoreError::Reply("status: empty reply".into())),
+        };
+        Ok(since.parse().unwrap_or(0))
     }
 
     /// The true presence of `users`, in order, each with its transition
@@ -797,8 +806,8 @@ impl Store {
         Ok((due.len(), removed))
     }
 
-    /// Forgets users offline for longer than `retention`: their last-seen
-    /// entry, and their status hash when no device came back. Returns how
+    /// Forgets users offline for longer than `retention`: their last seen
+    /// (index entry and field) and status text, when no device came back. Returns how
     /// many were forgotten (at most `max` per call).
     pub async fn trim_last_seen(&self, retention: Duration, max: usize) -> StoreResult<usize> {
         let mut conn = self.conn.clone();
@@ -830,10 +839,12 @@ impl Store {
         for ((user, _), removed) in old.iter().zip(&reply) {
             if int(removed)? == 1 {
                 forgotten += 1;
-                // Only when offline: a user online again keeps its status.
+                // Only when offline: a user online again keeps all of it. The
+                // chosen status and the privacy settings stay: forgetting
+                // them would show an invisible or hidden user online.
                 forget
                     .cmd("EVAL")
-                    .arg("if redis.call('EXISTS', KEYS[2]) == 0 then return redis.call('DEL', KEYS[1]) end return 0")
+                    .arg("if redis.call('EXISTS', KEYS[2]) == 0 then return redis.call('HDEL', KEYS[1], 'last_seen', 'text', 'active') end return 0")
                     .arg(2)
                     .arg(keys::status(user))
                     .arg(keys::count(user))

@@ -155,3 +155,40 @@ async fn devices_per_user_are_limited() {
     let _b2 = Client::connect(&node, "alice", "b").await;
     assert_eq!(count(&redis, "alice").await, 2);
 }
+
+/// A client that stops reading freezes its session even with no events for
+/// it (its own heartbeat cannot run); the registry cuts it off anyway.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_is_cut_off_without_events() {
+    let redis = Redis::start();
+    let node = Node::start(&redis, "n1");
+    let mut monitor = Client::connect(&node, "monitor", "m").await;
+    monitor.watch(&["stalled"]).await;
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let stream = socket.connect(node.addr).await.unwrap();
+    let (mut stalled, _) = tokio_tungstenite::client_async(node.ws_url("stalled", "s"), stream)
+        .await
+        .unwrap();
+    assert_eq!(monitor.expect("presence").await["status"], "online");
+    // Large snapshots it never reads fill every buffer on the way.
+    let users: Vec<String> = (0..1000).map(|i| format!("u{i}")).collect();
+    let frame = json!({"type":"watch","users":users}).to_string();
+    for _ in 0..50 {
+        stalled
+            .send(Message::Text(frame.clone().into()))
+            .await
+            .unwrap();
+    }
+    let ev = monitor.expect("presence").await;
+    assert_eq!(
+        (ev["user"].as_str(), ev["status"].as_str()),
+        (Some("stalled"), Some("offline")),
+        "{ev}"
+    );
+    wait_until("the frozen session is gone", DEADLINE, || async {
+        get(&format!("{}/healthz", node.http())).await.1["registry"]["sessions"] == 1
+    })
+    .await;
+    drop(stalled);
+}

@@ -163,3 +163,88 @@ async fn missed_expired_events_are_repaired_by_reconciliation() {
         "{ev}"
     );
 }
+
+/// Redis comes back empty while a user is invisible and hides its last
+/// seen: its sessions re-assert those choices with the lease, so nobody
+/// sees it flash online.
+#[tokio::test]
+async fn hidden_users_stay_hidden_when_redis_comes_back_empty() {
+    let mut redis = Redis::start();
+    let node = Node::start(&redis, "n1");
+    let mut w = Client::connect(&node, "watcher", "w").await;
+    w.watch(&["alice", "bob"]).await;
+    let mut alice = Client::connect(&node, "alice", "phone").await;
+    assert_eq!(w.expect("presence").await["status"], "online");
+    alice
+        .send(json!({"type":"privacy","online":"nobody","last_seen":"nobody"}))
+        .await;
+    alice
+        .send(json!({"type":"status","status":"invisible"}))
+        .await;
+    let ev = w.expect("presence").await;
+    assert_eq!(
+        (ev["user"].as_str(), ev["status"].as_str()),
+        (Some("alice"), Some("offline")),
+        "{ev}"
+    );
+    let mut bob = Client::connect(&node, "bob", "laptop").await;
+    assert_eq!(w.expect("presence").await["user"], "bob");
+
+    // Stored before Redis goes away.
+    wait_until("invisible stored", DEADLINE, || async {
+        let mut c = redis.aconn().await;
+        let st: Option<String> = redis::cmd("HGET")
+            .arg("presence-status:{alice}")
+            .arg("status")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        st.as_deref() == Some("invisible")
+    })
+    .await;
+    redis.restart_empty();
+    wait_until("alice's choices re-asserted", DEADLINE, || async {
+        let mut c = redis.aconn().await;
+        let h: (Option<String>, Option<String>, Option<String>) = redis::cmd("HMGET")
+            .arg("presence-status:{alice}")
+            .arg(&["status", "show_online", "show_last_seen"])
+            .query_async(&mut c)
+            .await
+            .unwrap_or((None, None, None));
+        h == (
+            Some("invisible".into()),
+            Some("nobody".into()),
+            Some("nobody".into()),
+        ) && count(&redis, "alice").await == 1
+    })
+    .await;
+    // After the resync delay, the next thing the watcher hears is bob's
+    // status change: alice never flashed online.
+    wait_until("bob re-asserted", DEADLINE, || async {
+        count(&redis, "bob").await == 1
+    })
+    .await;
+    wait_until(
+        "the registry re-read its watched users",
+        DEADLINE,
+        || async {
+            get(&format!("{}/healthz", node.http())).await.1["registry"]["resynced"]
+                .as_u64()
+                .is_some_and(|n| n > 0)
+        },
+    )
+    .await;
+    bob.send(json!({"type":"status","status":"away"})).await;
+    let ev = w.expect("presence").await;
+    assert_eq!(
+        (ev["user"].as_str(), ev["status"].as_str()),
+        (Some("bob"), Some("away")),
+        "{ev}"
+    );
+    let (_, rec) = get(&format!("{}/api/presence/alice", node.http())).await;
+    assert_eq!(
+        (rec["status"].as_str(), rec["last_seen"].is_null()),
+        (Some("offline"), true),
+        "{rec}"
+    );
+}

@@ -24,7 +24,13 @@ async fn trims_last_seen_older_than_the_retention() {
         pipe.cmd("HSET")
             .arg(format!("presence-status:{{{user}}}"))
             .arg("status")
-            .arg("away")
+            .arg("invisible")
+            .arg("show_online")
+            .arg("nobody")
+            .arg("text")
+            .arg("gone fishing")
+            .arg("last_seen")
+            .arg(now - age_days * DAY_MS)
             .ignore();
     }
     // "back" went offline long ago but is online again now.
@@ -51,19 +57,25 @@ async fn trims_last_seen_older_than_the_retention() {
         .await
         .unwrap();
     assert_eq!(left, ["recent"]);
-    let exists = |user: &str| {
-        redis::cmd("EXISTS")
+    // Last seen and text are forgotten; the chosen status and privacy
+    // settings stay, or an invisible user would show online when back.
+    for (user, forgotten) in [("old", true), ("recent", false), ("back", false)] {
+        let (status, show_online, text, last_seen): (
+            Option<String>,
+            Option<String>,
+            Option<String>,
+            Option<i64>,
+        ) = redis::cmd("HMGET")
             .arg(format!("presence-status:{{{user}}}"))
-            .clone()
-    };
-    let old: i64 = exists("old").query_async(&mut c).await.unwrap();
-    let recent: i64 = exists("recent").query_async(&mut c).await.unwrap();
-    let back: i64 = exists("back").query_async(&mut c).await.unwrap();
-    assert_eq!(
-        (old, recent, back),
-        (0, 1, 1),
-        "an online user keeps its status"
-    );
+            .arg(&["status", "show_online", "text", "last_seen"])
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        assert_eq!(status.as_deref(), Some("invisible"), "{user}");
+        assert_eq!(show_online.as_deref(), Some("nobody"), "{user}");
+        assert_eq!(text.is_none(), forgotten, "{user}");
+        assert_eq!(last_seen.is_none(), forgotten, "{user}");
+    }
 
     // Nothing more to trim.
     assert_eq!(

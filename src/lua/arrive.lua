@@ -18,8 +18,10 @@
 -- ARGV[9] that status's text ("" when none)
 -- ARGV[10] that status's `since`, epoch ms
 -- ARGV[11] most devices the user may have (connect only)
+-- ARGV[12] show_online this connection last knew ("" when none)
+-- ARGV[13] show_last_seen this connection last knew ("" when none)
 --
--- Returns {held, came_online, status, text, since}:
+-- Returns {held, came_online, status, text, since, show_online, show_last_seen}:
 --   held        1 when the lease now belongs to ARGV[1], 0 when another
 --               connection owns it (refresh only: this connection was replaced),
 --               -1 when the user already has ARGV[11] other devices (connect
@@ -27,13 +29,14 @@
 --   came_online 1 when this call made the user's first device arrive; the
 --               `online` event has then been published
 --   status, text, since: the user's chosen status now ("" when none)
+--   show_online, show_last_seen: the user's privacy settings ("" when unset)
 local current = redis.call('GET', KEYS[1])
 if ARGV[5] == 'refresh' and current and current ~= ARGV[1] then
-  return {0, 0, '', '', '0'}
+  return {0, 0, '', '', '0', '', ''}
 end
 if ARGV[5] == 'connect' and redis.call('SISMEMBER', KEYS[3], ARGV[3]) == 0
     and redis.call('SCARD', KEYS[3]) >= tonumber(ARGV[11]) then
-  return {-1, 0, '', '', '0'}
+  return {-1, 0, '', '', '0', '', ''}
 end
 if current == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -53,14 +56,27 @@ if ARGV[8] ~= '' and (not st[1] or tonumber(st[3] or '0') < tonumber(ARGV[10])) 
     st = {ARGV[8], ARGV[9], ARGV[10]}
   end
 end
+-- Privacy settings Redis lost are restored too, before anything is
+-- announced: a user who hides must not flash online.
+local privacy = redis.call('HMGET', KEYS[4], 'show_online', 'show_last_seen')
+local known_online, known_last_seen = ARGV[12] or '', ARGV[13] or ''
+if not privacy[1] and known_online ~= '' then
+  redis.call('HSET', KEYS[4], 'show_online', known_online)
+  privacy[1] = known_online
+end
+if not privacy[2] and known_last_seen ~= '' then
+  redis.call('HSET', KEYS[4], 'show_last_seen', known_last_seen)
+  privacy[2] = known_last_seen
+end
 redis.call('HSET', KEYS[4], 'active', ARGV[4])
 local status, text, since = st[1] or '', st[2] or '', st[3] or '0'
+local show_online, show_last_seen = privacy[1] or '', privacy[2] or ''
 if redis.call('SADD', KEYS[3], ARGV[3]) == 0 then
-  return {1, 0, status, text, since}
+  return {1, 0, status, text, since, show_online, show_last_seen}
 end
 local count = redis.call('INCR', KEYS[2])
 if count ~= 1 then
-  return {1, 0, status, text, since}
+  return {1, 0, status, text, since, show_online, show_last_seen}
 end
 publish_event(ARGV[7], KEYS[4], ARGV[6], 1, nil, next_seq(KEYS[4], ARGV[4]))
-return {1, 1, status, text, since}
+return {1, 1, status, text, since, show_online, show_last_seen}

@@ -9,14 +9,19 @@
 -- ARGV[4] user id
 -- ARGV[5] pub/sub channel for transitions
 --
--- Returns 1 when a `presence` event was published, 0 otherwise.
-local old = redis.call('HMGET', KEYS[1], 'status', 'text')
+-- Returns {published, since}: 1 when a `presence` event was published, and
+-- when the current status was chosen (a change of text alone keeps it, so
+-- that an invisible user's last seen, which is that moment, never moves).
+local old = redis.call('HMGET', KEYS[1], 'status', 'text', 'since')
 local old_status = old[1] or 'online'
 local old_text = old[2] or ''
 if old_status == ARGV[1] and old_text == ARGV[2] then
-  return 0
+  return {0, old[3] or ARGV[3]}
 end
-redis.call('HSET', KEYS[1], 'status', ARGV[1], 'since', ARGV[3])
+if old_status ~= ARGV[1] or not old[3] then
+  redis.call('HSET', KEYS[1], 'status', ARGV[1], 'since', ARGV[3])
+end
+local since = redis.call('HGET', KEYS[1], 'since')
 if ARGV[2] == '' then
   redis.call('HDEL', KEYS[1], 'text')
 else
@@ -24,7 +29,7 @@ else
 end
 local count = tonumber(redis.call('GET', KEYS[2]) or '0')
 if count <= 0 then
-  return 0
+  return {0, since}
 end
 publish_event(ARGV[5], KEYS[1], ARGV[4], count, nil, next_seq(KEYS[1], ARGV[3]))
-return 1
+return {1, since}

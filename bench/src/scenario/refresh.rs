@@ -237,6 +237,10 @@ pub async fn run(common: &Common, args: &RefreshArgs) -> anyhow::Result<()> {
                         .arg("")
                         .arg("")
                         .arg(0)
+                        // Devices per user (connect only), known privacy.
+                        .arg(32)
+                        .arg("")
+                        .arg("")
                         .ignore();
                     pipe.cmd("ZADD")
                         .arg("presence-leases")
