@@ -89,31 +89,7 @@ async fn thousand_devices_of_a_killed_node_expire_on_time_beside_100k_live_lease
 /// index), with a TTL far beyond the test.
 async fn fill_live_leases(redis: &Redis) {
     let mut c = redis.aconn().await;
-    let deadline = presence_server::store::now_ms() + 600_000;
-    for start in (0..LIVE_LEASES).step_by(10_000) {
-        let mut pipe = redis::pipe();
-        for i in start..start + 10_000 {
-            let user = format!("live{i}");
-            pipe.cmd("SET")
-                .arg(format!("presence:{{{user}}}:d"))
-                .arg("elsewhere 1 0")
-                .arg("PX")
-                .arg(600_000)
-                .ignore();
-            pipe.cmd("SADD")
-                .arg(format!("presence-devices:{{{user}}}"))
-                .arg("d")
-                .ignore();
-            pipe.cmd("SET")
-                .arg(format!("presence-count:{{{user}}}"))
-                .arg(1)
-                .ignore();
-            pipe.cmd("ZADD")
-                .arg("presence-leases")
-                .arg(deadline)
-                .arg(format!("{user}:d"))
-                .ignore();
-        }
-        pipe.query_async::<()>(&mut c).await.unwrap();
-    }
+    presence_bench::fixture::live_leases(&mut c, "live", LIVE_LEASES, "elsewhere 1 0", true)
+        .await
+        .unwrap();
 }

@@ -11,6 +11,7 @@
 //! it, and the smoke test calls it with tiny sizes.
 
 pub mod client;
+pub mod fixture;
 pub mod plot;
 pub mod procs;
 pub mod report;

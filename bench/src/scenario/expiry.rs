@@ -45,7 +45,7 @@ pub async fn run(common: &Common, args: &ExpiryArgs) -> anyhow::Result<()> {
     let ttl = Duration::from_millis(3 * hb_ms);
     let mut redis = setup.redis_conn().await?;
     eprintln!("expiry: writing {} live leases", args.live);
-    fill_live_leases(&mut redis, args.live).await?;
+    crate::fixture::live_leases(&mut redis, "live", args.live, "elsewhere 1 0", true).await?;
     setup.start_nodes(common, 2, Some(DEFAULT_HEARTBEAT_MS))?;
     let (node_a, node_b) = (setup.nodes[0].addr, setup.nodes[1].addr);
 
@@ -145,41 +145,5 @@ pub async fn run(common: &Common, args: &ExpiryArgs) -> anyhow::Result<()> {
         offline.len(),
         users.len()
     );
-    Ok(())
-}
-
-/// Writes `n` leases the way a node does (lease, device set, counter,
-/// deadline index) with a TTL far beyond the run.
-async fn fill_live_leases(
-    conn: &mut redis::aio::MultiplexedConnection,
-    n: usize,
-) -> anyhow::Result<()> {
-    let deadline = now_ms() + 600_000;
-    for start in (0..n).step_by(10_000) {
-        let mut pipe = redis::pipe();
-        for i in start..(start + 10_000).min(n) {
-            let user = format!("live{i}");
-            pipe.cmd("SET")
-                .arg(format!("presence:{{{user}}}:d"))
-                .arg("elsewhere 1 0")
-                .arg("PX")
-                .arg(600_000)
-                .ignore();
-            pipe.cmd("SADD")
-                .arg(format!("presence-devices:{{{user}}}"))
-                .arg("d")
-                .ignore();
-            pipe.cmd("SET")
-                .arg(format!("presence-count:{{{user}}}"))
-                .arg(1)
-                .ignore();
-            pipe.cmd("ZADD")
-                .arg("presence-leases")
-                .arg(deadline)
-                .arg(format!("{user}:d"))
-                .ignore();
-        }
-        pipe.query_async::<()>(conn).await?;
-    }
     Ok(())
 }

@@ -183,27 +183,7 @@ pub async fn run(common: &Common, args: &RefreshArgs) -> anyhow::Result<()> {
         .query_async(&mut redis)
         .await?;
     let owner = "bench 1 0";
-    for start in (0..args.devices).step_by(1000) {
-        let mut pipe = redis::pipe();
-        for i in start..(start + 1000).min(args.devices) {
-            let user = format!("x{i}");
-            pipe.cmd("SET")
-                .arg(format!("presence:{{{user}}}:d"))
-                .arg(owner)
-                .arg("PX")
-                .arg(600_000)
-                .ignore();
-            pipe.cmd("SADD")
-                .arg(format!("presence-devices:{{{user}}}"))
-                .arg("d")
-                .ignore();
-            pipe.cmd("SET")
-                .arg(format!("presence-count:{{{user}}}"))
-                .arg(1)
-                .ignore();
-        }
-        pipe.query_async::<()>(&mut redis).await?;
-    }
+    crate::fixture::live_leases(&mut redis, "x", args.devices, owner, false).await?;
     let done = Arc::new(AtomicU64::new(0));
     let deadline = Instant::now() + secs;
     let mut workers = Vec::new();
