@@ -13,7 +13,7 @@ use crate::auth::{Auth, AuthError, Origins};
 use crate::config::{Config, MAX_QUERY_USERS};
 use crate::conn::ConnHandle;
 use crate::ids;
-use crate::protocol::{parse_privacy, ErrorCode, ProtocolError, Record};
+use crate::protocol::{parse_privacy, ErrorCode, ProtocolError, Record, Status};
 use crate::registry::{GetStats, Registry};
 use crate::session::{Identity, Session};
 use crate::store::{now_ms, Cursor, DeviceInfo, LeaseOwner, Store, StoreError};
@@ -150,6 +150,9 @@ struct Connect {
     device: Option<String>,
     /// A JWT (browsers cannot set headers on a WebSocket handshake).
     token: Option<String>,
+    /// The status to arrive with if none is stored yet (e.g. `invisible`,
+    /// so that a device never shows online before it can say so).
+    status: Option<String>,
 }
 
 impl From<AuthError> for ApiError {
@@ -189,6 +192,13 @@ async fn websocket(
     };
     ids::validate("user", &user).map_err(ApiError::from)?;
     ids::validate("device", &device).map_err(ApiError::from)?;
+    let status = match query.status.as_deref() {
+        None | Some("") => None,
+        Some(s) => Some(Status::parse(s).map_err(|error| ApiError {
+            status: StatusCode::BAD_REQUEST,
+            error,
+        })?),
+    };
     crate::metrics::METRICS.sessions_opened.inc();
     let id = state.next_session.fetch_add(1, Ordering::Relaxed);
     let owner = LeaseOwner::format(&state.config.node_id, &id.to_string(), now_ms());
@@ -197,6 +207,7 @@ async fn websocket(
         user,
         device,
         owner,
+        status,
     };
     let session = Session::new(
         who,

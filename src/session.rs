@@ -109,6 +109,8 @@ pub struct Identity {
     pub device: String,
     /// Its lease value (`<node> <conn> <since>`).
     pub owner: String,
+    /// The status to arrive with when none is stored yet.
+    pub status: Option<Status>,
 }
 
 impl Default for Seen {
@@ -147,7 +149,11 @@ impl Session {
             last_refresh: now,
             refreshing: false,
             watching: HashMap::new(),
-            known_status: None,
+            // Since 0: applied only where no status is stored at all.
+            known_status: who.status.map(|s| ChosenStatus {
+                status: s.as_str().to_string(),
+                ..ChosenStatus::default()
+            }),
             conn,
             tokens: burst,
             refilled: now,

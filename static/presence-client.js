@@ -144,6 +144,9 @@
       const params = new URLSearchParams({ device: this.device });
       if (this.token) params.set("token", this.token);
       else params.set("user", this.user);
+      // The chosen status travels with the handshake too, so that a device
+      // coming back invisible never shows online, even for a moment.
+      if (this.status) params.set("status", this.status.status);
       const sep = this.url.includes("?") ? "&" : "?";
       let ws;
       this._setState(this.attempt ? "reconnecting" : "connecting", { attempt: this.attempt, url: this.url });

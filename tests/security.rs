@@ -545,3 +545,38 @@ async fn _bob_status(node: &Node) {
     })
     .await;
 }
+
+/// A device may arrive already invisible (`?status=invisible`): a user with
+/// no stored status never flashes online.
+#[tokio::test]
+async fn arriving_invisible_never_shows_online() {
+    let redis = Redis::start();
+    let node = Node::start(&redis, "n1");
+    let mut w = Client::connect(&node, "watcher", "w").await;
+    w.watch(&["newbie", "marker"]).await;
+    let url = format!(
+        "ws://{}/ws?user=newbie&device=d&status=invisible",
+        node.addr
+    );
+    let mut newbie = Client::connect_raw(&url, "newbie", "d").await.unwrap();
+    newbie.expect("hello").await;
+    assert_eq!(newbie.watch(&["newbie"]).await[0]["status"], "invisible");
+    // The next thing the watcher hears is the marker, not newbie.
+    let _marker = Client::connect(&node, "marker", "m").await;
+    let ev = w.expect("presence").await;
+    assert_eq!(ev["user"], "marker", "{ev}");
+    let (_, rec) = get(&format!("{}/api/presence/newbie", node.http())).await;
+    assert_eq!(rec["status"], "offline");
+    // A stored status wins over the parameter.
+    let again = format!("ws://{}/ws?user=newbie&device=e&status=online", node.addr);
+    let mut second = Client::connect_raw(&again, "newbie", "e").await.unwrap();
+    second.expect("hello").await;
+    let (_, rec) = get(&format!(
+        "{}/api/presence/newbie?viewer=newbie",
+        node.http()
+    ))
+    .await;
+    assert_eq!(rec["status"], "invisible");
+    let bad = format!("ws://{}/ws?user=x&device=d&status=sleepy", node.addr);
+    assert_eq!(handshake(&bad, &[]).await, 400);
+}

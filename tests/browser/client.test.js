@@ -60,7 +60,8 @@ test("status and watches chosen before the connection opens are sent after hello
   c.connect(); // a second call while opening does nothing
   assert.equal(ScriptedSocket.all.length, 1);
   const ws = ScriptedSocket.all[0];
-  assert.equal(ws.url, "ws://a/ws?device=d1&user=alice");
+  // The chosen status travels with the handshake as well.
+  assert.equal(ws.url, "ws://a/ws?device=d1&user=alice&status=busy");
   assert.deepEqual(ws.sent, []);
   ws.hello();
   assert.deepEqual(ws.sent, [
