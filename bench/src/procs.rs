@@ -117,7 +117,8 @@ pub struct Node {
 
 impl Node {
     /// Spawns `bin` against `redis_url` on a random loopback port with
-    /// `--heartbeat-ms heartbeat_ms` and waits until it listens.
+    /// `--heartbeat-ms heartbeat_ms`, the frame-rate limit lifted, and waits
+    /// until it listens.
     pub fn spawn(
         bin: &Path,
         redis_url: &str,
@@ -126,7 +127,11 @@ impl Node {
     ) -> anyhow::Result<Self> {
         let mut cmd = Command::new(bin);
         cmd.args(["--listen", "127.0.0.1:0", "--redis-url", redis_url])
-            .args(["--node-id", id]);
+            .args(["--node-id", id])
+            // The bench measures throughput: `refresh` sends heartbeats as
+            // fast as the node reads them, which the per-connection flood
+            // limit (tested in tests/limits.rs) would close.
+            .args(["--max-frames-per-sec", "1000000"]);
         if let Some(hb) = heartbeat_ms {
             cmd.args(["--heartbeat-ms", &hb.to_string()]);
         }
