@@ -109,9 +109,13 @@ impl JwtVerifier {
 /// The token of a request: `?token=` (browsers cannot set headers on a
 /// WebSocket handshake) or `Authorization: Bearer`.
 fn token<'a>(req: &'a HttpRequest, query_token: Option<&'a str>) -> Option<&'a str> {
-    if let Some(t) = query_token.filter(|t| !t.is_empty()) {
-        return Some(t);
-    }
+    query_token
+        .filter(|t| !t.is_empty())
+        .or_else(|| bearer(req))
+}
+
+/// The credential of an `Authorization: Bearer <credential>` header.
+pub fn bearer(req: &HttpRequest) -> Option<&str> {
     req.headers()
         .get(header::AUTHORIZATION)?
         .to_str()

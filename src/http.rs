@@ -63,13 +63,30 @@ impl ApiError {
     }
 }
 
-impl From<ids::IdError> for ApiError {
-    fn from(e: ids::IdError) -> Self {
+impl From<ProtocolError> for ApiError {
+    /// Input the protocol refuses is a 400 with the same code.
+    fn from(error: ProtocolError) -> Self {
         Self {
             status: StatusCode::BAD_REQUEST,
-            error: e.into(),
+            error,
         }
     }
+}
+
+impl From<ids::IdError> for ApiError {
+    fn from(e: ids::IdError) -> Self {
+        ProtocolError::from(e).into()
+    }
+}
+
+/// Query-string and path errors: a 400 with `bad_request`.
+fn bad_input(err: impl std::fmt::Display) -> actix_web::Error {
+    ApiError::new(
+        StatusCode::BAD_REQUEST,
+        ErrorCode::BadRequest,
+        err.to_string(),
+    )
+    .into()
 }
 
 impl From<StoreError> for ApiError {
@@ -109,22 +126,8 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
                 ApiError::new(status, ErrorCode::BadRequest, err.to_string()).into()
             }),
     )
-    .app_data(web::QueryConfig::default().error_handler(|err, _| {
-        ApiError::new(
-            StatusCode::BAD_REQUEST,
-            ErrorCode::BadRequest,
-            err.to_string(),
-        )
-        .into()
-    }))
-    .app_data(web::PathConfig::default().error_handler(|err, _| {
-        ApiError::new(
-            StatusCode::BAD_REQUEST,
-            ErrorCode::BadRequest,
-            err.to_string(),
-        )
-        .into()
-    }))
+    .app_data(web::QueryConfig::default().error_handler(|err, _| bad_input(err)))
+    .app_data(web::PathConfig::default().error_handler(|err, _| bad_input(err)))
     .route("/ws", web::get().to(websocket))
     .route("/api/presence/query", web::post().to(query))
     .route("/api/presence/{user}", web::get().to(presence))
@@ -194,10 +197,7 @@ async fn websocket(
     ids::validate("device", &device).map_err(ApiError::from)?;
     let status = match query.status.as_deref() {
         None | Some("") => None,
-        Some(s) => Some(Status::parse(s).map_err(|error| ApiError {
-            status: StatusCode::BAD_REQUEST,
-            error,
-        })?),
+        Some(s) => Some(Status::parse(s).map_err(ApiError::from)?),
     };
     crate::metrics::METRICS.sessions_opened.inc();
     let id = state.next_session.fetch_add(1, Ordering::Relaxed);
@@ -390,11 +390,7 @@ async fn set_privacy(
             .into());
         }
     }
-    let (online, last_seen) = parse_privacy(body.online.as_deref(), body.last_seen.as_deref())
-        .map_err(|error| ApiError {
-            status: StatusCode::BAD_REQUEST,
-            error,
-        })?;
+    let (online, last_seen) = parse_privacy(body.online.as_deref(), body.last_seen.as_deref())?;
     state.store.set_privacy(&user, online, last_seen).await?;
     Ok(HttpResponse::NoContent().finish())
 }
@@ -410,12 +406,7 @@ fn is_admin(req: &HttpRequest, state: &AppState) -> bool {
     let Some(key) = state.admin_key.as_deref() else {
         return false;
     };
-    let given = req
-        .headers()
-        .get(actix_web::http::header::AUTHORIZATION)
-        .and_then(|h| h.to_str().ok())
-        .and_then(|h| h.strip_prefix("Bearer "))
-        .unwrap_or("");
+    let given = crate::auth::bearer(req).unwrap_or("");
     // Same time whatever the key, so it cannot be guessed byte by byte.
     given.len() == key.len()
         && given
