@@ -8,6 +8,18 @@ use common::*;
 use serde_json::json;
 use tokio_tungstenite::tungstenite::Message;
 
+/// A WebSocket of user `stalled` with a tiny receive buffer, which the test
+/// never reads after the handshake, so the server's queue for it grows.
+async fn stalled_client(node: &Node) -> tokio_tungstenite::WebSocketStream<tokio::net::TcpStream> {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let stream = socket.connect(node.addr).await.unwrap();
+    let (ws, _) = tokio_tungstenite::client_async(node.ws_url("stalled", "s"), stream)
+        .await
+        .unwrap();
+    ws
+}
+
 /// A watcher that stops reading is disconnected once its queue passes the
 /// bound; its device is released, and a healthy watcher of the same user on
 /// the same node gets every event meanwhile.
@@ -25,14 +37,7 @@ async fn stalled_watcher_is_disconnected_without_affecting_others() {
     let mut monitor = Client::connect(&node, "monitor", "m").await;
     monitor.watch(&["stalled"]).await;
 
-    // A client with a tiny receive buffer that never reads after the
-    // handshake, so the server's queue for it grows.
-    let socket = tokio::net::TcpSocket::new_v4().unwrap();
-    socket.set_recv_buffer_size(4096).unwrap();
-    let stream = socket.connect(node.addr).await.unwrap();
-    let (mut stalled, _) = tokio_tungstenite::client_async(node.ws_url("stalled", "s"), stream)
-        .await
-        .unwrap();
+    let mut stalled = stalled_client(&node).await;
     assert_eq!(monitor.expect("presence").await["status"], "online");
     stalled
         .send(Message::Text(
@@ -63,12 +68,7 @@ async fn stalled_watcher_is_disconnected_without_affecting_others() {
     }
     pipe.query_async::<()>(&mut c).await.unwrap();
 
-    let ev = monitor.expect("presence").await;
-    assert_eq!(
-        (ev["user"].as_str(), ev["status"].as_str()),
-        (Some("stalled"), Some("offline")),
-        "{ev}"
-    );
+    monitor.expect_presence("stalled", "offline").await;
     let mut got = 0;
     while got < events {
         let ev = healthy.expect("presence").await;
@@ -164,12 +164,7 @@ async fn a_client_that_stops_reading_is_cut_off_without_events() {
     let node = Node::start(&redis, "n1");
     let mut monitor = Client::connect(&node, "monitor", "m").await;
     monitor.watch(&["stalled"]).await;
-    let socket = tokio::net::TcpSocket::new_v4().unwrap();
-    socket.set_recv_buffer_size(4096).unwrap();
-    let stream = socket.connect(node.addr).await.unwrap();
-    let (mut stalled, _) = tokio_tungstenite::client_async(node.ws_url("stalled", "s"), stream)
-        .await
-        .unwrap();
+    let mut stalled = stalled_client(&node).await;
     assert_eq!(monitor.expect("presence").await["status"], "online");
     // Large snapshots it never reads fill every buffer on the way.
     let users: Vec<String> = (0..1000).map(|i| format!("u{i}")).collect();
@@ -180,12 +175,7 @@ async fn a_client_that_stops_reading_is_cut_off_without_events() {
             .await
             .unwrap();
     }
-    let ev = monitor.expect("presence").await;
-    assert_eq!(
-        (ev["user"].as_str(), ev["status"].as_str()),
-        (Some("stalled"), Some("offline")),
-        "{ev}"
-    );
+    monitor.expect_presence("stalled", "offline").await;
     wait_until("the frozen session is gone", DEADLINE, || async {
         get(&format!("{}/healthz", node.http())).await.1["registry"]["sessions"] == 1
     })

@@ -77,19 +77,9 @@ async fn redis_restart_with_empty_data() {
 
     // The next frame is carol's offline (from the resync): nothing for
     // alice or bob, whose leases were re-asserted without a flicker.
-    let ev = w.expect("presence").await;
-    assert_eq!(
-        (ev["user"].as_str(), ev["status"].as_str()),
-        (Some("carol"), Some("offline")),
-        "{ev}"
-    );
+    w.expect_presence("carol", "offline").await;
     bob.send(json!({"type":"status","status":"away"})).await;
-    let ev = w.expect("presence").await;
-    assert_eq!(
-        (ev["user"].as_str(), ev["status"].as_str()),
-        (Some("bob"), Some("away")),
-        "{ev}"
-    );
+    w.expect_presence("bob", "away").await;
 
     // A new watcher sees the repaired truth, alice's status included.
     let mut late = Client::connect(&a, "late", "w").await;
@@ -135,12 +125,7 @@ async fn missed_expired_events_are_repaired_by_reconciliation() {
         .await
         .unwrap();
 
-    let ev = w.expect("presence").await;
-    assert_eq!(
-        (ev["user"].as_str(), ev["status"].as_str()),
-        (Some("alice"), Some("offline")),
-        "{ev}"
-    );
+    let ev = w.expect_presence("alice", "offline").await;
     assert!(ev["last_seen"].as_i64().is_some());
     assert_eq!(count(&redis, "alice").await, 0);
     let members: Vec<String> = redis::cmd("SMEMBERS")
@@ -156,12 +141,7 @@ async fn missed_expired_events_are_repaired_by_reconciliation() {
     // Exactly once: alice's next arrival is the next thing the watcher
     // hears about her.
     let _alice_again = Client::connect(&b, "alice", "laptop").await;
-    let ev = w.expect("presence").await;
-    assert_eq!(
-        (ev["user"].as_str(), ev["status"].as_str()),
-        (Some("alice"), Some("online")),
-        "{ev}"
-    );
+    w.expect_presence("alice", "online").await;
 }
 
 /// Redis comes back empty while a user is invisible and hides its last
@@ -181,12 +161,7 @@ async fn hidden_users_stay_hidden_when_redis_comes_back_empty() {
     alice
         .send(json!({"type":"status","status":"invisible"}))
         .await;
-    let ev = w.expect("presence").await;
-    assert_eq!(
-        (ev["user"].as_str(), ev["status"].as_str()),
-        (Some("alice"), Some("offline")),
-        "{ev}"
-    );
+    w.expect_presence("alice", "offline").await;
     let mut bob = Client::connect(&node, "bob", "laptop").await;
     assert_eq!(w.expect("presence").await["user"], "bob");
 
@@ -235,12 +210,7 @@ async fn hidden_users_stay_hidden_when_redis_comes_back_empty() {
     )
     .await;
     bob.send(json!({"type":"status","status":"away"})).await;
-    let ev = w.expect("presence").await;
-    assert_eq!(
-        (ev["user"].as_str(), ev["status"].as_str()),
-        (Some("bob"), Some("away")),
-        "{ev}"
-    );
+    w.expect_presence("bob", "away").await;
     let (_, rec) = get(&format!("{}/api/presence/alice", node.http())).await;
     assert_eq!(
         (rec["status"].as_str(), rec["last_seen"].is_null()),

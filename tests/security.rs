@@ -113,15 +113,11 @@ async fn jwt_handshakes_refuse_bad_tokens() {
     ))
     .await;
     assert_eq!(status, 401, "{body}");
-    let r = reqwest::Client::new()
-        .get(format!("{}/api/presence/alice", node.http()))
-        .bearer_auth(token("carol"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 200);
-    let body: Value = r.json().await.unwrap();
-    assert_eq!(body["status"], "online");
+    // (presence_as sends the token in the header and checks the 200.)
+    assert_eq!(
+        presence_as(&node, "alice", "carol").await["status"],
+        "online"
+    );
 }
 
 #[tokio::test]

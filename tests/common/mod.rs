@@ -502,6 +502,20 @@ impl Client {
         v
     }
 
+    /// The next frame, which must be a `presence` event of `user` with
+    /// `status`; returns it.
+    pub async fn expect_presence(&mut self, user: &str, status: &str) -> Value {
+        let ev = self.expect("presence").await;
+        assert_eq!(
+            (ev["user"].as_str(), ev["status"].as_str()),
+            (Some(user), Some(status)),
+            "{}/{}: {ev}",
+            self.user,
+            self.device
+        );
+        ev
+    }
+
     /// Watches `users` and returns the snapshot's records.
     pub async fn watch(&mut self, users: &[&str]) -> Vec<Value> {
         self.send(serde_json::json!({"type": "watch", "users": users}))
