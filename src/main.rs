@@ -169,6 +169,12 @@ enum WatchPolicy {
     Contacts,
 }
 
+/// jemalloc rather than glibc's malloc: with tens of thousands of long-lived
+/// connections whose small buffers are touched by traffic, glibc's arenas
+/// kept about 3 KiB more per connection resident (BENCHMARKS.md).
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 fn main() -> ExitCode {
     let mut args = match parse_args() {
         Ok(args) => args,
