@@ -19,7 +19,16 @@ async fn bench(args: &[&str]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections() {
-    bench(&["connections", "--devices", "200", "--hold-secs", "1"]).await;
+    bench(&[
+        "connections",
+        "--devices",
+        "200",
+        "--hold-secs",
+        "1",
+        "--chatter-ms",
+        "100",
+    ])
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -149,11 +149,29 @@ pub struct Held {
 
 impl Held {
     /// Holds `ws` open: reads (and so answers pings) until asked to close.
-    pub fn new(mut ws: Ws) -> Self {
+    pub fn new(ws: Ws) -> Self {
+        Self::chatty(ws, None)
+    }
+
+    /// Like [`Held::new`], and sends `{"type":"heartbeat"}` every `every`
+    /// as well, as a client that heartbeats on its own timer does.
+    pub fn chatty(mut ws: Ws, every: Option<Duration>) -> Self {
         let (tx, mut rx) = oneshot::channel();
         let task = tokio::spawn(async move {
+            let mut tick = every.map(tokio::time::interval);
             loop {
+                let beat = async {
+                    match &mut tick {
+                        Some(t) => t.tick().await,
+                        None => std::future::pending().await,
+                    }
+                };
                 tokio::select! {
+                    _ = beat => {
+                        if ws.send(Message::text(r#"{"type":"heartbeat"}"#)).await.is_err() {
+                            return Ended::ByServer;
+                        }
+                    }
                     msg = ws.next() => match msg {
                         Some(Ok(Message::Close(_))) | Some(Err(_)) | None => return Ended::ByServer,
                         Some(Ok(_)) => {}

@@ -27,6 +27,12 @@ pub struct ConnectionsArgs {
     /// 15 s heartbeat, 20 s sees every device pinged and refreshed.
     #[arg(long, default_value_t = 20)]
     pub hold_secs: u64,
+    /// During the hold, each device also sends a heartbeat frame this often
+    /// (ms; 0: idle, answering pings only). Traffic walks the node's
+    /// per-connection buffers, so RSS after a chatty hold is the figure
+    /// for long-lived connections.
+    #[arg(long, default_value_t = 0)]
+    pub chatter_ms: u64,
 }
 
 /// RSS sampling period during the ramp (the plot's points).
@@ -73,6 +79,7 @@ pub async fn run(common: &Common, args: &ConnectionsArgs) -> anyhow::Result<()> 
         let permit = sem.clone().acquire_owned().await?;
         let sources = sources.clone();
         let connected = connected.clone();
+        let chatter = (args.chatter_ms > 0).then(|| Duration::from_millis(args.chatter_ms));
         tasks.push(tokio::spawn(async move {
             let t = Instant::now();
             let ws = client::connect(node, sources.next(), &format!("c{i}"), "d").await;
@@ -82,7 +89,7 @@ pub async fn run(common: &Common, args: &ConnectionsArgs) -> anyhow::Result<()> 
             if n.is_multiple_of(10_000) {
                 eprintln!("connections: {n} connected");
             }
-            anyhow::Ok((Held::new(ws), t.elapsed()))
+            anyhow::Ok((Held::chatty(ws, chatter), t.elapsed()))
         }));
     }
     let mut held = Vec::with_capacity(args.devices);
