@@ -12,6 +12,7 @@
 
 pub mod client;
 pub mod fixture;
+pub mod floor;
 pub mod plot;
 pub mod procs;
 pub mod report;

@@ -297,6 +297,19 @@ pub fn ensure_fds(sockets: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The open-file limit (soft) of this process.
+pub fn fd_limit() -> u64 {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit on a local struct.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return 1024;
+    }
+    lim.rlim_cur
+}
+
 /// Lifts the open-file limit as far as the kernel allows: the hard limit
 /// too when running as root (up to fs.nr_open), else the soft one to the
 /// hard one. Spawned nodes inherit it. Returns the soft limit now.

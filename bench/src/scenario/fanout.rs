@@ -1,6 +1,12 @@
 //! `fanout`: one user watched by many sessions on one node. The user's
 //! device connects (online) and closes (offline) in turn; latency from the
 //! start of the connect, or the close frame, to each watcher's receipt.
+//!
+//! In the same run the floor: a bare WebSocket server ([`FloorServer`])
+//! writes a frame of the same size to as many watchers, from two threads
+//! like the node's; what it takes is what this box's kernel, scheduler and
+//! load generator cost any server, and the node's figure is printed as a
+//! ratio to it.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -8,10 +14,12 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use futures_util::StreamExt;
+use hdrhistogram::Histogram;
 use serde_json::json;
 
 use super::connect_many;
 use crate::client::{self, spawn_watcher};
+use crate::floor::FloorServer;
 use crate::report::{latency_histogram, Report};
 use crate::{Common, Setup};
 
@@ -41,41 +49,23 @@ pub async fn run(common: &Common, args: &FanoutArgs) -> anyhow::Result<()> {
     eprintln!("fanout: connecting {} watchers", args.watchers);
     let names: Vec<String> = (0..args.watchers).map(|i| format!("fw{i}")).collect();
     let (watchers, _) = connect_many(node, &setup.sources, names, 200).await?;
-    // The transition's start in µs since `base`.
-    let base = Instant::now();
-    let start = Arc::new(AtomicU64::new(0));
-    let received = Arc::new(AtomicUsize::new(0));
-    // The slowest receipt of the current transition, µs.
-    let slowest = Arc::new(AtomicU64::new(0));
-    let hist = Arc::new(Mutex::new(latency_histogram()));
+    let receipts = Arc::new(Receipts::new());
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let star = vec![STAR.to_string()];
     let mut tasks = Vec::with_capacity(watchers.len());
     for mut ws in watchers {
-        let star = star.clone();
-        let (start, received, hist, stop_rx, slowest) = (
-            start.clone(),
-            received.clone(),
-            hist.clone(),
-            stop_rx.clone(),
-            slowest.clone(),
-        );
+        let (star, receipts, stop_rx) = (star.clone(), receipts.clone(), stop_rx.clone());
         // Watch in parallel: 10,000 snapshots one after another would be slow.
         tasks.push(tokio::spawn(async move {
             client::watch(&mut ws, &star).await?;
-            spawn_watcher(ws, stop_rx, move |(_, _, at)| {
-                let lat = (at.duration_since(base).as_micros() as u64)
-                    .saturating_sub(start.load(Ordering::Acquire))
-                    .max(1);
-                hist.lock().unwrap().saturating_record(lat);
-                slowest.fetch_max(lat, Ordering::AcqRel);
-                received.fetch_add(1, Ordering::Release);
-            });
-            anyhow::Ok(())
+            anyhow::Ok(spawn_watcher(ws, stop_rx, move |(_, _, at)| {
+                receipts.record(at)
+            }))
         }));
     }
+    let mut readers = Vec::with_capacity(tasks.len());
     for t in tasks {
-        t.await??;
+        readers.push(t.await??);
     }
 
     eprintln!(
@@ -85,14 +75,9 @@ pub async fn run(common: &Common, args: &FanoutArgs) -> anyhow::Result<()> {
     );
     let pid = setup.nodes[0].pid();
     let cpu0 = pid.and_then(crate::procs::cpu_us);
-    let mut lasts = latency_histogram();
-    let mut incomplete = 0;
     let mut device = None;
-    for k in 0..args.transitions {
-        received.store(0, Ordering::Release);
-        slowest.store(0, Ordering::Release);
-        start.store(base.elapsed().as_micros() as u64, Ordering::Release);
-        let t = Instant::now();
+    for _ in 0..args.transitions {
+        receipts.begin();
         match device.take() {
             None => {
                 device = Some(client::connect(node, setup.sources.next(), STAR, "d").await?);
@@ -106,31 +91,24 @@ pub async fn run(common: &Common, args: &FanoutArgs) -> anyhow::Result<()> {
                 .await;
             }
         }
-        while received.load(Ordering::Acquire) < args.watchers && t.elapsed() < PER_TRANSITION {
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-        let got = received.load(Ordering::Acquire);
-        if got < args.watchers {
-            eprintln!(
-                "fanout: transition {k} reached only {got} of {} watchers",
-                args.watchers
-            );
-            incomplete += 1;
-        }
-        lasts.saturating_record(slowest.load(Ordering::Acquire).max(1));
-        // Lets stragglers land before the next transition starts.
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        receipts.end(args.watchers).await;
     }
     let cpu1 = pid.and_then(crate::procs::cpu_us);
     let _ = stop_tx.send(true);
-    let hist = hist.lock().unwrap();
+    for r in readers {
+        let _ = r.await;
+    }
     report.latency(
         "transition_to_watcher",
-        &hist,
+        &receipts.hist.lock().unwrap(),
         json!({"watchers": args.watchers, "transitions": args.transitions,
-               "incomplete_transitions": incomplete, "target_p99_ms": 50}),
+               "incomplete_transitions": receipts.incomplete(), "target_p99_ms": 50}),
     );
-    report.latency("transition_to_last_watcher", &lasts, json!({}));
+    report.latency(
+        "transition_to_last_watcher",
+        &receipts.lasts.lock().unwrap(),
+        json!({}),
+    );
     if let (Some(a), Some(b)) = (cpu0, cpu1) {
         report.figure(
             "node_cpu_per_delivery",
@@ -139,6 +117,31 @@ pub async fn run(common: &Common, args: &FanoutArgs) -> anyhow::Result<()> {
             json!({"node_cpu_ms": (b - a) as f64 / 1000.0}),
         );
     }
+    // The node's sockets are closed: the floor may use the descriptors.
+    drop(setup);
+    let floor = floor(args).await?;
+    report.latency(
+        "floor_frame_to_watcher",
+        &floor.hist.lock().unwrap(),
+        json!({"watchers": floor.watchers.load(Ordering::Relaxed), "rounds": args.transitions,
+               "incomplete_rounds": floor.incomplete(),
+               "what": "the same frame written to raw sockets from 2 threads in a loop"}),
+    );
+    report.figure(
+        "floor_cpu_per_write",
+        floor.cpu_us.load(Ordering::Relaxed) as f64
+            / (floor.watchers.load(Ordering::Relaxed) * args.transitions).max(1) as f64,
+        "us",
+        json!({"compare": "node_cpu_per_delivery"}),
+    );
+    let node_p99 = receipts.hist.lock().unwrap().value_at_quantile(0.99) as f64;
+    let floor_p99 = floor.hist.lock().unwrap().value_at_quantile(0.99) as f64;
+    report.figure(
+        "node_p99_over_floor_p99",
+        node_p99 / floor_p99.max(1.0),
+        "ratio",
+        json!({}),
+    );
     if let Some(dir) = &common.svg {
         crate::plot::latency(
             &dir.join("fanout-latency.svg"),
@@ -146,13 +149,151 @@ pub async fn run(common: &Common, args: &FanoutArgs) -> anyhow::Result<()> {
                 "fan-out: one transition -> each of {} watchers on one node",
                 args.watchers
             ),
-            &[("transition -> watcher receipt", &hist)],
+            &[
+                (
+                    "presence-server: transition -> receipt",
+                    &receipts.hist.lock().unwrap(),
+                ),
+                (
+                    "floor: raw writes from 2 threads, write -> receipt",
+                    &floor.hist.lock().unwrap(),
+                ),
+            ],
         )?;
     }
     report.print_table();
     anyhow::ensure!(
-        incomplete == 0,
-        "{incomplete} transitions did not reach every watcher"
+        receipts.incomplete() == 0 && floor.incomplete() == 0,
+        "{} transitions (and {} floor rounds) did not reach every watcher",
+        receipts.incomplete(),
+        floor.incomplete()
     );
     Ok(())
+}
+
+/// The same fan-out from a bare WebSocket server ([`FloorServer`]): as many
+/// watchers as the open-file limit allows beside their server-side sockets
+/// (all of them on a host with room), one frame of the node's size per
+/// round.
+async fn floor(args: &FanoutArgs) -> anyhow::Result<Arc<Receipts>> {
+    let room = (crate::procs::fd_limit().saturating_sub(FD_MARGIN) / 2).max(1) as usize;
+    let n = args.watchers.min(room);
+    eprintln!("fanout: floor, a bare WebSocket server writing to {n} watchers");
+    let server = FloorServer::start()?;
+    let sources = Arc::new(crate::client::Sources::new(4));
+    let names: Vec<String> = (0..n).map(|i| format!("f{i}")).collect();
+    let (sockets, _) = connect_many(server.addr, &sources, names, 200).await?;
+    // Every handshake has finished once its `hello` arrived; the server
+    // keeps the socket just after writing it.
+    let t = Instant::now();
+    while server.connections() < n && t.elapsed() < PER_TRANSITION {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let receipts = Arc::new(Receipts::new());
+    receipts.watchers.store(n, Ordering::Relaxed);
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let readers: Vec<_> = sockets
+        .into_iter()
+        .map(|ws| {
+            let receipts = receipts.clone();
+            spawn_watcher(ws, stop_rx.clone(), move |(_, _, at)| receipts.record(at))
+        })
+        .collect();
+    for _ in 0..args.transitions {
+        receipts.begin();
+        let cpu = tokio::task::block_in_place(|| server.send(FLOOR_FRAME, 2));
+        receipts.cpu_us.fetch_add(cpu, Ordering::Relaxed);
+        receipts.end(n).await;
+    }
+    let _ = stop_tx.send(true);
+    for r in readers {
+        let _ = r.await;
+    }
+    drop(server);
+    Ok(receipts)
+}
+
+/// Descriptors kept free for everything but the floor's sockets.
+const FD_MARGIN: u64 = 64;
+
+/// A presence frame the size of the node's (an `online` for `star`).
+const FLOOR_FRAME: &str = r#"{"type":"presence","user":"star","status":"online","devices":1,"last_seen":null,"text":null,"since":1763719200000,"seq":1763719200001}"#;
+
+/// Receipt times of one phase, against the start of the current round.
+struct Receipts {
+    /// The clock's origin.
+    base: Instant,
+    /// The current round's start in µs since `base`.
+    start: AtomicU64,
+    /// Receipts in the current round.
+    received: AtomicUsize,
+    /// The slowest receipt of the current round, µs.
+    slowest: AtomicU64,
+    /// Every receipt, µs.
+    hist: Mutex<Histogram<u64>>,
+    /// The slowest receipt of each round, µs.
+    lasts: Mutex<Histogram<u64>>,
+    /// Rounds that did not reach every watcher.
+    incomplete: AtomicUsize,
+    /// Watchers in the phase (the floor's may be fewer).
+    watchers: AtomicUsize,
+    /// CPU time the floor's writers used, µs.
+    cpu_us: AtomicU64,
+}
+
+impl Receipts {
+    fn new() -> Self {
+        Self {
+            base: Instant::now(),
+            start: AtomicU64::new(0),
+            received: AtomicUsize::new(0),
+            slowest: AtomicU64::new(0),
+            hist: Mutex::new(latency_histogram()),
+            lasts: Mutex::new(latency_histogram()),
+            incomplete: AtomicUsize::new(0),
+            watchers: AtomicUsize::new(0),
+            cpu_us: AtomicU64::new(0),
+        }
+    }
+
+    /// A round starts now.
+    fn begin(&self) {
+        self.received.store(0, Ordering::Release);
+        self.slowest.store(0, Ordering::Release);
+        self.start
+            .store(self.base.elapsed().as_micros() as u64, Ordering::Release);
+    }
+
+    /// A watcher received the round's frame at `at`.
+    fn record(&self, at: Instant) {
+        let lat = (at.duration_since(self.base).as_micros() as u64)
+            .saturating_sub(self.start.load(Ordering::Acquire))
+            .max(1);
+        self.hist.lock().unwrap().saturating_record(lat);
+        self.slowest.fetch_max(lat, Ordering::AcqRel);
+        self.received.fetch_add(1, Ordering::Release);
+    }
+
+    /// Waits until `n` watchers have the round's frame (or gives up after
+    /// [`PER_TRANSITION`]), then lets stragglers land.
+    async fn end(&self, n: usize) {
+        let t = Instant::now();
+        while self.received.load(Ordering::Acquire) < n && t.elapsed() < PER_TRANSITION {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let got = self.received.load(Ordering::Acquire);
+        if got < n {
+            eprintln!("fanout: a round reached only {got} of {n} watchers");
+            self.incomplete.fetch_add(1, Ordering::Relaxed);
+        }
+        self.lasts
+            .lock()
+            .unwrap()
+            .saturating_record(self.slowest.load(Ordering::Acquire).max(1));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    fn incomplete(&self) -> usize {
+        self.incomplete.load(Ordering::Relaxed)
+    }
 }
