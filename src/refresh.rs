@@ -6,7 +6,9 @@
 //! the refreshes of all sessions from a channel and sends whatever is
 //! queued, up to [`MAX_BATCH`], as one batch ([`Store::arrive_batch`]: two
 //! round trips however many refreshes it holds). Each session gets its own
-//! outcome back.
+//! outcome; the common one (still ours, nothing changed) is written into the
+//! session's [`LeaseState`] without waking the session at all, which saves
+//! a cross-thread wakeup and an actor poll per refresh.
 //!
 //! One batch is out at a time: the refreshes that arrive meanwhile make the
 //! next one. Letting a second batch's scripts overlap the first one's index
@@ -21,17 +23,73 @@
 //! fails at once too instead of waiting its turn for the same error; the
 //! sessions try again on their next due frame.
 
-use tokio::sync::{mpsc, oneshot};
+use std::borrow::Borrow;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::Arc;
+
+use actix::{Message, Recipient};
+use tokio::sync::mpsc;
 
 use crate::store::{Arrival, ArriveMode, Lease, Store, StoreError, StoreResult};
 
 /// Most refreshes sent in one batch.
 pub const MAX_BATCH: usize = 512;
 
+/// What a session shares with the refresher about its lease: whether a
+/// refresh is in flight, and the deadline last written to
+/// `presence-leases`. The refresher settles the common outcome (the lease is
+/// still ours, nothing else changed) here alone, without waking the session.
+#[derive(Debug, Default)]
+pub struct LeaseState {
+    refreshing: AtomicBool,
+    deadline: AtomicI64,
+}
+
+impl LeaseState {
+    /// A refresh is in flight.
+    pub fn refreshing(&self) -> bool {
+        self.refreshing.load(Ordering::Acquire)
+    }
+
+    /// A refresh is on its way.
+    pub fn start(&self) {
+        self.refreshing.store(true, Ordering::Release);
+    }
+
+    /// The refresh that was in flight is settled.
+    pub fn finish(&self) {
+        self.refreshing.store(false, Ordering::Release);
+    }
+
+    /// Deadline last written to `presence-leases`, epoch ms (0: none yet).
+    pub fn deadline(&self) -> i64 {
+        self.deadline.load(Ordering::Acquire)
+    }
+
+    /// Records the deadline just written to `presence-leases`.
+    pub fn set_deadline(&self, deadline: i64) {
+        self.deadline.store(deadline, Ordering::Release);
+    }
+}
+
+/// A refresh outcome the session has to act on: the lease was lost to
+/// another connection, re-asserted, or found with another status, or the
+/// refresh failed. The session marks its [`LeaseState`] settled.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct Refreshed(pub StoreResult<Arrival>);
+
 /// One refresh waiting for its batch.
 struct Request {
     lease: Lease,
-    reply: oneshot::Sender<StoreResult<Arrival>>,
+    state: Arc<LeaseState>,
+    notify: Recipient<Refreshed>,
+}
+
+impl Borrow<Lease> for Request {
+    fn borrow(&self) -> &Lease {
+        &self.lease
+    }
 }
 
 /// Handle on the node's refresher task; cheap to clone. The task ends when
@@ -49,14 +107,27 @@ impl Refresher {
         tokio::spawn(run(store, rx));
         Self { tx }
     }
+}
 
-    /// Refreshes one lease in the next batch.
-    pub async fn refresh(&self, lease: Lease) -> StoreResult<Arrival> {
-        let (reply, outcome) = oneshot::channel();
-        self.tx
-            .send(Request { lease, reply })
-            .map_err(|_| StoreError::RefresherStopped)?;
-        outcome.await.map_err(|_| StoreError::RefresherStopped)?
+impl Store {
+    /// Refreshes `lease` in the refresher's next batch (or on its own when
+    /// this store does not batch). `state` must be marked refreshing; the
+    /// outcome lands there, and goes to `notify` when there is anything to
+    /// act on (see [`Refreshed`]).
+    pub fn refresh(&self, lease: Lease, state: Arc<LeaseState>, notify: Recipient<Refreshed>) {
+        let request = Request {
+            lease,
+            state,
+            notify,
+        };
+        let Some(refresher) = self.refresher() else {
+            let store = self.clone();
+            tokio::spawn(async move { send_batch(&store, vec![request]).await });
+            return;
+        };
+        if let Err(mpsc::error::SendError(request)) = refresher.tx.send(request) {
+            answer(request, Err(StoreError::RefresherStopped));
+        }
     }
 }
 
@@ -82,23 +153,37 @@ async fn take_batch(rx: &mut mpsc::UnboundedReceiver<Request>) -> Option<Vec<Req
 /// Sends one batch and answers each of its requests. Returns the error
 /// that failed the batch as a whole, if one did.
 async fn send_batch(store: &Store, batch: Vec<Request>) -> Result<(), StoreError> {
-    let (leases, replies): (Vec<Lease>, Vec<_>) =
-        batch.into_iter().map(|r| (r.lease, r.reply)).unzip();
-    crate::metrics::refresh_batch(leases.len());
-    match store.arrive_batch(ArriveMode::Refresh, &leases).await {
+    crate::metrics::refresh_batch(batch.len());
+    match store.arrive_batch(ArriveMode::Refresh, &batch).await {
         Ok(outcomes) => {
-            for (reply, outcome) in replies.into_iter().zip(outcomes) {
-                // A session that stopped meanwhile no longer listens.
-                let _ = reply.send(outcome);
+            for (request, outcome) in batch.into_iter().zip(outcomes) {
+                answer(request, outcome);
             }
             Ok(())
         }
         Err(e) => {
-            for reply in replies {
-                let _ = reply.send(Err(e.clone()));
+            for request in batch {
+                answer(request, Err(e.clone()));
             }
             Err(e)
         }
+    }
+}
+
+/// Hands one outcome to its session: the common one settles the session's
+/// [`LeaseState`] directly; anything else is sent to the session.
+fn answer(request: Request, outcome: StoreResult<Arrival>) {
+    if let Ok(Arrival::Held { deadline, .. }) = outcome {
+        request.state.set_deadline(deadline);
+    }
+    match outcome {
+        Ok(Arrival::Held {
+            came_online: false,
+            status: None,
+            ..
+        }) => request.state.finish(),
+        // A session that stopped meanwhile no longer listens.
+        other => request.notify.do_send(Refreshed(other)),
     }
 }
 
@@ -106,6 +191,6 @@ async fn send_batch(store: &Store, batch: Vec<Request>) -> Result<(), StoreError
 /// whole batch: they would wait their turn only to meet it again.
 fn fail_queued(rx: &mut mpsc::UnboundedReceiver<Request>, e: &StoreError) {
     while let Ok(request) = rx.try_recv() {
-        let _ = request.reply.send(Err(e.clone()));
+        answer(request, Err(e.clone()));
     }
 }

@@ -4,6 +4,7 @@
 //! One [`ConnectionManager`] is created at start and cloned into every actor;
 //! it multiplexes all commands over one connection and reconnects by itself.
 
+use std::borrow::Borrow;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -84,7 +85,8 @@ pub enum Arrival {
         /// This call made the user's first device arrive (and published
         /// `online`).
         came_online: bool,
-        /// The user's chosen status now, if one is set.
+        /// The user's chosen status and privacy settings now; `None` when
+        /// they are exactly what the call sent as known (a refresh only).
         status: Option<ChosenStatus>,
         /// The deadline written to `presence-leases`, epoch ms.
         deadline: i64,
@@ -273,6 +275,11 @@ impl Store {
         }
     }
 
+    /// The refresher batching this store's refreshes, if any.
+    pub(crate) fn refresher(&self) -> Option<&Refresher> {
+        self.refresher.as_ref()
+    }
+
     /// The lease TTL in ms.
     pub fn ttl_ms(&self) -> u64 {
         self.ttl_ms
@@ -315,8 +322,8 @@ impl Store {
     /// Claims (connect) or refreshes (refresh) a device lease, counting the
     /// device if it is new; publishes `online` for the user's first device.
     /// `owner` is the connection's lease value; `known` the user's status
-    /// as this connection last saw it, restored if Redis lost it. With
-    /// batched refreshes, a refresh waits for the refresher's next batch.
+    /// as this connection last saw it, restored if Redis lost it. Sessions
+    /// refresh through [`Store::refresh`] instead, which batches.
     pub async fn arrive(
         &self,
         user: &str,
@@ -331,14 +338,10 @@ impl Store {
             owner: owner.to_string(),
             known: known.cloned(),
         };
-        match (&self.refresher, mode) {
-            (Some(refresher), ArriveMode::Refresh) => refresher.refresh(lease).await,
-            _ => self
-                .arrive_batch(mode, std::slice::from_ref(&lease))
-                .await?
-                .pop()
-                .unwrap_or_else(|| Err(StoreError::Reply("arrive: empty reply".into()))),
-        }
+        self.arrive_batch(mode, std::slice::from_ref(&lease))
+            .await?
+            .pop()
+            .unwrap_or_else(|| Err(StoreError::Reply("arrive: empty reply".into())))
     }
 
     /// The arrival step for many leases at once, in two round trips
@@ -348,10 +351,10 @@ impl Store {
     /// Returns one outcome per lease, in order; `Err` when the first round
     /// trip failed as a whole. A failed second round trip fails the leases
     /// that were held (as one refresh on its own would).
-    pub async fn arrive_batch(
+    pub async fn arrive_batch<L: Borrow<Lease>>(
         &self,
         mode: ArriveMode,
-        leases: &[Lease],
+        leases: &[L],
     ) -> StoreResult<Vec<StoreResult<Arrival>>> {
         let now = now_ms();
         let deadline = now + self.ttl_ms as i64;
@@ -364,6 +367,7 @@ impl Store {
         pipe.ignore_errors();
         let default = ChosenStatus::default();
         for lease in leases {
+            let lease = lease.borrow();
             let known = lease.known.as_ref().unwrap_or(&default);
             let [key, count, devices, status] = keys::device_keys(&lease.user, &lease.device);
             eval(
@@ -403,7 +407,8 @@ impl Store {
         let mut held = 0;
         let mut out = Vec::with_capacity(leases.len());
         for (lease, value) in leases.iter().zip(reply) {
-            let arrival = parse_arrival(value, lease.known.as_ref().unwrap_or(&default), deadline);
+            let lease = lease.borrow();
+            let arrival = parse_arrival(value, deadline);
             if let Ok(Arrival::Held { .. }) = arrival {
                 held += 1;
                 deadlines
@@ -1054,9 +1059,9 @@ fn record_offline(pipe: &mut Pipeline, user: &str, last_seen: i64) {
     pipe.zrem(keys::ONLINE, user).ignore();
 }
 
-/// One reply of `arrive.lua`; `known` is what the call sent as the user's
-/// status, which a short reply (`{1, came_online}`) confirms.
-fn parse_arrival(value: Value, known: &ChosenStatus, deadline: i64) -> StoreResult<Arrival> {
+/// One reply of `arrive.lua`. A short one (`{1, came_online}`) confirms the
+/// status the call sent as known: `status: None`.
+fn parse_arrival(value: Value, deadline: i64) -> StoreResult<Arrival> {
     let v = match value {
         Value::Array(v) => v,
         Value::ServerError(e) => return Err(RedisError::from(e).into()),
@@ -1065,23 +1070,23 @@ fn parse_arrival(value: Value, known: &ChosenStatus, deadline: i64) -> StoreResu
     let held = v.first().map(int).transpose()?;
     let came_online = v.get(1).map(int).transpose()?;
     let status = match v.len() {
-        2 => known.clone(),
+        2 => None,
         7 => {
             let s = |i: usize| redis::from_redis_value_ref::<String>(&v[i]);
-            ChosenStatus {
+            Some(ChosenStatus {
                 status: s(2)?,
                 text: s(3)?,
                 since: s(4)?.parse().unwrap_or(0),
                 show_online: s(5)?,
                 show_last_seen: s(6)?,
-            }
+            })
         }
         _ => return Err(StoreError::Reply(format!("arrive: {v:?}"))),
     };
     Ok(match held {
         Some(1) => Arrival::Held {
             came_online: came_online == Some(1),
-            status: Some(status),
+            status,
             deadline,
         },
         Some(-1) => Arrival::TooManyDevices,

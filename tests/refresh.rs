@@ -180,3 +180,50 @@ async fn check_replaced(redis: &Redis, close: Option<(u16, String)>, replaced_at
     );
     assert_eq!(count(redis, "victim").await, 1);
 }
+
+async fn status_field(redis: &Redis, user: &str, field: &str) -> Option<String> {
+    let mut c = redis.aconn().await;
+    redis::cmd("HGET")
+        .arg(format!("presence-status:{{{user}}}"))
+        .arg(field)
+        .query_async(&mut c)
+        .await
+        .unwrap()
+}
+
+/// A status chosen on another device reaches this session through its
+/// refreshes (the one outcome the node's refresher hands back besides a
+/// lost lease), so that this session re-asserts it when Redis comes back
+/// empty.
+#[tokio::test]
+async fn a_status_learned_by_refresh_is_reasserted_after_redis_restarts() {
+    let mut redis = Redis::start();
+    let a = Node::start(&redis, "a");
+    let mut phone = Client::connect(&a, "alice", "phone").await;
+    let _laptop = Client::connect(&a, "alice", "laptop").await;
+    phone
+        .send(json!({"type": "status", "status": "busy", "text": "focus"}))
+        .await;
+    wait_until("busy stored", DEADLINE, || async {
+        status_field(&redis, "alice", "status").await.as_deref() == Some("busy")
+    })
+    .await;
+    phone.close().await;
+    a.wait_log("alice/phone: closed").await;
+    // From here on only the laptop refreshes `active`: once it moves, the
+    // laptop has refreshed since the status changed, and learned it.
+    let closed_at = now_ms();
+    wait_until("a refresh of the laptop", DEADLINE, || async {
+        let active = status_field(&redis, "alice", "active").await;
+        active.and_then(|a| a.parse::<i64>().ok()) > Some(closed_at)
+    })
+    .await;
+
+    redis.restart_empty();
+    wait_until("the laptop re-asserts busy", DEADLINE, || async {
+        status_field(&redis, "alice", "status").await.as_deref() == Some("busy")
+            && status_field(&redis, "alice", "text").await.as_deref() == Some("focus")
+            && count(&redis, "alice").await == 1
+    })
+    .await;
+}
