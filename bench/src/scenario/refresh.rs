@@ -19,18 +19,18 @@
 //! target and a send interval a little above the throttle period
 //! (heartbeat / 3), so that nearly every frame is a refresh.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Args;
 use futures_util::{SinkExt, StreamExt};
 use serde_json::json;
+use tokio::sync::Semaphore;
 use tokio_tungstenite::tungstenite::Message;
 
-use super::connect_many;
 use crate::report::Report;
-use crate::{procs, redis_calls, Common, Setup};
+use crate::{client, procs, redis_calls, Common, Setup};
 
 /// The node's script, sent by the ceiling exactly as the node sends it.
 const ARRIVE_LUA: &str = include_str!("../../../src/lua/arrive.lua");
@@ -59,6 +59,9 @@ pub struct RefreshArgs {
     pub pipeline: usize,
 }
 
+/// WebSocket handshakes in flight at once.
+const CONNECT_CONCURRENCY: usize = 200;
+
 /// Heartbeat of spawned nodes unless --heartbeat-ms says otherwise.
 const DEFAULT_HEARTBEAT_MS: u64 = 300;
 
@@ -75,38 +78,49 @@ pub async fn run(common: &Common, args: &RefreshArgs) -> anyhow::Result<()> {
     // Phase 1: through the node.
     eprintln!("refresh: connecting {} devices", args.devices);
     let users: Vec<String> = (0..args.devices).map(|i| format!("r{i}")).collect();
-    let (sockets, _) = connect_many(node, &setup.sources, users, 200).await?;
     let stop = Arc::new(AtomicBool::new(false));
     let sent = Arc::new(AtomicU64::new(0));
-    let mut tasks = Vec::with_capacity(sockets.len());
+    let connected = Arc::new(AtomicUsize::new(0));
+    let handshakes = Arc::new(Semaphore::new(CONNECT_CONCURRENCY));
+    let mut tasks = Vec::with_capacity(users.len());
     // Why the first device that lost its connection lost it.
     let why_closed: Arc<std::sync::Mutex<Option<String>>> = Arc::default();
     let frame = json!({"type": "heartbeat"}).to_string();
     let interval = Duration::from_millis(args.send_interval_ms);
-    for ws in sockets {
-        let (mut sink, mut stream) = ws.split();
-        // Reads all the time: answers pings, and notices a close.
-        let why = why_closed.clone();
-        let reader = tokio::spawn(async move {
-            let reason = loop {
-                match stream.next().await {
-                    Some(Ok(Message::Close(f))) => break format!("closed by the node: {f:?}"),
-                    Some(Ok(_)) => {}
-                    Some(Err(e)) => break format!("error: {e}"),
-                    None => break "dropped".to_string(),
-                }
-            };
-            why.lock().unwrap().get_or_insert(reason);
-        });
-        let (stop, sent, frame) = (stop.clone(), sent.clone(), frame.clone());
+    // Each device reads and sends from the moment it is connected: one that
+    // waited, silent, for the others would be cut off by a node with a short
+    // heartbeat (three heartbeats of silence) before the run began.
+    for user in users {
+        let permit = handshakes.clone().acquire_owned().await?;
+        let (sources, why) = (setup.sources.clone(), why_closed.clone());
+        let (stop, sent, connected, frame) =
+            (stop.clone(), sent.clone(), connected.clone(), frame.clone());
         tasks.push(tokio::spawn(async move {
+            let ws = client::connect(node, sources.next(), &user, "d").await;
+            if ws.is_ok() {
+                connected.fetch_add(1, Ordering::Relaxed);
+            }
+            drop(permit);
+            let (mut sink, mut stream) = ws?.split();
+            // Reads all the time: answers pings, and notices a close.
+            let reader = tokio::spawn(async move {
+                let reason = loop {
+                    match stream.next().await {
+                        Some(Ok(Message::Close(f))) => break format!("closed by the node: {f:?}"),
+                        Some(Ok(_)) => {}
+                        Some(Err(e)) => break format!("error: {e}"),
+                        None => break "dropped".to_string(),
+                    }
+                };
+                why.lock().unwrap().get_or_insert(reason);
+            });
             while !stop.load(Ordering::Relaxed) {
                 if sink
                     .send(Message::Text(frame.as_str().into()))
                     .await
                     .is_err()
                 {
-                    return (reader, false);
+                    return anyhow::Ok((reader, false));
                 }
                 sent.fetch_add(1, Ordering::Relaxed);
                 if interval.is_zero() {
@@ -115,8 +129,17 @@ pub async fn run(common: &Common, args: &RefreshArgs) -> anyhow::Result<()> {
                     tokio::time::sleep(interval).await;
                 }
             }
-            (reader, true)
+            Ok((reader, true))
         }));
+    }
+    // Every handshake has ended once all permits are back.
+    let _all = handshakes.acquire_many(CONNECT_CONCURRENCY as u32).await?;
+    if connected.load(Ordering::Relaxed) < args.devices {
+        stop.store(true, Ordering::Relaxed);
+        for t in tasks {
+            t.await??;
+        }
+        anyhow::bail!("a device could not connect");
     }
     // Let the first round of refreshes settle, then count.
     tokio::time::sleep(Duration::from_millis(hb_ms)).await;
@@ -144,7 +167,7 @@ pub async fn run(common: &Common, args: &RefreshArgs) -> anyhow::Result<()> {
     stop.store(true, Ordering::Relaxed);
     let mut still_open = 0;
     for t in tasks {
-        let (reader, ok) = t.await?;
+        let (reader, ok) = t.await??;
         if ok && !reader.is_finished() {
             still_open += 1;
         }
