@@ -3,6 +3,10 @@
 //! Per-user keys carry the `{<user>}` hash tag so that the atomic per-user
 //! scripts touch a single Redis Cluster slot; the global sorted sets beside
 //! them are updated idempotently outside the scripts.
+//!
+//! Keys are built by concatenation rather than `format!`: the device keys
+//! are made for every lease refresh, and the formatting machinery was a
+//! visible share of the node's time there.
 
 /// Sorted set: user -> last-seen epoch ms, kept after the user goes offline.
 pub const LAST_SEEN: &str = "presence-lastseen";
@@ -17,22 +21,22 @@ pub const REAPER_LOCK: &str = "presence-reaper-lock";
 
 /// The device lease: a string with a TTL whose value names the owning connection.
 pub fn lease(user: &str, device: &str) -> String {
-    format!("presence:{{{user}}}:{device}")
+    ["presence:{", user, "}:", device].concat()
 }
 
 /// The number of live devices of a user.
 pub fn count(user: &str) -> String {
-    format!("presence-count:{{{user}}}")
+    ["presence-count:{", user, "}"].concat()
 }
 
 /// The set of counted device ids of a user.
 pub fn devices(user: &str) -> String {
-    format!("presence-devices:{{{user}}}")
+    ["presence-devices:{", user, "}"].concat()
 }
 
 /// The status hash of a user (status, text, since, active, seq).
 pub fn status(user: &str) -> String {
-    format!("presence-status:{{{user}}}")
+    ["presence-status:{", user, "}"].concat()
 }
 
 /// The users who count as a user's contacts (for its privacy settings).
@@ -52,7 +56,7 @@ pub fn device_keys(user: &str, device: &str) -> [String; 4] {
 
 /// Member of [`LEASES`] for one device.
 pub fn lease_member(user: &str, device: &str) -> String {
-    format!("{user}:{device}")
+    [user, ":", device].concat()
 }
 
 /// Splits a [`LEASES`] member back into user and device.

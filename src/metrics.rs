@@ -12,8 +12,8 @@ use std::sync::{LazyLock, RwLock};
 use std::time::Instant;
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
-    TextEncoder,
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
+    Registry, TextEncoder,
 };
 use redis::aio::ConnectionLike;
 use redis::{Arg, Cmd, Pipeline, RedisFuture, Value};
@@ -25,6 +25,9 @@ use crate::registry::RegistryStats;
 const REDIS_BUCKETS: &[f64] = &[
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
 ];
+
+/// Bucket bounds of the refresh batch sizes (the refresher sends at most 512).
+const BATCH_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0];
 
 /// Every metric of this node.
 pub struct Metrics {
@@ -65,6 +68,8 @@ pub struct Metrics {
     pub redis_latency: HistogramVec,
     /// Redis commands that failed (connection or server error), by command.
     pub redis_errors: IntCounterVec,
+    /// Lease refreshes per batch sent by the refresher.
+    pub refresh_batch_size: Histogram,
 }
 
 /// The node's metrics.
@@ -73,6 +78,11 @@ pub static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
 /// Counts a session dropped because its outbound queue overflowed.
 pub fn slow_consumer_dropped() {
     METRICS.slow_consumers_dropped.inc();
+}
+
+/// Counts one batch of `size` lease refreshes.
+pub fn refresh_batch(size: usize) {
+    METRICS.refresh_batch_size.observe(size as f64);
 }
 
 /// Counts one re-read of the watched users that re-sent `records` records.
@@ -188,6 +198,14 @@ impl Metrics {
                 &["command"],
             )
             .expect("valid metric"),
+            refresh_batch_size: Histogram::with_opts(
+                HistogramOpts::new(
+                    "presence_refresh_batch_size",
+                    "Lease refreshes per batch sent to Redis (count: batches, sum: refreshes).",
+                )
+                .buckets(BATCH_BUCKETS.to_vec()),
+            )
+            .expect("valid metric"),
         };
         let r = &m.registry;
         // Registering distinct names cannot fail.
@@ -212,6 +230,7 @@ impl Metrics {
             .unwrap();
         r.register(Box::new(m.redis_latency.clone())).unwrap();
         r.register(Box::new(m.redis_errors.clone())).unwrap();
+        r.register(Box::new(m.refresh_batch_size.clone())).unwrap();
         // Series that should read 0 rather than be missing before the first event.
         for status in ["online", "away", "busy", "offline"] {
             m.transitions_published.with_label_values(&[status]);

@@ -63,6 +63,9 @@ pub async fn run(
     store::ensure_expired_events(&mut conn).await?;
     let store = Store::with_limits(conn, config.ttl, config.max_devices_per_user);
     store.load_scripts().await.context("cannot load scripts")?;
+    // Every session's lease refreshes go through one refresher task, which
+    // sends them to Redis in batches.
+    let store = store.with_batched_refreshes();
 
     let (registry_ready, registry_subscribed) = oneshot::channel();
     let (expiry_ready, expiry_subscribed) = oneshot::channel();

@@ -22,9 +22,10 @@ use crate::conn::ConnHandle;
 use crate::privacy::{self, Relation};
 use crate::protocol::Record;
 use crate::protocol::{self, ClientFrame, ErrorCode, ProtocolError, Status};
+use crate::refresh::{LeaseState, Refreshed};
 use crate::registry::{self, Deliver, GoingAway, Recheck, Registry, SessionId};
 use crate::store::{
-    now_ms, Arrival, ArriveMode, ChosenStatus, Departure, Observed, Store, StoreResult,
+    now_ms, Arrival, ArriveMode, ChosenStatus, Departure, Lease, Observed, Store, StoreResult,
 };
 
 /// Close code sent when another connection of the same device took the lease.
@@ -49,9 +50,11 @@ pub struct Session {
     device: String,
     /// Lease value naming this connection (`<node> <conn> <since>`).
     owner: String,
-    /// Deadline last written to `presence-leases`, epoch ms; lets the
-    /// departure remove exactly our entry and not a newer connection's.
-    deadline: i64,
+    /// Whether a lease refresh is in flight, and the deadline last written
+    /// to `presence-leases` (epoch ms), which lets the departure remove
+    /// exactly our entry and not a newer connection's. Shared with the
+    /// node's refresher.
+    lease_state: Arc<LeaseState>,
     /// The lease belongs to this connection and must be released on close.
     claimed: bool,
     /// Redis state.
@@ -67,8 +70,6 @@ pub struct Session {
     alive: Arc<AtomicI64>,
     /// When the last lease refresh started (throttling).
     last_refresh: Instant,
-    /// A refresh is in flight.
-    refreshing: bool,
     /// Watched users -> what this client was last told about them.
     watching: HashMap<String, Seen>,
     /// The user's chosen status as last seen in Redis, re-asserted if Redis
@@ -139,7 +140,7 @@ impl Session {
             user: who.user,
             device: who.device,
             owner: who.owner,
-            deadline: 0,
+            lease_state: Arc::default(),
             claimed: false,
             store,
             registry,
@@ -147,7 +148,6 @@ impl Session {
             last_activity: now,
             alive: Arc::new(AtomicI64::new(now_ms())),
             last_refresh: now,
-            refreshing: false,
             watching: HashMap::new(),
             // Since 0: applied only where no status is stored at all.
             known_status: who.status.map(|s| ChosenStatus {
@@ -232,53 +232,72 @@ impl Session {
 
     /// The client is alive: note it and refresh the lease if due. A refresh
     /// that finds the lease gone (Redis restarted empty, or it lapsed while
-    /// Redis was unreachable) claims it again with the user's status.
+    /// Redis was unreachable) claims it again with the user's status. The
+    /// node's refresher batches it with other sessions' refreshes and
+    /// settles `lease_state`; anything else comes back as [`Refreshed`].
     fn touch(&mut self, ctx: &mut ws::WebsocketContext<Self>) {
         self.last_activity = Instant::now();
         self.alive.store(now_ms(), Ordering::Relaxed);
         if !self.claimed
-            || self.refreshing
+            || self.lease_state.refreshing()
             || self.last_refresh.elapsed() < self.config.refresh_interval()
         {
             return;
         }
-        self.refreshing = true;
+        self.lease_state.start();
         // Stamped when it starts: under load a slow round trip must not
         // make every frame meanwhile count as due.
         self.last_refresh = Instant::now();
-        let refresh = self.arrive(ArriveMode::Refresh);
-        ctx.spawn(refresh.into_actor(self).map(|res, act, ctx| {
-            act.refreshing = false;
-            match res {
-                Ok(Arrival::Held {
-                    came_online,
-                    status,
-                    deadline,
-                }) => {
-                    act.deadline = deadline;
-                    act.known_status = status;
-                    if came_online {
-                        log::info!("{}/{}: lease re-asserted", act.user, act.device);
-                    }
-                }
-                Ok(Arrival::Replaced | Arrival::TooManyDevices) => {
-                    log::debug!(
-                        "{}/{}: replaced by a newer connection",
-                        act.user,
-                        act.device
-                    );
-                    act.claimed = false;
-                    ctx.close(Some(ws::CloseReason {
-                        code: ws::CloseCode::Other(CLOSE_REPLACED),
-                        description: Some("device connected elsewhere".into()),
-                    }));
-                    ctx.stop();
-                }
-                Err(e) => log::warn!("{}/{}: lease refresh failed: {e}", act.user, act.device),
-            }
-        }));
+        let lease = Lease {
+            user: self.user.clone(),
+            device: self.device.clone(),
+            owner: self.owner.clone(),
+            known: self.known_status.clone(),
+        };
+        self.store
+            .refresh(lease, self.lease_state.clone(), ctx.address().recipient());
     }
+}
 
+impl Handler<Refreshed> for Session {
+    type Result = ();
+
+    /// A refresh came back with something to act on: the lease was lost,
+    /// re-asserted or found with another status, or the refresh failed.
+    fn handle(&mut self, Refreshed(res): Refreshed, ctx: &mut Self::Context) {
+        self.lease_state.finish();
+        match res {
+            Ok(Arrival::Held {
+                came_online,
+                status,
+                ..
+            }) => {
+                if status.is_some() {
+                    self.known_status = status;
+                }
+                if came_online {
+                    log::info!("{}/{}: lease re-asserted", self.user, self.device);
+                }
+            }
+            Ok(Arrival::Replaced | Arrival::TooManyDevices) => {
+                log::debug!(
+                    "{}/{}: replaced by a newer connection",
+                    self.user,
+                    self.device
+                );
+                self.claimed = false;
+                ctx.close(Some(ws::CloseReason {
+                    code: ws::CloseCode::Other(CLOSE_REPLACED),
+                    description: Some("device connected elsewhere".into()),
+                }));
+                ctx.stop();
+            }
+            Err(e) => log::warn!("{}/{}: lease refresh failed: {e}", self.user, self.device),
+        }
+    }
+}
+
+impl Session {
     fn send_error(&mut self, ctx: &mut ws::WebsocketContext<Self>, err: &ProtocolError) {
         self.send(ctx, err.to_frame());
     }
@@ -490,7 +509,7 @@ impl Actor for Session {
             }) => {
                 act.claimed = true;
                 crate::metrics::METRICS.devices.inc();
-                act.deadline = deadline;
+                act.lease_state.set_deadline(deadline);
                 act.known_status = status;
                 act.last_refresh = Instant::now();
                 log::debug!("{}/{}: connected", act.user, act.device);
@@ -537,7 +556,7 @@ impl Actor for Session {
     fn stopped(&mut self, _: &mut Self::Context) {
         // `deadline` is set once the lease was claimed (`claimed` may be
         // cleared since, by a shutdown or a takeover).
-        if self.deadline != 0 {
+        if self.lease_state.deadline() != 0 {
             crate::metrics::METRICS.devices.dec();
         }
         self.registry
@@ -555,7 +574,7 @@ impl Actor for Session {
             std::mem::take(&mut self.user),
             std::mem::take(&mut self.device),
             std::mem::take(&mut self.owner),
-            self.deadline,
+            self.lease_state.deadline(),
         ));
     }
 }

@@ -4,6 +4,7 @@
 //! One [`ConnectionManager`] is created at start and cloned into every actor;
 //! it multiplexes all commands over one connection and reconnects by itself.
 
+use std::borrow::Borrow;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -15,9 +16,10 @@ use redis::{Pipeline, RedisError, Script, Value};
 use crate::keys;
 use crate::privacy::{view, Audience, Presence, Relation};
 use crate::protocol::{Record, Status};
+use crate::refresh::Refresher;
 
 /// A failed Redis operation.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
     /// Redis refused the command or could not be reached.
     #[error("redis: {0}")]
@@ -28,6 +30,9 @@ pub enum StoreError {
     /// Redis answered something the scripts never return.
     #[error("unexpected reply from redis: {0}")]
     Reply(String),
+    /// The node's lease refresher is gone (the node is stopping).
+    #[error("the lease refresher has stopped")]
+    RefresherStopped,
 }
 
 /// Result of a Redis operation.
@@ -40,6 +45,20 @@ pub enum ArriveMode {
     Connect,
     /// A live connection: keep the lease only while it is still ours.
     Refresh,
+}
+
+/// One device's lease to claim or refresh, for [`Store::arrive_batch`].
+#[derive(Debug, Clone)]
+pub struct Lease {
+    /// The user.
+    pub user: String,
+    /// The device.
+    pub device: String,
+    /// The connection's lease value.
+    pub owner: String,
+    /// The user's status as this connection last saw it, restored if Redis
+    /// lost it.
+    pub known: Option<ChosenStatus>,
 }
 
 /// A user's chosen status and privacy settings as stored in Redis; what a
@@ -66,7 +85,8 @@ pub enum Arrival {
         /// This call made the user's first device arrive (and published
         /// `online`).
         came_online: bool,
-        /// The user's chosen status now, if one is set.
+        /// The user's chosen status and privacy settings now; `None` when
+        /// they are exactly what the call sent as known (a refresh only).
         status: Option<ChosenStatus>,
         /// The deadline written to `presence-leases`, epoch ms.
         deadline: i64,
@@ -177,6 +197,9 @@ pub struct Store {
     ttl_ms: u64,
     /// Devices one user may have at once.
     max_devices: u32,
+    /// Batches the lease refreshes of every session of the node; `None`
+    /// sends each refresh on its own.
+    refresher: Option<Refresher>,
 }
 
 /// Now, in epoch ms (the unit of every timestamp in Redis and on the wire).
@@ -237,7 +260,24 @@ impl Store {
             scripts: Arc::new(scripts),
             ttl_ms: ttl.as_millis() as u64,
             max_devices,
+            refresher: None,
         }
+    }
+
+    /// This store, with the lease refreshes of all its clones batched by
+    /// one refresher task (see [`crate::refresh`]). Call inside a tokio
+    /// runtime; the task ends when the last clone is dropped.
+    pub fn with_batched_refreshes(self) -> Self {
+        let refresher = Refresher::spawn(self.clone());
+        Self {
+            refresher: Some(refresher),
+            ..self
+        }
+    }
+
+    /// The refresher batching this store's refreshes, if any.
+    pub(crate) fn refresher(&self) -> Option<&Refresher> {
+        self.refresher.as_ref()
     }
 
     /// The lease TTL in ms.
@@ -282,7 +322,8 @@ impl Store {
     /// Claims (connect) or refreshes (refresh) a device lease, counting the
     /// device if it is new; publishes `online` for the user's first device.
     /// `owner` is the connection's lease value; `known` the user's status
-    /// as this connection last saw it, restored if Redis lost it.
+    /// as this connection last saw it, restored if Redis lost it. Sessions
+    /// refresh through [`Store::refresh`] instead, which batches.
     pub async fn arrive(
         &self,
         user: &str,
@@ -291,73 +332,105 @@ impl Store {
         mode: ArriveMode,
         known: Option<&ChosenStatus>,
     ) -> StoreResult<Arrival> {
+        let lease = Lease {
+            user: user.to_string(),
+            device: device.to_string(),
+            owner: owner.to_string(),
+            known: known.cloned(),
+        };
+        self.arrive_batch(mode, std::slice::from_ref(&lease))
+            .await?
+            .pop()
+            .unwrap_or_else(|| Err(StoreError::Reply("arrive: empty reply".into())))
+    }
+
+    /// The arrival step for many leases at once, in two round trips
+    /// whatever their number: one pipeline of `arrive.lua` calls, then, for
+    /// the leases still held, one `ZADD GT` of all their deadlines into
+    /// `presence-leases` and one of their users into `presence-online`.
+    /// Returns one outcome per lease, in order; `Err` when the first round
+    /// trip failed as a whole. A failed second round trip fails the leases
+    /// that were held (as one refresh on its own would).
+    pub async fn arrive_batch<L: Borrow<Lease>>(
+        &self,
+        mode: ArriveMode,
+        leases: &[L],
+    ) -> StoreResult<Vec<StoreResult<Arrival>>> {
         let now = now_ms();
         let deadline = now + self.ttl_ms as i64;
-        let [lease, count, devices, status] = keys::device_keys(user, device);
         let mode_arg = match mode {
             ArriveMode::Connect => "connect",
             ArriveMode::Refresh => "refresh",
         };
-        let fallback = known.cloned().unwrap_or_default();
         let mut pipe = redis::pipe();
-        eval(
-            &mut pipe,
-            &self.scripts.arrive,
-            &[&lease, &count, &devices, &status],
-        )
-        .arg(owner)
-        .arg(self.ttl_ms)
-        .arg(device)
-        .arg(now)
-        .arg(mode_arg)
-        .arg(user)
-        .arg(keys::EVENTS)
-        .arg(&fallback.status)
-        .arg(&fallback.text)
-        .arg(fallback.since)
-        .arg(self.max_devices)
-        .arg(&fallback.show_online)
-        .arg(&fallback.show_last_seen);
-        let reply = self.query(&pipe).await?;
-        type Reply = (i64, i64, String, String, String, String, String);
-        let (held, came_online, status, text, since, show_online, show_last_seen): Reply =
-            match reply.first() {
-                Some(v) => redis::from_redis_value_ref(v)?,
-                None => return Err(StoreError::Reply("arrive: empty reply".into())),
-            };
-        match held {
-            1 => {}
-            -1 => return Ok(Arrival::TooManyDevices),
-            _ => return Ok(Arrival::Replaced),
+        // One bad reply fails its own lease, not the batch.
+        pipe.ignore_errors();
+        let default = ChosenStatus::default();
+        for lease in leases {
+            let lease = lease.borrow();
+            let known = lease.known.as_ref().unwrap_or(&default);
+            let [key, count, devices, status] = keys::device_keys(&lease.user, &lease.device);
+            eval(
+                &mut pipe,
+                &self.scripts.arrive,
+                &[&key, &count, &devices, &status],
+            )
+            .arg(&lease.owner)
+            .arg(self.ttl_ms)
+            .arg(&lease.device)
+            .arg(now)
+            .arg(mode_arg)
+            .arg(&lease.user)
+            .arg(keys::EVENTS)
+            .arg(&known.status)
+            .arg(&known.text)
+            .arg(known.since)
+            .arg(self.max_devices)
+            .arg(&known.show_online)
+            .arg(&known.show_last_seen);
         }
-        // Only a holder writes the index: a replaced connection's deadline
+        let reply = self.query(&pipe).await?;
+        if reply.len() != leases.len() {
+            return Err(StoreError::Reply(format!(
+                "arrive: {} replies for {} leases",
+                reply.len(),
+                leases.len()
+            )));
+        }
+        // Only a holder writes the indexes: a replaced connection's deadline
         // must not stand for the new owner's lease. GT keeps the latest
         // deadline when two writes cross.
-        let mut pipe = redis::pipe();
-        pipe.cmd("ZADD")
-            .arg(keys::LEASES)
-            .arg("GT")
-            .arg(deadline)
-            .arg(keys::lease_member(user, device))
-            .ignore();
-        pipe.cmd("ZADD")
-            .arg(keys::ONLINE)
-            .arg("GT")
-            .arg(now)
-            .arg(user)
-            .ignore();
-        self.query(&pipe).await?;
-        Ok(Arrival::Held {
-            came_online: came_online == 1,
-            status: Some(ChosenStatus {
-                status,
-                text,
-                since: since.parse().unwrap_or(0),
-                show_online,
-                show_last_seen,
-            }),
-            deadline,
-        })
+        let mut deadlines = redis::cmd("ZADD");
+        deadlines.arg(keys::LEASES).arg("GT");
+        let mut online = redis::cmd("ZADD");
+        online.arg(keys::ONLINE).arg("GT");
+        let mut held = 0;
+        let mut out = Vec::with_capacity(leases.len());
+        for (lease, value) in leases.iter().zip(reply) {
+            let lease = lease.borrow();
+            let arrival = parse_arrival(value, deadline);
+            if let Ok(Arrival::Held { .. }) = arrival {
+                held += 1;
+                deadlines
+                    .arg(deadline)
+                    .arg(keys::lease_member(&lease.user, &lease.device));
+                online.arg(now).arg(&lease.user);
+            }
+            out.push(arrival);
+        }
+        if held > 0 {
+            let mut pipe = redis::pipe();
+            pipe.add_command(deadlines).ignore();
+            pipe.add_command(online).ignore();
+            if let Err(e) = self.query(&pipe).await {
+                for arrival in &mut out {
+                    if let Ok(Arrival::Held { .. }) = arrival {
+                        *arrival = Err(e.clone());
+                    }
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// The departure step for one device. `owner` is the closing
@@ -984,6 +1057,41 @@ fn record_offline(pipe: &mut Pipeline, user: &str, last_seen: i64) {
         .arg(user)
         .ignore();
     pipe.zrem(keys::ONLINE, user).ignore();
+}
+
+/// One reply of `arrive.lua`. A short one (`{1, came_online}`) confirms the
+/// status the call sent as known: `status: None`.
+fn parse_arrival(value: Value, deadline: i64) -> StoreResult<Arrival> {
+    let v = match value {
+        Value::Array(v) => v,
+        Value::ServerError(e) => return Err(RedisError::from(e).into()),
+        other => return Err(StoreError::Reply(format!("arrive: {other:?}"))),
+    };
+    let held = v.first().map(int).transpose()?;
+    let came_online = v.get(1).map(int).transpose()?;
+    let status = match v.len() {
+        2 => None,
+        7 => {
+            let s = |i: usize| redis::from_redis_value_ref::<String>(&v[i]);
+            Some(ChosenStatus {
+                status: s(2)?,
+                text: s(3)?,
+                since: s(4)?.parse().unwrap_or(0),
+                show_online: s(5)?,
+                show_last_seen: s(6)?,
+            })
+        }
+        _ => return Err(StoreError::Reply(format!("arrive: {v:?}"))),
+    };
+    Ok(match held {
+        Some(1) => Arrival::Held {
+            came_online: came_online == Some(1),
+            status,
+            deadline,
+        },
+        Some(-1) => Arrival::TooManyDevices,
+        _ => Arrival::Replaced,
+    })
 }
 
 fn parse_departure(value: Option<&Value>) -> StoreResult<Departure> {

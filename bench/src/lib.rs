@@ -76,9 +76,9 @@ pub enum Scenario {
     /// Ramp to N idle devices on one node: connect rate, server RSS per
     /// connection, Redis memory per device.
     Connections(scenario::connections::ConnectionsArgs),
-    /// Devices sending heartbeats as fast as the node reads them: lease
-    /// refreshes per second reaching Redis, against the same commands sent
-    /// straight to Redis pipelined.
+    /// Devices sending heartbeats just above the node's refresh throttle:
+    /// lease refreshes per second reaching Redis, against the same commands
+    /// sent straight to Redis pipelined.
     Refresh(scenario::refresh::RefreshArgs),
     /// Devices arriving and leaving at a set rate on node A, watched from
     /// node B: connect/close to watcher event latency.

@@ -21,7 +21,10 @@
 -- ARGV[12] show_online this connection last knew ("" when none)
 -- ARGV[13] show_last_seen this connection last knew ("" when none)
 --
--- Returns {held, came_online, status, text, since, show_online, show_last_seen}:
+-- Returns {held, came_online, status, text, since, show_online, show_last_seen},
+-- or just {held, came_online} for a refresh that holds the lease and finds
+-- status, text, since and privacy exactly as ARGV[8..10, 12, 13] (the common
+-- case: the refreshing connection already knows them):
 --   held        1 when the lease now belongs to ARGV[1], 0 when another
 --               connection owns it (refresh only: this connection was replaced),
 --               -1 when the user already has ARGV[11] other devices (connect
@@ -43,40 +46,43 @@ if current == ARGV[1] then
 else
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 end
-local st = redis.call('HMGET', KEYS[4], 'status', 'text', 'since')
+-- One read of everything a holder re-asserts: status, text, since, then
+-- the privacy settings.
+local st = redis.call('HMGET', KEYS[4], 'status', 'text', 'since', 'show_online', 'show_last_seen')
 -- Redis lost the status (restart without persistence) or holds an older one
 -- re-asserted by another device: restore the newest this connection knew.
 if ARGV[8] ~= '' and (not st[1] or tonumber(st[3] or '0') < tonumber(ARGV[10])) then
   redis.call('HSET', KEYS[4], 'status', ARGV[8], 'since', ARGV[10])
   if ARGV[9] == '' then
     redis.call('HDEL', KEYS[4], 'text')
-    st = {ARGV[8], false, ARGV[10]}
+    st[2] = false
   else
     redis.call('HSET', KEYS[4], 'text', ARGV[9])
-    st = {ARGV[8], ARGV[9], ARGV[10]}
+    st[2] = ARGV[9]
   end
+  st[1], st[3] = ARGV[8], ARGV[10]
 end
 -- Privacy settings Redis lost are restored too, before anything is
 -- announced: a user who hides must not flash online.
-local privacy = redis.call('HMGET', KEYS[4], 'show_online', 'show_last_seen')
 local known_online, known_last_seen = ARGV[12] or '', ARGV[13] or ''
-if not privacy[1] and known_online ~= '' then
+if not st[4] and known_online ~= '' then
   redis.call('HSET', KEYS[4], 'show_online', known_online)
-  privacy[1] = known_online
+  st[4] = known_online
 end
-if not privacy[2] and known_last_seen ~= '' then
+if not st[5] and known_last_seen ~= '' then
   redis.call('HSET', KEYS[4], 'show_last_seen', known_last_seen)
-  privacy[2] = known_last_seen
+  st[5] = known_last_seen
 end
 redis.call('HSET', KEYS[4], 'active', ARGV[4])
 local status, text, since = st[1] or '', st[2] or '', st[3] or '0'
-local show_online, show_last_seen = privacy[1] or '', privacy[2] or ''
-if redis.call('SADD', KEYS[3], ARGV[3]) == 0 then
-  return {1, 0, status, text, since, show_online, show_last_seen}
+local show_online, show_last_seen = st[4] or '', st[5] or ''
+local came_online = 0
+if redis.call('SADD', KEYS[3], ARGV[3]) == 1 and redis.call('INCR', KEYS[2]) == 1 then
+  publish_event(ARGV[7], KEYS[4], ARGV[6], 1, nil, next_seq(KEYS[4], ARGV[4]))
+  came_online = 1
 end
-local count = redis.call('INCR', KEYS[2])
-if count ~= 1 then
-  return {1, 0, status, text, since, show_online, show_last_seen}
+if ARGV[5] == 'refresh' and status == ARGV[8] and text == ARGV[9] and since == ARGV[10]
+    and show_online == known_online and show_last_seen == known_last_seen then
+  return {1, came_online}
 end
-publish_event(ARGV[7], KEYS[4], ARGV[6], 1, nil, next_seq(KEYS[4], ARGV[4]))
-return {1, 1, status, text, since, show_online, show_last_seen}
+return {1, came_online, status, text, since, show_online, show_last_seen}

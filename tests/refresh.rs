@@ -1,0 +1,229 @@
+//! Lease refreshes batched across the sessions of a node: every session
+//! keeps its lease, and a replaced connection whose refresh shares a batch
+//! with others is closed without touching the new owner's index entry.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::json;
+use tokio_tungstenite::tungstenite::Message;
+
+/// Sessions on the batching node.
+const SESSIONS: usize = 200;
+/// Heartbeat of the node that holds the replacing connection: shorter than
+/// the batching node's, so that a deadline written by the replaced
+/// connection would stand out in `presence-leases`.
+const SHORT_HEARTBEAT_MS: u64 = 300;
+
+async fn lease_owner(redis: &Redis, user: &str, device: &str) -> Option<String> {
+    let mut c = redis.aconn().await;
+    redis::cmd("GET")
+        .arg(format!("presence:{{{user}}}:{device}"))
+        .query_async(&mut c)
+        .await
+        .unwrap()
+}
+
+async fn leases_index_score(redis: &Redis, member: &str) -> Option<i64> {
+    let mut c = redis.aconn().await;
+    redis::cmd("ZSCORE")
+        .arg("presence-leases")
+        .arg(member)
+        .query_async(&mut c)
+        .await
+        .unwrap()
+}
+
+fn now_ms() -> i64 {
+    presence_server::store::now_ms()
+}
+
+/// Refreshes queued from all sessions at once go out in batches.
+async fn batch_sizes(node: &Node) -> (f64, f64) {
+    let text = reqwest::get(format!("{}/metrics", node.http()))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let sample = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("{name} missing from /metrics:\n{text}"))
+    };
+    (
+        sample("presence_refresh_batch_size_count"),
+        sample("presence_refresh_batch_size_sum"),
+    )
+}
+
+#[tokio::test]
+async fn concurrent_refreshes_keep_every_lease_and_close_the_replaced() {
+    raise_fd_limit();
+    let redis = Redis::start();
+    let a = Node::start(&redis, "a");
+    let b = Node::start_with(
+        &redis,
+        "b",
+        &["--heartbeat-ms", &SHORT_HEARTBEAT_MS.to_string()],
+    );
+    let mut clients = Vec::with_capacity(SESSIONS);
+    for i in 0..SESSIONS {
+        clients.push(Client::connect(&a, &format!("r{i}"), "d").await);
+    }
+    let mut old = Client::connect(&a, "victim", "phone").await;
+    let _new = Client::connect(&b, "victim", "phone").await;
+    let replaced_at = now_ms();
+    // The index still holds the old connection's connect-time deadline
+    // (ZADD GT never lowers it). Set it to what node b writes, so that from
+    // here on a deadline beyond node b's TTL can only come from the replaced
+    // connection (whose first refresh is due at a's next ping at the
+    // earliest: it sends nothing before the loop below).
+    let mut c = redis.aconn().await;
+    let _: i64 = redis::cmd("ZADD")
+        .arg("presence-leases")
+        .arg("XX")
+        .arg(now_ms() + 3 * SHORT_HEARTBEAT_MS as i64)
+        .arg("victim:phone")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+
+    // Every session (the replaced one too) sends heartbeats faster than the
+    // throttle lets through, for three lease TTLs: their refreshes meet in
+    // the node's batches. The replaced one learns at its first refresh.
+    let (batches0, refreshes0) = batch_sizes(&a).await;
+    let heartbeat = json!({"type": "heartbeat"}).to_string();
+    let started = Instant::now();
+    let mut replaced_closed = false;
+    while started.elapsed() < TTL * 3 {
+        for c in &mut clients {
+            c.send(json!({"type": "heartbeat"})).await;
+        }
+        if !replaced_closed {
+            // Fails once the node has closed it.
+            let _ = old.sink_send(Message::Text(heartbeat.clone().into())).await;
+            while let Some(incoming) = old.try_next() {
+                if let Incoming::Closed(close) = incoming {
+                    check_replaced(&redis, close, replaced_at, &a).await;
+                    replaced_closed = true;
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    if !replaced_closed {
+        let close = old.expect_closed().await;
+        check_replaced(&redis, close, replaced_at, &a).await;
+    }
+
+    // Every other session is still connected, holds its lease and is in
+    // the index with a deadline ahead.
+    let now = now_ms();
+    for (i, client) in clients.iter_mut().enumerate() {
+        while let Some(incoming) = client.try_next() {
+            assert!(
+                matches!(incoming, Incoming::Frame(_)),
+                "r{i} was closed: {incoming:?}"
+            );
+        }
+        let user = format!("r{i}");
+        let owner = lease_owner(&redis, &user, "d").await;
+        assert!(
+            owner.as_deref().is_some_and(|o| o.starts_with("a ")),
+            "{user}: lease {owner:?}"
+        );
+        assert_eq!(count(&redis, &user).await, 1, "{user}");
+        let score = leases_index_score(&redis, &format!("{user}:d")).await;
+        assert!(score.is_some_and(|s| s > now), "{user}: deadline {score:?}");
+    }
+
+    // And they did go out together.
+    let (batches1, refreshes1) = batch_sizes(&a).await;
+    let (batches, refreshes) = (batches1 - batches0, refreshes1 - refreshes0);
+    println!("{refreshes} refreshes in {batches} batches");
+    assert!(
+        refreshes >= (SESSIONS * 3) as f64,
+        "only {refreshes} refreshes in three TTLs"
+    );
+    assert!(batches < refreshes, "no two refreshes shared a batch");
+}
+
+/// The replaced connection was closed with 4001 at its first refresh, and
+/// has left the new owner's lease, count and index entry alone. Checked as
+/// soon as the close arrives: node b writes at most now + 3 x 300 ms, so a
+/// deadline of node a's TTL (1.5 s) would be the replaced connection's, for
+/// the 0.6 s until node b's own refreshes pass it.
+async fn check_replaced(redis: &Redis, close: Option<(u16, String)>, replaced_at: i64, a: &Node) {
+    let closed_at = now_ms();
+    let score = leases_index_score(redis, "victim:phone")
+        .await
+        .expect("the new owner's entry in presence-leases");
+    let b_ttl = 3 * SHORT_HEARTBEAT_MS as i64;
+    assert!(
+        score <= now_ms() + b_ttl,
+        "presence-leases holds {score}, {} ms ahead: not node b's deadline",
+        score - now_ms()
+    );
+    assert_eq!(close.map(|(code, _)| code), Some(4001), "{}", a.logs());
+    assert!(
+        closed_at - replaced_at < TTL.as_millis() as i64,
+        "closed {} ms after the takeover",
+        closed_at - replaced_at
+    );
+    let owner = lease_owner(redis, "victim", "phone").await;
+    assert!(
+        owner.as_deref().is_some_and(|o| o.starts_with("b ")),
+        "lease owner {owner:?}"
+    );
+    assert_eq!(count(redis, "victim").await, 1);
+}
+
+async fn status_field(redis: &Redis, user: &str, field: &str) -> Option<String> {
+    let mut c = redis.aconn().await;
+    redis::cmd("HGET")
+        .arg(format!("presence-status:{{{user}}}"))
+        .arg(field)
+        .query_async(&mut c)
+        .await
+        .unwrap()
+}
+
+/// A status chosen on another device reaches this session through its
+/// refreshes (the one outcome the node's refresher hands back besides a
+/// lost lease), so that this session re-asserts it when Redis comes back
+/// empty.
+#[tokio::test]
+async fn a_status_learned_by_refresh_is_reasserted_after_redis_restarts() {
+    let mut redis = Redis::start();
+    let a = Node::start(&redis, "a");
+    let mut phone = Client::connect(&a, "alice", "phone").await;
+    let _laptop = Client::connect(&a, "alice", "laptop").await;
+    phone
+        .send(json!({"type": "status", "status": "busy", "text": "focus"}))
+        .await;
+    wait_until("busy stored", DEADLINE, || async {
+        status_field(&redis, "alice", "status").await.as_deref() == Some("busy")
+    })
+    .await;
+    phone.close().await;
+    a.wait_log("alice/phone: closed").await;
+    // From here on only the laptop refreshes `active`: once it moves, the
+    // laptop has refreshed since the status changed, and learned it.
+    let closed_at = now_ms();
+    wait_until("a refresh of the laptop", DEADLINE, || async {
+        let active = status_field(&redis, "alice", "active").await;
+        active.and_then(|a| a.parse::<i64>().ok()) > Some(closed_at)
+    })
+    .await;
+
+    redis.restart_empty();
+    wait_until("the laptop re-asserts busy", DEADLINE, || async {
+        status_field(&redis, "alice", "status").await.as_deref() == Some("busy")
+            && status_field(&redis, "alice", "text").await.as_deref() == Some("focus")
+            && count(&redis, "alice").await == 1
+    })
+    .await;
+}
