@@ -249,6 +249,28 @@ pub fn server_bin(given: Option<&Path>) -> anyhow::Result<PathBuf> {
     Ok(bin)
 }
 
+/// One sample of a node's `/metrics` (Prometheus text), e.g.
+/// `presence_refresh_batch_size_sum`; 0 when the node does not have it yet.
+pub async fn node_metric(node: SocketAddr, name: &str) -> anyhow::Result<f64> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut tcp = tokio::net::TcpStream::connect(node).await?;
+    tcp.write_all(b"GET /metrics HTTP/1.0\r\nHost: bench\r\n\r\n")
+        .await?;
+    let mut body = String::new();
+    tcp.read_to_string(&mut body).await?;
+    anyhow::ensure!(
+        body.starts_with("HTTP/1.0 200") || body.starts_with("HTTP/1.1 200"),
+        "GET /metrics from {node}: {}",
+        body.lines().next().unwrap_or("no answer")
+    );
+    let prefix = format!("{name} ");
+    Ok(body
+        .lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0))
+}
+
 /// Resident set size of a process in bytes (VmRSS of /proc/<pid>/status).
 pub fn rss_bytes(pid: u32) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
