@@ -299,14 +299,9 @@ pub fn cpu_us(pid: u32) -> Option<u64> {
 pub fn ensure_fds(sockets: usize) -> anyhow::Result<()> {
     // Room for the runtime, Redis connections, logs and the like.
     const SPARE: u64 = 256;
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit on a local struct.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+    let Some(lim) = nofile() else {
         return Ok(());
-    }
+    };
     anyhow::ensure!(
         sockets as u64 + SPARE <= lim.rlim_cur,
         "{sockets} connections need an open-file limit of at least {} in the bench and in \
@@ -319,32 +314,30 @@ pub fn ensure_fds(sockets: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The open-file limit (soft) of this process.
-pub fn fd_limit() -> u64 {
+/// This process's open-file limit (soft and hard), if it can be read.
+fn nofile() -> Option<libc::rlimit> {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
     };
     // SAFETY: getrlimit on a local struct.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
-        return 1024;
-    }
-    lim.rlim_cur
+    (unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0).then_some(lim)
+}
+
+/// The open-file limit (soft) of this process.
+pub fn fd_limit() -> u64 {
+    nofile().map_or(1024, |lim| lim.rlim_cur)
 }
 
 /// Lifts the open-file limit as far as the kernel allows: the hard limit
 /// too when running as root (up to fs.nr_open), else the soft one to the
 /// hard one. Spawned nodes inherit it. Returns the soft limit now.
 pub fn raise_fd_limit() -> u64 {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
+    let Some(mut lim) = nofile() else {
+        return 0;
     };
-    // SAFETY: getrlimit/setrlimit on a local struct.
+    // SAFETY: setrlimit with local structs.
     unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
-            return 0;
-        }
         let nr_open = std::fs::read_to_string("/proc/sys/fs/nr_open")
             .ok()
             .and_then(|s| s.trim().parse::<u64>().ok())
@@ -357,7 +350,6 @@ pub fn raise_fd_limit() -> u64 {
             lim.rlim_cur = lim.rlim_max;
             libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
         }
-        libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim);
     }
-    lim.rlim_cur
+    fd_limit()
 }

@@ -122,20 +122,19 @@ pub async fn run(common: &Common, args: &FanoutArgs) -> anyhow::Result<()> {
     let floor = floor(args).await?;
     report.latency(
         "floor_frame_to_watcher",
-        &floor.hist.lock().unwrap(),
-        json!({"watchers": floor.watchers.load(Ordering::Relaxed), "rounds": args.transitions,
-               "incomplete_rounds": floor.incomplete(),
+        &floor.receipts.hist.lock().unwrap(),
+        json!({"watchers": floor.watchers, "rounds": args.transitions,
+               "incomplete_rounds": floor.receipts.incomplete(),
                "what": "the same frame written to raw sockets from 2 threads in a loop"}),
     );
     report.figure(
         "floor_cpu_per_write",
-        floor.cpu_us.load(Ordering::Relaxed) as f64
-            / (floor.watchers.load(Ordering::Relaxed) * args.transitions).max(1) as f64,
+        floor.cpu_us as f64 / (floor.watchers * args.transitions).max(1) as f64,
         "us",
         json!({"compare": "node_cpu_per_delivery"}),
     );
     let node_p99 = receipts.hist.lock().unwrap().value_at_quantile(0.99) as f64;
-    let floor_p99 = floor.hist.lock().unwrap().value_at_quantile(0.99) as f64;
+    let floor_p99 = floor.receipts.hist.lock().unwrap().value_at_quantile(0.99) as f64;
     report.figure(
         "node_p99_over_floor_p99",
         node_p99 / floor_p99.max(1.0),
@@ -156,17 +155,17 @@ pub async fn run(common: &Common, args: &FanoutArgs) -> anyhow::Result<()> {
                 ),
                 (
                     "floor: raw writes from 2 threads, write -> receipt",
-                    &floor.hist.lock().unwrap(),
+                    &floor.receipts.hist.lock().unwrap(),
                 ),
             ],
         )?;
     }
     report.print_table();
     anyhow::ensure!(
-        receipts.incomplete() == 0 && floor.incomplete() == 0,
+        receipts.incomplete() == 0 && floor.receipts.incomplete() == 0,
         "{} transitions (and {} floor rounds) did not reach every watcher",
         receipts.incomplete(),
-        floor.incomplete()
+        floor.receipts.incomplete()
     );
     Ok(())
 }
@@ -175,7 +174,7 @@ pub async fn run(common: &Common, args: &FanoutArgs) -> anyhow::Result<()> {
 /// watchers as the open-file limit allows beside their server-side sockets
 /// (all of them on a host with room), one frame of the node's size per
 /// round.
-async fn floor(args: &FanoutArgs) -> anyhow::Result<Arc<Receipts>> {
+async fn floor(args: &FanoutArgs) -> anyhow::Result<Floor> {
     let room = (crate::procs::fd_limit().saturating_sub(FD_MARGIN) / 2).max(1) as usize;
     let n = args.watchers.min(room);
     eprintln!("fanout: floor, a bare WebSocket server writing to {n} watchers");
@@ -190,7 +189,6 @@ async fn floor(args: &FanoutArgs) -> anyhow::Result<Arc<Receipts>> {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let receipts = Arc::new(Receipts::new());
-    receipts.watchers.store(n, Ordering::Relaxed);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let readers: Vec<_> = sockets
         .into_iter()
@@ -199,10 +197,10 @@ async fn floor(args: &FanoutArgs) -> anyhow::Result<Arc<Receipts>> {
             spawn_watcher(ws, stop_rx.clone(), move |(_, _, at)| receipts.record(at))
         })
         .collect();
+    let mut cpu_us = 0;
     for _ in 0..args.transitions {
         receipts.begin();
-        let cpu = tokio::task::block_in_place(|| server.send(FLOOR_FRAME, 2));
-        receipts.cpu_us.fetch_add(cpu, Ordering::Relaxed);
+        cpu_us += tokio::task::block_in_place(|| server.send(FLOOR_FRAME, 2));
         receipts.end(n).await;
     }
     let _ = stop_tx.send(true);
@@ -210,7 +208,22 @@ async fn floor(args: &FanoutArgs) -> anyhow::Result<Arc<Receipts>> {
         let _ = r.await;
     }
     drop(server);
-    Ok(receipts)
+    Ok(Floor {
+        receipts,
+        watchers: n,
+        cpu_us,
+    })
+}
+
+/// What the floor measured.
+struct Floor {
+    /// Its receipt times.
+    receipts: Arc<Receipts>,
+    /// Watchers it wrote to (fewer than the node's when the open-file
+    /// limit has no room for all of them twice).
+    watchers: usize,
+    /// CPU time its writing threads used, µs.
+    cpu_us: u64,
 }
 
 /// Descriptors kept free for everything but the floor's sockets.
@@ -235,10 +248,6 @@ struct Receipts {
     lasts: Mutex<Histogram<u64>>,
     /// Rounds that did not reach every watcher.
     incomplete: AtomicUsize,
-    /// Watchers in the phase (the floor's may be fewer).
-    watchers: AtomicUsize,
-    /// CPU time the floor's writers used, µs.
-    cpu_us: AtomicU64,
 }
 
 impl Receipts {
@@ -251,8 +260,6 @@ impl Receipts {
             hist: Mutex::new(latency_histogram()),
             lasts: Mutex::new(latency_histogram()),
             incomplete: AtomicUsize::new(0),
-            watchers: AtomicUsize::new(0),
-            cpu_us: AtomicU64::new(0),
         }
     }
 
