@@ -12,6 +12,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::sync::oneshot;
 
 use crate::auth::{Auth, Origins};
+use crate::cluster::Source;
 use crate::config::Config;
 use crate::expiry::ExpiryListener;
 use crate::http::{self, AppState};
@@ -53,20 +54,14 @@ pub async fn run(
     listener: TcpListener,
 ) -> anyhow::Result<()> {
     let config = Arc::new(config);
-    let client = redis::Client::open(redis_url)
-        .with_context(|| format!("invalid redis url {redis_url:?}"))?;
-    let manager_config = ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(REDIS_CONNECT_TIMEOUT))
-        .set_response_timeout(Some(REDIS_RESPONSE_TIMEOUT));
-    let mut conn = ConnectionManager::new_with_config(client.clone(), manager_config)
-        .await
-        .with_context(|| format!("cannot connect to redis at {redis_url}"))?;
-    store::ensure_expired_events(&mut conn).await?;
-    let store = Store::with_limits(
-        RedisConn::new(conn),
-        config.ttl,
-        config.max_devices_per_user,
-    );
+    let (client, conn) =
+        match crate::cluster::connect(redis_url, REDIS_CONNECT_TIMEOUT, REDIS_RESPONSE_TIMEOUT)
+            .await?
+        {
+            Some(cluster) => cluster,
+            None => connect_single(redis_url).await?,
+        };
+    let store = Store::with_limits(conn, config.ttl, config.max_devices_per_user);
     store.load_scripts().await.context("cannot load scripts")?;
     let store = store
         .load_deployment()
@@ -127,6 +122,20 @@ pub async fn run(
     server.await?;
     log::info!("node {} stopped", config.node_id);
     Ok(())
+}
+
+/// Connects to one Redis server and makes sure it announces expired keys.
+async fn connect_single(redis_url: &str) -> anyhow::Result<(Source, RedisConn)> {
+    let client = redis::Client::open(redis_url)
+        .with_context(|| format!("invalid redis url {redis_url:?}"))?;
+    let manager_config = ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(REDIS_CONNECT_TIMEOUT))
+        .set_response_timeout(Some(REDIS_RESPONSE_TIMEOUT));
+    let mut conn = ConnectionManager::new_with_config(client.clone(), manager_config)
+        .await
+        .with_context(|| format!("cannot connect to redis at {redis_url}"))?;
+    store::ensure_expired_events(&mut conn).await?;
+    Ok((Source::Single(client), RedisConn::new(conn)))
 }
 
 /// Waits for SIGTERM or SIGINT.

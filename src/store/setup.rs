@@ -1,11 +1,11 @@
 //! What start-up checks in Redis before the node serves.
 
-use redis::aio::ConnectionManager;
+use redis::aio::ConnectionLike;
 
 /// Makes sure Redis announces expired keys (`notify-keyspace-events` with
 /// `E` and `x`), enabling them when it can. A Redis that forbids CONFIG and
 /// has them off cannot run this server: the error says what to set.
-pub async fn ensure_expired_events(conn: &mut ConnectionManager) -> anyhow::Result<()> {
+pub async fn ensure_expired_events(conn: &mut impl ConnectionLike) -> anyhow::Result<()> {
     let current: Vec<String> = redis::cmd("CONFIG")
         .arg("GET")
         .arg("notify-keyspace-events")
