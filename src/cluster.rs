@@ -139,12 +139,13 @@ fn info_field<'a>(info: &'a str, field: &str) -> Option<&'a str> {
 }
 
 /// Asks the first seed that answers whether it is a cluster node; checks
-/// its version on the way.
+/// its version on the way. The outer error is fatal (too old a Redis); the
+/// inner one says that no seed answered.
 async fn is_cluster(
     seeds: &[ConnectionInfo],
     connect_timeout: Duration,
     response_timeout: Duration,
-) -> anyhow::Result<bool> {
+) -> anyhow::Result<anyhow::Result<bool>> {
     let config = AsyncConnectionConfig::new()
         .set_connection_timeout(Some(connect_timeout))
         .set_response_timeout(Some(response_timeout));
@@ -166,11 +167,17 @@ async fn is_cluster(
                 continue;
             }
         };
-        let server: String = redis::cmd("INFO")
+        let server: String = match redis::cmd("INFO")
             .arg("server")
             .query_async(&mut conn)
             .await
-            .with_context(|| format!("INFO server on {addr}"))?;
+        {
+            Ok(info) => info,
+            Err(e) => {
+                last_error = Some(anyhow::anyhow!("INFO server on {addr}: {e}"));
+                continue;
+            }
+        };
         let version = info_field(&server, "redis_version").unwrap_or("");
         let major = version
             .split('.')
@@ -181,14 +188,22 @@ async fn is_cluster(
                 "redis at {addr} is version {version}; this server needs Redis {MIN_REDIS_MAJOR}.0 or newer (sharded pub/sub)"
             );
         }
-        let cluster: String = redis::cmd("INFO")
+        let cluster: String = match redis::cmd("INFO")
             .arg("cluster")
             .query_async(&mut conn)
             .await
-            .with_context(|| format!("INFO cluster on {addr}"))?;
-        return Ok(info_field(&cluster, "cluster_enabled") == Some("1"));
+        {
+            Ok(info) => info,
+            Err(e) => {
+                last_error = Some(anyhow::anyhow!("INFO cluster on {addr}: {e}"));
+                continue;
+            }
+        };
+        return Ok(Ok(info_field(&cluster, "cluster_enabled") == Some("1")));
     }
-    Err(last_error.unwrap_or_else(|| anyhow::anyhow!("no redis url given")))
+    Ok(Err(
+        last_error.unwrap_or_else(|| anyhow::anyhow!("no redis url given"))
+    ))
 }
 
 /// Connects to the cluster `redis_url` names, with expired-key events on
@@ -201,7 +216,7 @@ pub async fn connect(
 ) -> anyhow::Result<Option<(Source, RedisConn)>> {
     let infos = parse_urls(redis_url)?;
     let several = infos.len() > 1;
-    match is_cluster(&infos, connect_timeout, response_timeout).await {
+    match is_cluster(&infos, connect_timeout, response_timeout).await? {
         Ok(true) => {}
         Ok(false) if several => anyhow::bail!(
             "--redis-url lists {} seed URLs, but {} is not a Redis Cluster node (cluster_enabled:0); give one URL for one Redis",
