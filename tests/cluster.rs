@@ -292,3 +292,61 @@ async fn a_list_of_seeds_starts_and_a_non_cluster_list_is_refused() {
     let logs = Node::spawn("s2", &args, &[]).err().expect("refused");
     assert!(logs.contains("not a Redis Cluster node"), "{logs}");
 }
+
+/// Expired events handled by `node` so far.
+async fn expired_events(node: &Node) -> i64 {
+    let (_, health) = get(&format!("{}/healthz", node.http())).await;
+    health["counters"]["expired_events"].as_i64().unwrap()
+}
+
+/// Each primary's expired events reach one node of the fleet, not every
+/// node: a lapsed lease is departed once by its event.
+#[tokio::test]
+async fn each_expired_event_is_handled_by_one_node() {
+    let cluster = Cluster::start();
+    // The first node takes every primary's expiry lock; the others stand by.
+    let b = cluster.node("b");
+    wait_until("b owns the three primaries' events", DEADLINE, || async {
+        b.logs().matches("owning the expired events of").count() == 3
+    })
+    .await;
+    let c = cluster.node("c");
+    let mut a = cluster.node("a");
+    let mut users = Vec::new();
+    for round in 0..4 {
+        users.extend(users_on_every_shard(&cluster, &format!("e{round}")));
+    }
+    let names: Vec<&str> = users.iter().map(String::as_str).collect();
+    let mut watcher = Client::connect(&c, "watcher", "w").await;
+    watcher.watch(&names).await;
+    let mut devices = Vec::new();
+    for user in &users {
+        devices.push(Client::connect(&a, user, "d").await);
+        watcher.expect_presence(user, "online").await;
+    }
+    let before = expired_events(&b).await + expired_events(&c).await;
+
+    a.kill();
+    for _ in &users {
+        let ev = watcher.expect("presence").await;
+        assert_eq!(ev["status"], "offline", "{ev}");
+    }
+    // Every lapsed lease is announced by its primary once; wait for the
+    // events, then count them across the fleet.
+    wait_until("the expired events", DEADLINE, || async {
+        expired_events(&b).await + expired_events(&c).await - before >= users.len() as i64
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let handled = expired_events(&b).await + expired_events(&c).await - before;
+    assert_eq!(
+        handled,
+        users.len() as i64,
+        "expired events handled in the fleet"
+    );
+    assert!(
+        !c.logs().contains("owning the expired events of"),
+        "{}",
+        c.logs()
+    );
+}
