@@ -3,6 +3,7 @@ pub mod config;
 pub mod config_file;
 pub mod conn;
 pub mod expiry;
+pub mod frames;
 pub mod http;
 pub mod ids;
 pub mod keys;

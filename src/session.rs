@@ -19,6 +19,7 @@ use crate::config::Config;
 use bytestring::ByteString;
 
 use crate::conn::ConnHandle;
+use crate::frames::Assembled;
 use crate::privacy::{self, Relation};
 use crate::protocol::Record;
 use crate::protocol::{self, ClientFrame, ErrorCode, ProtocolError, Status};
@@ -84,6 +85,8 @@ pub struct Session {
     refilled: Instant,
     /// Frames refused since the bucket last had a token.
     refused: u32,
+    /// A message arriving in fragments.
+    fragments: crate::frames::Fragments,
 }
 
 /// What a session last told its client about one watched user.
@@ -158,6 +161,7 @@ impl Session {
             tokens: burst,
             refilled: now,
             refused: 0,
+            fragments: Default::default(),
         }
     }
 
@@ -298,6 +302,40 @@ impl Handler<Refreshed> for Session {
 }
 
 impl Session {
+    /// One whole text message (a frame, or assembled fragments).
+    fn handle_text(&mut self, text: &str, ctx: &mut ws::WebsocketContext<Self>) {
+        match protocol::parse_client_frame(text) {
+            Ok(frame) => self.handle_frame(frame, ctx),
+            Err(e) => self.send_error(ctx, &e),
+        }
+    }
+
+    /// Answers a binary message: the protocol is JSON text.
+    fn refuse_binary(&mut self, ctx: &mut ws::WebsocketContext<Self>) {
+        self.send_error(
+            ctx,
+            &ProtocolError::new(
+                ErrorCode::Unsupported,
+                "only text frames holding one JSON object are accepted",
+            ),
+        );
+    }
+
+    /// Sends a close frame and ends the session; the connection closes
+    /// once the frame is flushed.
+    fn close_with(
+        &mut self,
+        ctx: &mut ws::WebsocketContext<Self>,
+        code: ws::CloseCode,
+        reason: String,
+    ) {
+        ctx.close(Some(ws::CloseReason {
+            code,
+            description: Some(reason),
+        }));
+        ctx.stop();
+    }
+
     fn send_error(&mut self, ctx: &mut ws::WebsocketContext<Self>, err: &ProtocolError) {
         self.send(ctx, err.to_frame());
     }
@@ -650,20 +688,10 @@ impl StreamHandler<Result<ws::Message, ws::ProtocolError>> for Session {
     fn handle(&mut self, msg: Result<ws::Message, ws::ProtocolError>, ctx: &mut Self::Context) {
         let msg = match msg {
             Ok(msg) => msg,
-            Err(ws::ProtocolError::Overflow) => {
-                ctx.close(Some(ws::CloseReason {
-                    code: ws::CloseCode::Size,
-                    description: Some(format!(
-                        "frame larger than {} bytes",
-                        self.config.max_frame_bytes
-                    )),
-                }));
-                ctx.stop();
-                return;
-            }
             Err(e) => {
-                log::debug!("{}/{}: protocol error: {e}", self.user, self.device);
-                ctx.stop();
+                let (code, reason) = crate::frames::close_for(&e, self.config.max_frame_bytes);
+                log::debug!("{}/{}: closing with {code:?}: {e}", self.user, self.device);
+                self.close_with(ctx, code, reason);
                 return;
             }
         };
@@ -678,26 +706,29 @@ impl StreamHandler<Result<ws::Message, ws::ProtocolError>> for Session {
             }
             ws::Message::Text(text) => {
                 self.touch(ctx);
-                if !self.admit(ctx) {
-                    return;
-                }
-                match protocol::parse_client_frame(&text) {
-                    Ok(frame) => self.handle_frame(frame, ctx),
-                    Err(e) => self.send_error(ctx, &e),
+                if self.admit(ctx) {
+                    self.handle_text(&text, ctx);
                 }
             }
-            ws::Message::Binary(_) | ws::Message::Continuation(_) => {
+            ws::Message::Continuation(item) => {
                 self.touch(ctx);
-                if !self.admit(ctx) {
-                    return;
+                let admitted = self.admit(ctx);
+                let max = self.config.max_frame_bytes;
+                match self.fragments.push(item, admitted, max) {
+                    Ok(Assembled::Text(text)) => self.handle_text(&text, ctx),
+                    Ok(Assembled::Binary) => self.refuse_binary(ctx),
+                    Ok(Assembled::Pending | Assembled::Dropped) => {}
+                    Err(refused) => {
+                        let (code, reason) = refused.close(max);
+                        self.close_with(ctx, code, reason);
+                    }
                 }
-                self.send_error(
-                    ctx,
-                    &ProtocolError::new(
-                        ErrorCode::Unsupported,
-                        "only text frames holding one JSON object are accepted",
-                    ),
-                );
+            }
+            ws::Message::Binary(_) => {
+                self.touch(ctx);
+                if self.admit(ctx) {
+                    self.refuse_binary(ctx);
+                }
             }
             ws::Message::Close(reason) => {
                 ctx.close(reason);

@@ -3,6 +3,8 @@
 //! SIGKILL one), and real WebSocket clients.
 #![allow(dead_code)]
 
+pub mod raw;
+
 use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
@@ -343,9 +345,12 @@ impl Drop for Node {
     }
 }
 
-/// The server binary built by cargo for these tests.
+/// The server binary built by cargo for these tests; `PRESENCE_SERVER_BIN`
+/// names another one (e.g. an older build, to see a new test fail on it).
 pub fn binary() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_presence-server"))
+    std::env::var_os("PRESENCE_SERVER_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_presence-server")))
 }
 
 /// What the reader task hands to the test.

@@ -1,0 +1,254 @@
+//! Hostile clients at the WebSocket edge (issue 12): oversized and
+//! malformed frames, fragments, close codes and connection teardown, each
+//! sent with a raw socket.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::raw::{self, Raw, Read, CLOSE, CONT, PING, PONG, TEXT};
+use common::*;
+use tokio::io::AsyncWriteExt;
+
+/// A header announcing 1 GiB is refused as soon as it is read: the node
+/// answers with 1009 and closes the socket within 200 ms, and its memory
+/// does not grow with the bytes that keep coming.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_1gib_frame_header_is_refused_before_its_payload() {
+    let redis = Redis::start();
+    let node = Node::start(&redis, "n1");
+    let Raw {
+        mut reader,
+        mut writer,
+    } = Raw::hello(&node, "big", "d").await;
+    let pid = node.pid();
+    let before = raw::rss_kib(pid);
+
+    writer
+        .write_all(&raw::header(true, TEXT, 1 << 30))
+        .await
+        .unwrap();
+    let sent = Instant::now();
+    // Stream payload for as long as the node takes it (at most 1 GiB).
+    let streamer = tokio::spawn(async move {
+        let chunk = raw::mask(&vec![b'x'; 64 * 1024], 0);
+        let mut sent = 0u64;
+        while sent < 1 << 30 {
+            if writer.write_all(&chunk).await.is_err() {
+                break;
+            }
+            sent += chunk.len() as u64;
+        }
+        sent
+    });
+    let sampler = tokio::spawn(async move {
+        let mut peak = 0;
+        let end = Instant::now() + Duration::from_millis(1500);
+        while Instant::now() < end {
+            peak = peak.max(raw::rss_kib(pid));
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        peak
+    });
+
+    let close = reader.expect_close(DEADLINE).await;
+    let close_after = sent.elapsed();
+    let eof = reader.wait_eof(DEADLINE).await;
+    let eof_after = sent.elapsed();
+    let peak = sampler.await.unwrap();
+    let streamed = tokio::time::timeout(DEADLINE, streamer)
+        .await
+        .map(|r| r.unwrap())
+        .unwrap_or(0);
+    let grew = peak.saturating_sub(before);
+    println!(
+        "1 GiB header: close {} after {close_after:?}, socket closed after {eof_after:?}; \
+         RSS {before} KiB -> peak {peak} KiB (+{grew} KiB) while {} MiB were streamed",
+        close.0,
+        streamed >> 20
+    );
+    assert_eq!(close.0, 1009, "{close:?}");
+    assert!(
+        close_after < Duration::from_millis(200),
+        "close after {close_after:?}"
+    );
+    assert!(eof, "socket still open");
+    assert!(
+        eof_after < Duration::from_millis(200),
+        "socket closed after {eof_after:?}"
+    );
+    assert!(grew <= 16 * 1024, "RSS grew by {grew} KiB");
+}
+
+/// A text message in three fragments, with a ping between them, is
+/// assembled and answered like one frame; the ping is answered at once.
+#[tokio::test]
+async fn a_fragmented_message_is_assembled() {
+    let redis = Redis::start();
+    let node = Node::start(&redis, "n1");
+    let mut c = Raw::hello(&node, "alice", "a").await;
+    let msg = br#"{"type":"watch","users":["bob","carol"]}"#;
+    c.send(&raw::frame(false, TEXT, &msg[..10])).await;
+    c.send(&raw::frame(true, PING, b"hi")).await;
+    c.send(&raw::frame(false, CONT, &msg[10..20])).await;
+    c.send(&raw::frame(true, CONT, &msg[20..])).await;
+    let mut ponged = false;
+    let snapshot = loop {
+        match c.reader.next(DEADLINE).await {
+            Read::Frame(f) if f.opcode == PONG => {
+                assert_eq!(f.payload, b"hi");
+                ponged = true;
+            }
+            Read::Frame(f) if f.opcode == PING => {}
+            Read::Frame(f) if f.opcode == TEXT => break f.json(),
+            other => panic!("expected the snapshot, got {other:?}"),
+        }
+    };
+    assert!(ponged, "the ping between fragments was not answered first");
+    assert_eq!(snapshot["type"], "snapshot", "{snapshot}");
+    assert_eq!(snapshot["presence"].as_array().unwrap().len(), 2);
+}
+
+/// Sends `bytes` on a fresh connection and expects the close frame with
+/// `code` followed by the end of the TCP connection.
+async fn expect_close_for(node: &Node, what: &str, bytes: &[Vec<u8>], code: u16) {
+    let mut c = Raw::hello(node, "alice", what).await;
+    for b in bytes {
+        c.send(b).await;
+    }
+    let (got, reason) = c.reader.expect_close(DEADLINE).await;
+    println!("{what}: close {got} {reason:?}");
+    assert_eq!(got, code, "{what}: {reason}");
+    assert!(
+        c.reader.wait_eof(Duration::from_secs(1)).await,
+        "{what}: socket still open after the close frame"
+    );
+}
+
+/// Protocol violations close with 1002, text that is not UTF-8 with 1007,
+/// a message over the limit (even in fragments) with 1009; each close frame
+/// comes before the socket closes.
+#[tokio::test]
+async fn refused_frames_close_with_their_rfc_6455_code() {
+    let redis = Redis::start();
+    let node = Node::start_with(&redis, "n1", &["--max-frame-bytes", "1024"]);
+    let ok = br#"{"type":"heartbeat"}"#;
+    let mut unmasked = vec![0x81, ok.len() as u8];
+    unmasked.extend_from_slice(ok);
+    let mut reserved = raw::frame(true, TEXT, ok);
+    reserved[0] |= 0x40;
+    let cases: Vec<(&str, Vec<Vec<u8>>, u16)> = vec![
+        ("unmasked", vec![unmasked], 1002),
+        ("reserved-bits", vec![reserved], 1002),
+        ("bad-opcode", vec![raw::frame(true, 0x3, ok)], 1002),
+        ("lone-continuation", vec![raw::frame(true, CONT, ok)], 1002),
+        (
+            "text-inside-fragments",
+            vec![raw::frame(false, TEXT, b"{"), raw::frame(true, TEXT, ok)],
+            1002,
+        ),
+        ("fragmented-ping", vec![raw::frame(false, PING, b"x")], 1002),
+        ("long-ping", vec![raw::header(true, PING, 200)], 1002),
+        (
+            "not-utf8",
+            vec![raw::frame(true, TEXT, &[b'"', 0xff, 0xfe])],
+            1007,
+        ),
+        (
+            "not-utf8-fragments",
+            vec![
+                raw::frame(false, TEXT, &[b'"', 0xc3]),
+                raw::frame(true, CONT, b"\""),
+            ],
+            1007,
+        ),
+        ("oversized", vec![raw::header(true, TEXT, 1025)], 1009),
+        (
+            "oversized-fragments",
+            vec![
+                raw::frame(false, TEXT, &[b' '; 600]),
+                raw::frame(false, CONT, &[b' '; 600]),
+            ],
+            1009,
+        ),
+    ];
+    for (what, bytes, code) in &cases {
+        expect_close_for(&node, what, bytes, *code).await;
+    }
+}
+
+/// After the client's close frame, the server answers with its own and
+/// ends the TCP connection right after: under 50 ms.
+#[tokio::test]
+async fn a_clean_close_ends_the_socket_at_once() {
+    let redis = Redis::start();
+    let node = Node::start(&redis, "n1");
+    let mut c = Raw::hello(&node, "alice", "a").await;
+    c.send(&raw::close_frame(1000)).await;
+    let sent = Instant::now();
+    let (code, _) = c.reader.expect_close(DEADLINE).await;
+    let closed = c.reader.wait_eof(DEADLINE).await;
+    let took = sent.elapsed();
+    println!("clean close: close {code}, socket closed {took:?} after the client's close frame");
+    assert_eq!(code, 1000);
+    assert!(closed);
+    assert!(
+        took < Duration::from_millis(50),
+        "socket closed after {took:?}"
+    );
+    let _ = CLOSE;
+}
+
+mod parser {
+    //! The frame parser's header-length path (vendored actix-http, see
+    //! vendor/README.md), over arbitrary headers, limits and partial payloads.
+
+    use super::raw;
+    use actix_http::ws::{OpCode, Parser, ProtocolError};
+    use bytes::BytesMut;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(4000))]
+
+        /// A length over the limit is refused from the header alone, however
+        /// little of the payload has come; a length within it waits for the
+        /// payload without reserving more than the limit; a whole frame
+        /// within it parses to exactly its payload.
+        #[test]
+        fn the_length_is_checked_at_the_header(
+            opcode in prop::sample::select(vec![0u8, 1, 2, 8, 9, 10]),
+            fin in any::<bool>(),
+            len in prop_oneof![0u64..300, 0u64..70_000, any::<u64>()],
+            max in prop_oneof![0usize..300, 0usize..100_000],
+            sent in 0usize..70_000,
+        ) {
+            let head = raw::header(fin, opcode, len);
+            let body = sent.min(usize::try_from(len).unwrap_or(usize::MAX));
+            let mut buf = BytesMut::from(&head[..]);
+            buf.extend_from_slice(&raw::mask(&vec![b'a'; body], 0));
+            let control = opcode >= 8;
+            match Parser::parse(&mut buf, true, max) {
+                Err(ProtocolError::Overflow) => prop_assert!(len > max as u64),
+                Err(ProtocolError::InvalidLength(n)) => prop_assert!(control && n > 125),
+                Err(e) => prop_assert!(false, "unexpected error {e}"),
+                Ok(None) => {
+                    prop_assert!(len <= max as u64, "waited for {len} bytes over a {max} limit");
+                    prop_assert!(!control || len <= 125);
+                    prop_assert!((body as u64) < len);
+                    prop_assert!(
+                        buf.capacity() <= 2 * (head.len() + max + body) + 64,
+                        "reserved {} for a {max} limit", buf.capacity()
+                    );
+                }
+                Ok(Some((f, op, payload))) => {
+                    prop_assert!(len <= max as u64);
+                    prop_assert_eq!(f, fin);
+                    prop_assert_eq!(op, OpCode::from(opcode));
+                    let got = payload.map_or(0, |p| p.len());
+                    prop_assert_eq!(got as u64, len);
+                }
+            }
+        }
+    }
+}
