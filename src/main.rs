@@ -109,6 +109,13 @@ struct Args {
     #[arg(long, env = "PRESENCE_ALLOWED_ORIGINS", value_delimiter = ',')]
     allowed_origins: Vec<String>,
 
+    /// With --auth dev, host names besides localhost, 127.0.0.1 and [::1]
+    /// that /ws and /api/* answer to, comma-separated (a name your browser
+    /// uses for this machine); any other Host gets 403, which stops DNS
+    /// rebinding.
+    #[arg(long, env = "PRESENCE_ALLOWED_HOST", value_delimiter = ',')]
+    allowed_host: Vec<String>,
+
     /// Bearer key of the admin API (contacts). Without it the admin API is off.
     #[arg(long, env = "PRESENCE_ADMIN_KEY", hide_env_values = true)]
     admin_key: Option<String>,
@@ -292,6 +299,7 @@ fn security(args: &Args) -> anyhow::Result<Security> {
         auth,
         origins: Origins::new(args.allowed_origins.iter().cloned()),
         admin_key: args.admin_key.clone(),
+        allowed_hosts: args.allowed_host.clone(),
     })
 }
 

@@ -252,3 +252,66 @@ mod parser {
         }
     }
 }
+
+/// The status of a plain HTTP GET of `path` with `Host: host`.
+async fn get_status_with_host(node: &Node, path: &str, host: &str) -> u16 {
+    use tokio::io::AsyncReadExt;
+    let mut s = tokio::net::TcpStream::connect(node.addr).await.unwrap();
+    let req = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut head = Vec::new();
+    tokio::time::timeout(DEADLINE, s.read_to_end(&mut head))
+        .await
+        .unwrap()
+        .unwrap();
+    let head = String::from_utf8_lossy(&head);
+    head.split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0)
+}
+
+/// DNS rebinding: under development auth a page on any domain resolving to
+/// 127.0.0.1 sends its own name as Host (and as Origin). Such a Host gets
+/// 403 on /ws and /api/*; loopback names and --allowed-host names pass.
+#[tokio::test]
+async fn dev_auth_answers_only_loopback_or_allowed_hosts() {
+    let redis = Redis::start();
+    let ws = "/ws?user=alice&device=a";
+    // Without --allowed-host first, so that this fails on a node without the check.
+    let plain = Node::start(&redis, "n0");
+    let status = get_status_with_host(&plain, "/api/online", "rebind.example").await;
+    assert_eq!(status, 403, "/api/online with Host rebind.example");
+    let (status, head, _, _) = raw::handshake(plain.addr, ws, Some("rebind.example")).await;
+    assert_eq!(status, 403, "/ws with Host rebind.example: {head}");
+
+    let node = Node::start_with(&redis, "n1", &["--allowed-host", "presence.test"]);
+    let port = node.addr.port();
+    for (host, want) in [
+        (format!("rebind.example:{port}"), 403),
+        ("rebind.example".to_string(), 403),
+        (format!("localhost:{port}"), 101),
+        (format!("127.0.0.1:{port}"), 101),
+        (format!("PRESENCE.test:{port}"), 101),
+    ] {
+        let (status, head, _, _) = raw::handshake(node.addr, ws, Some(&host)).await;
+        println!("/ws with Host {host}: {status}");
+        assert_eq!(status, want, "Host {host}: {head}");
+    }
+    for (host, want) in [
+        (format!("rebind.example:{port}"), 403),
+        (format!("localhost:{port}"), 200),
+        ("presence.test".to_string(), 200),
+    ] {
+        for path in ["/api/presence/bob", "/api/online"] {
+            let status = get_status_with_host(&node, path, &host).await;
+            println!("{path} with Host {host}: {status}");
+            assert_eq!(status, want, "{path} with Host {host}");
+        }
+    }
+    // Not an API: the demo page and health answer under any name.
+    assert_eq!(
+        get_status_with_host(&node, "/healthz", "rebind.example").await,
+        200
+    );
+}
