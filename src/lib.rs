@@ -1,4 +1,5 @@
 pub mod auth;
+pub mod bucket;
 pub mod config;
 pub mod config_file;
 pub mod conn;

@@ -62,6 +62,13 @@ struct Args {
           value_parser = clap::value_parser!(u32).range(1..))]
     max_frames_per_sec: u32,
 
+    /// Users one session's watches may read from Redis per second (bursts
+    /// of max(this, --max-watches) pass); a watch beyond it is refused with
+    /// `rate_limited`. Users already watched cost nothing.
+    #[arg(long, env = "PRESENCE_MAX_USER_READS_PER_SEC", default_value_t = config::DEFAULT_MAX_USER_READS_PER_SEC,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    max_user_reads_per_sec: u32,
+
     /// Devices one user may have connected at once; one more is closed
     /// with 1008.
     #[arg(long, env = "PRESENCE_MAX_DEVICES_PER_USER", default_value_t = config::DEFAULT_MAX_DEVICES_PER_USER,
@@ -230,6 +237,7 @@ fn start(args: Args) -> anyhow::Result<()> {
     config.max_queued_events = args.max_queued_events as usize;
     config.max_frames_per_sec = args.max_frames_per_sec;
     config.max_devices_per_user = args.max_devices_per_user;
+    config.max_user_reads_per_sec = args.max_user_reads_per_sec;
     config.contacts_only = matches!(args.watch_policy, WatchPolicy::Contacts);
     let security = security(&args)?;
     raise_fd_limit();

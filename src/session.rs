@@ -18,6 +18,7 @@ use actix_web_actors::ws;
 use crate::config::Config;
 use bytestring::ByteString;
 
+use crate::bucket::TokenBucket;
 use crate::conn::ConnHandle;
 use crate::frames::Assembled;
 use crate::privacy::{self, Relation};
@@ -87,6 +88,11 @@ pub struct Session {
     refused: u32,
     /// A message arriving in fragments.
     fragments: crate::frames::Fragments,
+    /// Users this session's watches may still read from Redis (token bucket).
+    reads: TokenBucket,
+    /// A ping is out: the next pong answers it and is free; any other pong
+    /// counts against the frame rate like any frame.
+    awaiting_pong: bool,
 }
 
 /// What a session last told its client about one watched user.
@@ -138,6 +144,7 @@ impl Session {
     ) -> Self {
         let now = Instant::now();
         let burst = f64::from(config.max_frames_per_sec) * 2.0;
+        let reads = TokenBucket::new(config.max_user_reads_per_sec, config.user_reads_burst());
         Self {
             id: who.id,
             user: who.user,
@@ -162,6 +169,8 @@ impl Session {
             refilled: now,
             refused: 0,
             fragments: Default::default(),
+            reads,
+            awaiting_pong: false,
         }
     }
 
@@ -219,6 +228,7 @@ impl Session {
                 return;
             }
             ctx.ping(b"");
+            act.awaiting_pong = true;
         });
     }
 
@@ -433,6 +443,30 @@ impl Session {
             );
             return;
         }
+        // Users already watched are current through live events: only new
+        // ones are read, and reads are bounded per second.
+        if new.is_empty() {
+            self.send(ctx, protocol::snapshot_frame(&[]));
+            return;
+        }
+        if let Err(wait) = self
+            .reads
+            .take(u32::try_from(new.len()).unwrap_or(u32::MAX))
+        {
+            self.send_error(
+                ctx,
+                &ProtocolError::new(
+                    ErrorCode::RateLimited,
+                    format!(
+                        "watching {} new users needs that many reads; a session may read {} users per second: try again in {} ms",
+                        new.len(),
+                        self.config.max_user_reads_per_sec,
+                        wait.as_millis()
+                    ),
+                ),
+            );
+            return;
+        }
         let registry = self.registry.clone();
         let store = self.store.clone();
         let session = self.id;
@@ -448,7 +482,7 @@ impl Session {
                 log::error!("registry unreachable: {e}");
                 return None;
             }
-            match store.presences(&users, Some(&viewer)).await {
+            match store.presences(&new, Some(&viewer)).await {
                 Ok(records) => Some(records),
                 Err(e) => {
                     log::warn!("snapshot failed: {e}");
@@ -696,8 +730,14 @@ impl StreamHandler<Result<ws::Message, ws::ProtocolError>> for Session {
             }
         };
         match msg {
-            // Pongs answer our own pings: never limited.
-            ws::Message::Pong(_) => self.touch(ctx),
+            ws::Message::Pong(_) => {
+                self.touch(ctx);
+                // The answer to our own ping is free; unsolicited pongs
+                // are frames like any other (a pong flood kept a core busy).
+                if !std::mem::take(&mut self.awaiting_pong) {
+                    self.admit(ctx);
+                }
+            }
             ws::Message::Ping(payload) => {
                 self.touch(ctx);
                 if self.admit(ctx) {

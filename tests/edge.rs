@@ -315,3 +315,172 @@ async fn dev_auth_answers_only_loopback_or_allowed_hosts() {
         200
     );
 }
+
+/// Script calls Redis has served so far (EVAL and EVALSHA).
+async fn script_calls(redis: &Redis) -> u64 {
+    let mut c = redis.aconn().await;
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    info.lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter_map(|l| {
+            l.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
+/// Four sessions looping `watch` on the same 1,000 users: after the first
+/// snapshot only users new to a session are read, so the loop costs Redis
+/// under 1,000 script calls per second (it cost ~100k/s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn re_watching_reads_only_new_users() {
+    let redis = Redis::start();
+    let node = Node::start(&redis, "n1");
+    let users: Vec<String> = (0..1000).map(|i| format!("u{i}")).collect();
+    let frame = serde_json::json!({"type":"watch","users":users});
+    let mut clients = Vec::new();
+    for i in 0..4 {
+        let mut c = Client::connect(&node, &format!("looper{i}"), "d").await;
+        c.send(frame.clone()).await;
+        assert_eq!(
+            c.expect("snapshot").await["presence"]
+                .as_array()
+                .unwrap()
+                .len(),
+            1000
+        );
+        clients.push(c);
+    }
+    let before = script_calls(&redis).await;
+    let start = Instant::now();
+    let loops = clients.into_iter().map(|mut c| {
+        let frame = frame.clone();
+        tokio::spawn(async move {
+            let mut answered = 0u32;
+            while start.elapsed() < Duration::from_secs(2) {
+                c.send(frame.clone()).await;
+                // A snapshot, or rate_limited from the frame limit.
+                let v = c.recv().await;
+                assert!(
+                    v["type"] == "snapshot" || v["code"] == "rate_limited",
+                    "{v}"
+                );
+                answered += 1;
+                // 25 watches a second: within the frame limit (30/s), so
+                // that every watch is answered.
+                tokio::time::sleep(Duration::from_millis(40)).await;
+            }
+            answered
+        })
+    });
+    let answered: u32 = futures_util::future::join_all(loops)
+        .await
+        .into_iter()
+        .map(|r| r.unwrap())
+        .sum();
+    let secs = start.elapsed().as_secs_f64();
+    let per_sec = (script_calls(&redis).await - before) as f64 / secs;
+    println!(
+        "re-watch loop: {answered} watches answered in {secs:.1} s, {per_sec:.0} script calls/s"
+    );
+    assert!(answered > 20, "the loop hardly ran: {answered}");
+    assert!(per_sec < 1000.0, "{per_sec:.0} script calls/s");
+}
+
+/// Watch/unwatch in a loop reads new users every time: the reads are
+/// bounded by --max-user-reads-per-sec, beyond which the watch is refused
+/// with `rate_limited`.
+#[tokio::test]
+async fn user_reads_are_bounded_per_second() {
+    let redis = Redis::start();
+    let node = Node::start_with(
+        &redis,
+        "n1",
+        &["--max-user-reads-per-sec", "100", "--max-watches", "200"],
+    );
+    let users: Vec<String> = (0..200).map(|i| format!("u{i}")).collect();
+    let mut c = Client::connect(&node, "looper", "d").await;
+    let before = script_calls(&redis).await;
+    let start = Instant::now();
+    let (mut snapshots, mut limited) = (0, 0);
+    while start.elapsed() < Duration::from_secs(3) {
+        c.send(serde_json::json!({"type":"watch","users":users}))
+            .await;
+        let v = c.recv().await;
+        match v["type"].as_str() {
+            Some("snapshot") => snapshots += 1,
+            _ if v["code"] == "rate_limited" => limited += 1,
+            _ => panic!("{v}"),
+        }
+        c.send(serde_json::json!({"type":"unwatch","users":users}))
+            .await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let calls = script_calls(&redis).await - before;
+    let secs = start.elapsed().as_secs_f64();
+    println!("watch/unwatch loop: {snapshots} snapshots, {limited} rate_limited, {calls} script calls in {secs:.1} s");
+    assert!(limited > 0, "never rate limited");
+    // The burst (200) plus 100 users/s, plus the lease refreshes.
+    assert!(
+        (calls as f64) < 200.0 + 100.0 * secs + 50.0 * secs,
+        "{calls} script calls in {secs:.1} s"
+    );
+}
+
+/// Unsolicited pongs count against the frame rate like any frame: a pong
+/// flooder is closed with 1008 while another client's watches are answered
+/// within 100 ms.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pong_flood_is_closed_like_any_flood() {
+    let redis = Redis::start();
+    let node = Node::start(&redis, "n1");
+    let mut calm = Client::connect(&node, "calm", "c").await;
+    let Raw {
+        mut reader,
+        mut writer,
+    } = Raw::hello(&node, "flooder", "f").await;
+    let flood = tokio::spawn(async move {
+        let pong = raw::frame(true, PONG, b"");
+        let batch: Vec<u8> = pong
+            .iter()
+            .copied()
+            .cycle()
+            .take(pong.len() * 1000)
+            .collect();
+        let mut sent = 0u64;
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(5) {
+            if writer.write_all(&batch).await.is_err() {
+                break;
+            }
+            sent += 1000;
+        }
+        sent
+    });
+    let flood_start = Instant::now();
+    let mut slowest = Duration::ZERO;
+    for i in 0..5 {
+        let asked = Instant::now();
+        calm.send(serde_json::json!({"type":"watch","users":[format!("someone{i}")]}))
+            .await;
+        calm.expect("snapshot").await;
+        slowest = slowest.max(asked.elapsed());
+    }
+    let (code, reason) = reader.expect_close(DEADLINE).await;
+    let closed_after = flood_start.elapsed();
+    flood.abort();
+    println!("pong flood: closed with {code} ({reason}) {closed_after:?} after it began; slowest watch meanwhile {slowest:?}");
+    assert_eq!(code, 1008, "{reason}");
+    assert!(
+        slowest < Duration::from_millis(100),
+        "a watch took {slowest:?}"
+    );
+}
