@@ -1,5 +1,6 @@
 pub mod auth;
 pub mod bucket;
+pub mod clock;
 pub mod config;
 pub mod config_file;
 pub mod conn;

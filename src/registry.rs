@@ -404,7 +404,25 @@ impl Actor for Registry {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Self::Context) {
-        ctx.run_interval(self.stall_after / 2, |act, _| act.cut_frozen());
+        // After a freeze of the node (its clock jumped) every session looks
+        // silent: skip judging for one stall period, so that each session's
+        // own heartbeat gets its client heard first.
+        let mut ticks = crate::clock::Ticks::new(self.stall_after / 2);
+        let mut grace_until = None;
+        ctx.run_interval(self.stall_after / 2, move |act, _| {
+            let now = std::time::Instant::now();
+            if ticks.jumped() {
+                log::info!(
+                    "the node was frozen; frozen-client checks resume in {:?}",
+                    act.stall_after
+                );
+                grace_until = Some(now + act.stall_after);
+            }
+            if grace_until.is_some_and(|t| now < t) {
+                return;
+            }
+            act.cut_frozen();
+        });
         let addr = ctx.address();
         let on_subscribed = addr.clone();
         actix::spawn(crate::pubsub::run(

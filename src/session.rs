@@ -215,8 +215,20 @@ impl Session {
     }
 
     /// Pings the client every heartbeat; stops a client that went silent.
+    /// After a freeze of the node (its clock jumped), the client gets a
+    /// fresh timeout: the silence was the node's, not the client's.
     fn hb(&self, ctx: &mut ws::WebsocketContext<Self>) {
-        ctx.run_interval(self.config.heartbeat, |act, ctx| {
+        let mut ticks = crate::clock::Ticks::new(self.config.heartbeat);
+        ctx.run_interval(self.config.heartbeat, move |act, ctx| {
+            if ticks.jumped() {
+                log::info!(
+                    "{}/{}: the node was frozen; judging the client from now on",
+                    act.user,
+                    act.device
+                );
+                act.last_activity = Instant::now();
+                act.alive.store(now_ms(), Ordering::Relaxed);
+            }
             if act.last_activity.elapsed() > act.config.client_timeout() {
                 log::debug!(
                     "{}/{}: silent for {:?}, disconnecting",

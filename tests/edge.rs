@@ -484,3 +484,73 @@ async fn a_pong_flood_is_closed_like_any_flood() {
         "a watch took {slowest:?}"
     );
 }
+
+/// A node frozen past the lease TTL (SIGSTOP) and resumed (SIGCONT) keeps
+/// the clients that were answering all along: it notices the jump of its
+/// clock and gives them a fresh timeout. Each user ends online, with
+/// exactly one online transition after the resume and none after that.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_node_keeps_its_clients_after_resuming() {
+    let redis = Redis::start();
+    let frozen = Node::start(&redis, "frozen");
+    let observer = Node::start(&redis, "observer");
+    let mut watcher = Client::connect(&observer, "watcher", "w").await;
+    watcher.watch(&["alice", "bob"]).await;
+    let mut alice = Client::connect(&frozen, "alice", "a").await;
+    let mut bob = Client::connect(&frozen, "bob", "b").await;
+    for _ in 0..2 {
+        assert_eq!(watcher.expect("presence").await["status"], "online");
+    }
+    unsafe {
+        libc::kill(frozen.pid() as i32, libc::SIGSTOP);
+    }
+    // Frozen for twice the lease TTL: the other node lets the leases lapse.
+    let freeze = TTL * 2;
+    tokio::time::sleep(freeze).await;
+    unsafe {
+        libc::kill(frozen.pid() as i32, libc::SIGCONT);
+    }
+    let resumed = Instant::now();
+    wait_until("both devices counted again", DEADLINE, || async {
+        count(&redis, "alice").await == 1 && count(&redis, "bob").await == 1
+    })
+    .await;
+    let back_after = resumed.elapsed();
+    // Watch what follows for four lease TTLs.
+    let mut after = Vec::new();
+    let end = Instant::now() + TTL * 4;
+    while let Some(left) = end.checked_duration_since(Instant::now()) {
+        match watcher.next_within(left).await {
+            Some(Incoming::Frame(f)) => after.push(format!(
+                "{} {}",
+                f["user"].as_str().unwrap_or(""),
+                f["status"].as_str().unwrap_or("")
+            )),
+            Some(Incoming::Closed(c)) => panic!("watcher closed: {c:?}"),
+            None => break,
+        }
+    }
+    println!("frozen {freeze:?}: counted again {back_after:?} after SIGCONT; events since the freeze: {after:?}");
+    // The other node announced the lapse during the freeze (offline); the
+    // resumed node re-asserts each lease once (online), and nothing follows.
+    for user in ["alice", "bob"] {
+        let mine: Vec<&String> = after
+            .iter()
+            .filter(|e| e.starts_with(&format!("{user} ")))
+            .collect();
+        let onlines = mine.iter().filter(|e| e.ends_with(" online")).count();
+        assert!(
+            onlines == 1 && mine.last().is_some_and(|e| e.ends_with(" online")),
+            "{user}: {mine:?}"
+        );
+    }
+    for c in [&mut alice, &mut bob] {
+        assert!(
+            !matches!(c.try_next(), Some(Incoming::Closed(_))),
+            "{} was disconnected",
+            c.user
+        );
+    }
+    assert_eq!(count(&redis, "alice").await, 1);
+    assert_eq!(count(&redis, "bob").await, 1);
+}
