@@ -189,6 +189,18 @@ enum WatchPolicy {
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
+/// jemalloc options, read before `main`. Without them memory freed by
+/// sessions that left stayed resident: jemalloc returns unused pages only
+/// while the arena that freed them keeps allocating, and an idle node does
+/// not. A background thread purges them instead; freed pages are released
+/// within about a second (`dirty_decay_ms`), with `MADV_DONTNEED` at once
+/// (`muzzy_decay_ms:0`; lazily freed pages would still count as resident).
+/// 300 sessions x 1,000 watches gave back 8% of their memory within 20 s
+/// before (`watch_memory_is_given_back` in tests/edge.rs).
+#[allow(non_upper_case_globals)]
+#[export_name = "_rjem_malloc_conf"]
+static malloc_conf: &[u8; 60] = b"background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0\0";
+
 fn main() -> ExitCode {
     let mut args = match parse_args() {
         Ok(args) => args,

@@ -282,6 +282,8 @@ impl Registry {
             sessions.remove(&session);
             if sessions.is_empty() {
                 self.by_user.remove(user);
+            } else if sessions.capacity() > 64 && sessions.len() * 4 < sessions.capacity() {
+                sessions.shrink_to_fit();
             }
         }
     }
@@ -558,6 +560,18 @@ impl Handler<Disconnect> for Registry {
                 self.unwatch(msg.session, user);
             }
         }
+        // Maps keep their largest size: give it back once they are mostly
+        // empty, so that memory taken by a crowd that left is returned.
+        shrink(&mut self.sessions);
+        shrink(&mut self.watchers);
+        shrink(&mut self.by_user);
+    }
+}
+
+/// Shrinks a map that holds less than a quarter of its capacity.
+fn shrink<K: std::hash::Hash + Eq, V>(map: &mut HashMap<K, V>) {
+    if map.capacity() > 64 && map.len() * 4 < map.capacity() {
+        map.shrink_to_fit();
     }
 }
 

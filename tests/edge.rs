@@ -554,3 +554,54 @@ async fn a_frozen_node_keeps_its_clients_after_resuming() {
     assert_eq!(count(&redis, "alice").await, 1);
     assert_eq!(count(&redis, "bob").await, 1);
 }
+
+/// Sessions watching many users take memory; after they leave the node
+/// gives at least 80% of it back within 20 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_memory_is_given_back() {
+    raise_fd_limit();
+    let redis = Redis::start();
+    let node = Node::start(&redis, "n1");
+    let (sessions, watches) = (300, 1000);
+    let users: Vec<String> = (0..watches).map(|i| format!("u{i}")).collect();
+    let frame = serde_json::json!({"type":"watch","users":users});
+    let base = raw::rss_kib(node.pid());
+    let mut clients = Vec::new();
+    for i in 0..sessions {
+        let mut c = Client::connect(&node, &format!("w{i}"), "d").await;
+        c.send(frame.clone()).await;
+        clients.push(c);
+    }
+    for c in &mut clients {
+        let snap = c.expect("snapshot").await;
+        assert_eq!(snap["presence"].as_array().unwrap().len(), watches);
+    }
+    let held = raw::rss_kib(node.pid());
+    let leave = Instant::now();
+    for c in clients {
+        c.close().await;
+    }
+    wait_until("every session gone", DEADLINE, || async {
+        get(&format!("{}/healthz", node.http())).await.1["registry"]["sessions"] == 0
+    })
+    .await;
+    let took = held.saturating_sub(base);
+    let mut after = raw::rss_kib(node.pid());
+    // Until 90% is back (or 20 s), so that the figure printed is settled.
+    while leave.elapsed() < Duration::from_secs(20) && held.saturating_sub(after) * 10 < took * 9 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        after = raw::rss_kib(node.pid());
+    }
+    let given_back = held.saturating_sub(after);
+    println!(
+        "{sessions} sessions x {watches} watches: RSS {base} KiB -> {held} KiB ({} B per watch), \
+         {after} KiB {:?} after they left: gave back {given_back} of {took} KiB ({:.0}%)",
+        took * 1024 / (sessions * watches) as u64,
+        leave.elapsed(),
+        given_back as f64 * 100.0 / took.max(1) as f64
+    );
+    assert!(
+        given_back * 5 >= took * 4,
+        "gave back {given_back} of {took} KiB"
+    );
+}
