@@ -194,6 +194,10 @@ pub struct RegistryStats {
     pub resynced: u64,
 }
 
+/// Close code for a session the node gives up on while its client is
+/// fine: 1013, try again later.
+const CLOSE_TRY_AGAIN: u16 = 1013;
+
 /// One open session of this node.
 struct Joined {
     /// Where the shutdown notice goes.
@@ -314,10 +318,14 @@ impl Registry {
     /// (whose own heartbeat then cannot run) even when no event is queued.
     fn cut_frozen(&mut self) {
         let limit = crate::store::now_ms() - self.stall_after.as_millis() as i64;
+        // A session whose client reads everything it was sent (empty send
+        // queue) is not frozen by its client but held up on the server
+        // (e.g. waiting on Redis): it stays, and resumes by itself.
         let frozen: Vec<SessionId> = self
             .sessions
             .iter()
             .filter(|(_, s)| s.alive.load(Ordering::Relaxed) < limit)
+            .filter(|(_, s)| s.conn.is_none_or(|c| c.unsent() != Some(0)))
             .map(|(id, _)| *id)
             .collect();
         for session in frozen {
@@ -354,14 +362,22 @@ impl Registry {
 
     /// Disconnects a session that cannot keep up; its close releases its
     /// device like any other.
+    /// A session whose client reads (its send queue is empty) fell behind
+    /// because the server held it up (waiting on Redis): it gets a close
+    /// frame, 1013 "try again later", not a bare cut.
     fn cut_off(&mut self, session: SessionId) {
-        log::warn!("session {session} reads too slowly: its queue is full, disconnecting");
-        crate::metrics::slow_consumer_dropped();
         if let Some(Joined {
             conn: Some(conn), ..
         }) = self.sessions.get(&session)
         {
-            conn.cut();
+            if conn.unsent() == Some(0) {
+                log::warn!("session {session} is held up on the server: its queue is full, closing with 1013");
+                conn.close(CLOSE_TRY_AGAIN, "server overloaded, reconnect");
+            } else {
+                log::warn!("session {session} reads too slowly: its queue is full, disconnecting");
+                crate::metrics::slow_consumer_dropped();
+                conn.cut();
+            }
         }
         if let Some(w) = self.watchers.remove(&session) {
             for user in &w.users {

@@ -605,3 +605,78 @@ async fn watch_memory_is_given_back() {
         "gave back {given_back} of {took} KiB"
     );
 }
+
+/// A Redis outage with a short heartbeat: sessions held up waiting on
+/// Redis (their clients reading all along) are not cut without a close
+/// frame as if their clients had stopped reading. They stay open, or close
+/// with 1011/1013 and a reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_outage_does_not_cut_reading_clients() {
+    let redis = Redis::start();
+    let node = Node::start(&redis, "n1"); // 500 ms heartbeat
+    let mut a = Client::connect(&node, "alice", "a").await;
+    let mut b = Client::connect(&node, "bob", "b").await;
+    // A hung Redis: every command waits for the 5 s response timeout.
+    unsafe {
+        libc::kill(redis.pid() as i32, libc::SIGSTOP);
+    }
+    let stopped = Instant::now();
+    a.send(serde_json::json!({"type":"watch","users":["carol"]}))
+        .await;
+    b.send(serde_json::json!({"type":"status","status":"away"}))
+        .await;
+    // Four seconds: beyond the 1.5 s after which a silent client's session
+    // counts as frozen.
+    let mut seen = Vec::new();
+    let end = stopped + Duration::from_secs(4);
+    for c in [&mut a, &mut b] {
+        loop {
+            // Each client's reader queues what arrives, so the second is
+            // read after the first without missing anything.
+            let left = end.saturating_duration_since(Instant::now());
+            let next = match left.is_zero() {
+                true => c.try_next(),
+                false => c.next_within(left).await,
+            };
+            match next {
+                Some(Incoming::Closed(close)) => {
+                    seen.push(format!(
+                        "{} closed {close:?} after {:?}",
+                        c.user,
+                        stopped.elapsed()
+                    ));
+                    assert!(
+                        matches!(close, Some((1011 | 1013, _))),
+                        "{} cut without a 1011/1013 close frame: {close:?} after {:?}",
+                        c.user,
+                        stopped.elapsed()
+                    );
+                    break;
+                }
+                Some(Incoming::Frame(f)) => seen.push(format!("{} got {f}", c.user)),
+                None => break,
+            }
+        }
+    }
+    unsafe {
+        libc::kill(redis.pid() as i32, libc::SIGCONT);
+    }
+    println!("Redis stopped for 4 s with a 500 ms heartbeat: {seen:?}");
+    // Open sessions work again once Redis is back.
+    for c in [&mut a, &mut b] {
+        if seen
+            .iter()
+            .any(|s| s.starts_with(&format!("{} closed", c.user)))
+        {
+            continue;
+        }
+        c.send(serde_json::json!({"type":"watch","users":["dave"]}))
+            .await;
+        loop {
+            let v = c.recv().await;
+            if v["type"] == "snapshot" {
+                break;
+            }
+        }
+    }
+}

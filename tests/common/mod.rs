@@ -140,6 +140,11 @@ impl Redis {
         }
     }
 
+    /// The server's process id (e.g. to SIGSTOP it: a hung Redis).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Kills the server (SIGKILL) and leaves the port closed.
     pub fn kill(&mut self) {
         let _ = self.child.kill();
