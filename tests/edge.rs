@@ -680,3 +680,26 @@ async fn a_redis_outage_does_not_cut_reading_clients() {
         }
     }
 }
+
+/// The pong that answers the server's ping stays free: a client allowed
+/// one frame a second that answers two pings a second and sends one
+/// heartbeat a second is never refused.
+#[tokio::test]
+async fn answering_pings_stays_free() {
+    let redis = Redis::start();
+    let node = Node::start_with(&redis, "n1", &["--max-frames-per-sec", "1"]);
+    let mut c = Client::connect(&node, "alice", "a").await;
+    let start = Instant::now();
+    let mut sent = 0;
+    while start.elapsed() < Duration::from_secs(3) {
+        c.send(serde_json::json!({"type":"heartbeat"})).await;
+        sent += 1;
+        if let Some(Incoming::Frame(f)) = c.next_within(Duration::from_secs(1)).await {
+            panic!("after {sent} heartbeats and ~{} pongs: {f}", sent * 2);
+        }
+    }
+    println!(
+        "{sent} heartbeats and ~{} pongs at 1 frame/s: none refused",
+        sent * 2
+    );
+}
