@@ -24,8 +24,9 @@ use tokio::sync::oneshot;
 
 use crate::conn::ConnHandle;
 use crate::keys;
-use crate::privacy::{self, Audience, Presence, Relation};
-use crate::protocol::{self, Event, Record};
+use crate::model::{Audience, Event, Presence, Record};
+use crate::privacy::{self, Relation};
+use crate::protocol;
 use crate::store::{Observed, Store};
 
 /// Identifies one session within this node.
@@ -197,6 +198,16 @@ pub struct RegistryStats {
 /// Close code for a session the node gives up on while its client is
 /// fine: 1013, try again later.
 const CLOSE_TRY_AGAIN: u16 = 1013;
+
+impl From<RegistryStats> for crate::metrics::NodeGauges {
+    fn from(s: RegistryStats) -> Self {
+        Self {
+            sessions: s.sessions,
+            watching_sessions: s.watching_sessions,
+            watched_users: s.watched_users,
+        }
+    }
+}
 
 /// One open session of this node.
 struct Joined {
