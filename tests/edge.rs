@@ -29,11 +29,22 @@ async fn a_1gib_frame_header_is_refused_before_its_payload() {
         .await
         .unwrap();
     let sent = Instant::now();
-    // Stream payload for as long as the node takes it (at most 1 GiB).
+    // Stream payload for as long as the node takes it (at most 1 GiB), and
+    // for half a second after it closed (it drains meanwhile).
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop = done.clone();
     let streamer = tokio::spawn(async move {
         let chunk = raw::mask(&vec![b'x'; 64 * 1024], 0);
         let mut sent = 0u64;
+        let mut stop_at = None;
         while sent < 1 << 30 {
+            if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let at =
+                    *stop_at.get_or_insert_with(|| Instant::now() + Duration::from_millis(500));
+                if Instant::now() > at {
+                    break;
+                }
+            }
             if writer.write_all(&chunk).await.is_err() {
                 break;
             }
@@ -55,6 +66,7 @@ async fn a_1gib_frame_header_is_refused_before_its_payload() {
     let close_after = sent.elapsed();
     let eof = reader.wait_eof(DEADLINE).await;
     let eof_after = sent.elapsed();
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
     let peak = sampler.await.unwrap();
     let streamed = tokio::time::timeout(DEADLINE, streamer)
         .await
