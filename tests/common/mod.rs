@@ -174,11 +174,15 @@ impl Redis {
         self.try_conn().expect("redis reachable")
     }
 
-    /// An async connection for assertions inside async tests.
+    /// An async connection for assertions inside async tests. Its replies
+    /// may take up to [`DEADLINE`]: redis-rs gives up after 500 ms by
+    /// default, which a 40,000-command fixture pipeline exceeds on a loaded
+    /// machine.
     pub async fn aconn(&self) -> redis::aio::MultiplexedConnection {
+        let config = redis::AsyncConnectionConfig::new().set_response_timeout(Some(DEADLINE));
         redis::Client::open(self.url.as_str())
             .unwrap()
-            .get_multiplexed_async_connection()
+            .get_multiplexed_async_connection_with_config(&config)
             .await
             .unwrap()
     }
