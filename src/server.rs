@@ -43,6 +43,9 @@ pub struct Security {
     pub origins: Origins,
     /// Bearer key of the admin API; `None` turns it off.
     pub admin_key: Option<String>,
+    /// Host names besides loopback that `/ws` and `/api/*` answer to under
+    /// development auth (`--allowed-host`).
+    pub allowed_hosts: Vec<String>,
 }
 
 /// Runs a node on an already bound `listener` until SIGINT or SIGTERM.
@@ -94,6 +97,8 @@ pub async fn run(
         format!("could not subscribe to redis pub/sub within {SUBSCRIBE_TIMEOUT:?}")
     })?;
 
+    let dev_hosts = matches!(security.auth, Auth::Dev)
+        .then(|| crate::auth::DevHosts::new(security.allowed_hosts.iter().cloned()));
     let state = web::Data::new(AppState {
         store,
         refresher,
@@ -103,15 +108,20 @@ pub async fn run(
         auth: security.auth,
         origins: security.origins,
         admin_key: security.admin_key,
+        dev_hosts,
     });
     let addr = listener.local_addr()?;
-    let server =
-        HttpServer::new(move || App::new().app_data(state.clone()).configure(http::routes))
-            .on_connect(crate::conn::on_connect)
-            .disable_signals()
-            .shutdown_timeout(SHUTDOWN_TIMEOUT.as_secs())
-            .listen(listener)?
-            .run();
+    let server = HttpServer::new(move || {
+        App::new()
+            .app_data(state.clone())
+            .wrap(actix_web::middleware::from_fn(http::dev_host_guard))
+            .configure(http::routes)
+    })
+    .on_connect(crate::conn::on_connect)
+    .disable_signals()
+    .shutdown_timeout(SHUTDOWN_TIMEOUT.as_secs())
+    .listen(listener)?
+    .run();
     actix::spawn(shutdown_on_signal(server.handle(), registry));
     log::info!(
         "node {} listening on http://{addr} (heartbeat {:?}, lease ttl {:?})",
