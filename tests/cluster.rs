@@ -350,3 +350,102 @@ async fn each_expired_event_is_handled_by_one_node() {
         c.logs()
     );
 }
+
+/// Live leases beside the dying devices, spread over the shards.
+const LIVE_LEASES: usize = 30_000;
+/// Devices of the node that is killed.
+const DYING_DEVICES: usize = 300;
+
+/// Writes `LIVE_LEASES` live leases (lease, device set, counter, deadline
+/// in its bucket) through the server's own cluster connection, which
+/// splits the pipelines by slot.
+async fn fill_live_leases(cluster: &Cluster) {
+    let client = redis::cluster::ClusterClient::new(vec![cluster.url()]).unwrap();
+    let mut conn =
+        presence_server::store::RedisConn::cluster(client.get_async_connection().await.unwrap());
+    const TTL_MS: i64 = 600_000;
+    let deadline = presence_server::store::now_ms() + TTL_MS;
+    for start in (0..LIVE_LEASES).step_by(5_000) {
+        let mut pipe = redis::pipe();
+        for i in start..start + 5_000 {
+            let user = format!("live{i}");
+            pipe.cmd("SET")
+                .arg(format!("presence:{{{user}}}:d"))
+                .arg("elsewhere 1 0")
+                .arg("PX")
+                .arg(TTL_MS)
+                .ignore();
+            pipe.cmd("SADD")
+                .arg(format!("presence-devices:{{{user}}}"))
+                .arg("d")
+                .ignore();
+            pipe.cmd("SET")
+                .arg(format!("presence-count:{{{user}}}"))
+                .arg(1)
+                .ignore();
+            pipe.cmd("ZADD")
+                .arg(index_key("presence-leases", &user))
+                .arg(deadline)
+                .arg(format!("{user}:d"))
+                .ignore();
+        }
+        pipe.query_async::<()>(&mut conn).await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dying_devices_expire_on_time_beside_live_leases_on_every_shard() {
+    raise_fd_limit();
+    let cluster = Cluster::start();
+    fill_live_leases(&cluster).await;
+    let mut a = cluster.node("a");
+    let b = cluster.node("b");
+
+    let users: Vec<String> = (0..DYING_DEVICES).map(|i| format!("dying{i}")).collect();
+    let shards: HashSet<u16> = users.iter().map(|u| cluster.shard_of(u).primary).collect();
+    assert_eq!(shards.len(), 3, "the dying users span every shard");
+    let mut devices = Vec::with_capacity(DYING_DEVICES);
+    for chunk in users.chunks(100) {
+        let batch =
+            futures_util::future::join_all(chunk.iter().map(|u| Client::connect(&a, u, "d"))).await;
+        devices.extend(batch);
+    }
+    let mut watcher = Client::connect(&b, "watcher", "w").await;
+    let names: Vec<&str> = users.iter().map(String::as_str).collect();
+    let snap = watcher.watch(&names).await;
+    assert!(
+        snap.iter().all(|r| r["status"] == "online"),
+        "not all online before the kill"
+    );
+
+    let killed = Instant::now();
+    a.kill();
+    let mut offline = HashSet::new();
+    let give_up = killed + TTL + Duration::from_secs(5);
+    let mut latest = Duration::ZERO;
+    while offline.len() < DYING_DEVICES {
+        let left = give_up.saturating_duration_since(Instant::now());
+        let ev = match watcher.next_within(left).await {
+            Some(Incoming::Frame(ev)) => ev,
+            other => panic!(
+                "only {} of {DYING_DEVICES} offline {:?} after SIGKILL (then {other:?})",
+                offline.len(),
+                killed.elapsed()
+            ),
+        };
+        assert_eq!(ev["status"], "offline", "{ev}");
+        assert!(
+            offline.insert(ev["user"].as_str().unwrap().to_string()),
+            "duplicate {ev}"
+        );
+        latest = killed.elapsed();
+    }
+    println!(
+        "{DYING_DEVICES} devices offline {latest:?} after SIGKILL (TTL {TTL:?}) beside {LIVE_LEASES} live leases on 3 primaries"
+    );
+    assert!(
+        latest <= TTL + Duration::from_secs(1),
+        "last offline after {latest:?}"
+    );
+    drop(devices);
+}
