@@ -37,7 +37,7 @@ struct Expired {
 /// The expiry listener actor.
 pub struct ExpiryListener {
     /// Source of the dedicated pub/sub connection.
-    client: redis::Client,
+    client: crate::redis_setup::RedisSource,
     /// Shared Redis handle for the departure step.
     store: Store,
     /// Node id (lock holder name) and timings.
@@ -58,7 +58,7 @@ impl ExpiryListener {
     /// A listener that subscribes through `client` and signals `ready`
     /// once first subscribed.
     pub fn new(
-        client: redis::Client,
+        client: crate::redis_setup::RedisSource,
         store: Store,
         config: Arc<Config>,
         ready: tokio::sync::oneshot::Sender<()>,
@@ -174,7 +174,7 @@ impl Actor for ExpiryListener {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         let addr = ctx.address();
-        let db = self.client.get_connection_info().redis_settings().db();
+        let db = self.client.db();
         let mut ready = self.ready.take();
         actix::spawn(crate::pubsub::run(
             self.client.clone(),

@@ -18,6 +18,9 @@ pub const LEASES: &str = "presence-leases";
 pub const EVENTS: &str = "presence-events";
 /// Short lock that lets one node at a time run the deadline pass.
 pub const REAPER_LOCK: &str = "presence-reaper-lock";
+/// Prefix of the short-lived key whose `expired` event start-up waits for
+/// when CONFIG is denied (`presence-probe:<node>:<random>`).
+pub const PROBE_PREFIX: &str = "presence-probe:";
 
 /// The device lease: a string with a TTL whose value names the owning connection.
 pub fn lease(user: &str, device: &str) -> String {

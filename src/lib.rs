@@ -12,6 +12,7 @@ pub mod metrics;
 pub mod privacy;
 pub mod protocol;
 pub mod pubsub;
+pub mod redis_setup;
 pub mod refresh;
 pub mod registry;
 pub mod server;

@@ -217,7 +217,7 @@ struct Watcher {
 /// The registry actor.
 pub struct Registry {
     /// Source of the dedicated pub/sub connection.
-    client: redis::Client,
+    client: crate::redis_setup::RedisSource,
     /// Reads records for resyncs.
     store: Store,
     /// How long a resync waits for live sessions to re-assert.
@@ -253,7 +253,7 @@ impl Registry {
     /// `store` after resubscribing (waiting `resync_delay` first), and
     /// signals `ready` once first subscribed.
     pub fn new(
-        client: redis::Client,
+        client: crate::redis_setup::RedisSource,
         store: Store,
         resync_delay: Duration,
         contacts_only: bool,

@@ -6,22 +6,23 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actix::Actor;
-use actix_web::{web, App, HttpServer};
+use actix_web::dev::Service as _;
+use actix_web::{web, App, HttpResponse, HttpServer};
 use anyhow::Context as _;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::sync::oneshot;
 
 use crate::auth::{Auth, Origins};
 use crate::config::Config;
 use crate::expiry::ExpiryListener;
 use crate::http::{self, AppState};
+use crate::redis_setup::{self, RedisOptions};
 use crate::registry::{Registry, Shutdown};
-use crate::store::{self, Store};
+use crate::store::Store;
 
-/// How long one Redis command may take before it fails.
-const REDIS_RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
-/// How long connecting to Redis may take.
-const REDIS_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Longest time an HTTP request may take before it is answered 503: the
+/// README promises REST errors within 2 s when Redis is unreachable or
+/// hangs. (A WebSocket's life is its response body, not bounded by this.)
+const REQUEST_DEADLINE: Duration = Duration::from_millis(1_500);
 
 /// How long start-up waits for the pub/sub subscriptions.
 const SUBSCRIBE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -48,20 +49,13 @@ pub struct Security {
 pub async fn run(
     config: Config,
     security: Security,
-    redis_url: &str,
+    redis: &RedisOptions,
     listener: TcpListener,
 ) -> anyhow::Result<()> {
     let config = Arc::new(config);
-    let client = redis::Client::open(redis_url)
-        .with_context(|| format!("invalid redis url {redis_url:?}"))?;
-    let manager_config = ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(REDIS_CONNECT_TIMEOUT))
-        .set_response_timeout(Some(REDIS_RESPONSE_TIMEOUT));
-    let mut conn = ConnectionManager::new_with_config(client.clone(), manager_config)
-        .await
-        .with_context(|| format!("cannot connect to redis at {redis_url}"))?;
-    store::ensure_expired_events(&mut conn).await?;
-    let store = Store::with_limits(conn, config.ttl, config.max_devices_per_user);
+    let redis = redis_setup::connect(redis, &config.node_id).await?;
+    let client = redis.source.clone();
+    let store = Store::with_limits(redis.conn, config.ttl, config.max_devices_per_user);
     store.load_scripts().await.context("cannot load scripts")?;
     // Every session's lease refreshes go through one refresher task, which
     // sends them to Redis in batches.
@@ -98,15 +92,28 @@ pub async fn run(
         auth: security.auth,
         origins: security.origins,
         admin_key: security.admin_key,
+        redis_health: redis.health,
     });
     let addr = listener.local_addr()?;
-    let server =
-        HttpServer::new(move || App::new().app_data(state.clone()).configure(http::routes))
-            .on_connect(crate::conn::on_connect)
-            .disable_signals()
-            .shutdown_timeout(SHUTDOWN_TIMEOUT.as_secs())
-            .listen(listener)?
-            .run();
+    let server = HttpServer::new(move || {
+        App::new()
+            .app_data(state.clone())
+            .configure(http::routes)
+            .wrap_fn(|req, srv| {
+                let call = srv.call(req);
+                async move {
+                    match tokio::time::timeout(REQUEST_DEADLINE, call).await {
+                        Ok(res) => res,
+                        Err(_) => Err(TooSlow.into()),
+                    }
+                }
+            })
+    })
+    .on_connect(crate::conn::on_connect)
+    .disable_signals()
+    .shutdown_timeout(SHUTDOWN_TIMEOUT.as_secs())
+    .listen(listener)?
+    .run();
     actix::spawn(shutdown_on_signal(server.handle(), registry));
     log::info!(
         "node {} listening on http://{addr} (heartbeat {:?}, lease ttl {:?})",
@@ -117,6 +124,25 @@ pub async fn run(
     server.await?;
     log::info!("node {} stopped", config.node_id);
     Ok(())
+}
+
+/// A request that outran [`REQUEST_DEADLINE`]: Redis is slow or away, so it
+/// is answered like any other `unavailable`.
+#[derive(Debug, thiserror::Error)]
+#[error("request took longer than {REQUEST_DEADLINE:?}")]
+struct TooSlow;
+
+impl actix_web::ResponseError for TooSlow {
+    fn status_code(&self) -> actix_web::http::StatusCode {
+        actix_web::http::StatusCode::SERVICE_UNAVAILABLE
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        HttpResponse::ServiceUnavailable().json(crate::protocol::ProtocolError::new(
+            crate::protocol::ErrorCode::Unavailable,
+            "presence store unavailable, try again",
+        ))
+    }
 }
 
 /// Waits for SIGTERM or SIGINT.

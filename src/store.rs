@@ -1,16 +1,16 @@
 //! Every Redis read and write of the server: the atomic per-user steps (Lua
 //! scripts beside this file) and the global sorted sets updated beside them.
 //!
-//! One [`ConnectionManager`] is created at start and cloned into every actor;
+//! One [`RedisConn`] (a `ConnectionManager` that follows the primary behind
+//! Sentinel) is created at start and cloned into every actor;
 //! it multiplexes all commands over one connection and reconnects by itself.
 
 use std::borrow::Borrow;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use redis::aio::ConnectionManager;
-
 use crate::metrics::TimedConnection;
+use crate::redis_setup::RedisConn;
 use redis::{Pipeline, RedisError, Script, Value};
 
 use crate::keys;
@@ -192,7 +192,7 @@ const RECONCILE_SCAN_COUNT: usize = 500;
 /// Handle on the shared Redis state; cheap to clone.
 #[derive(Clone)]
 pub struct Store {
-    conn: TimedConnection<ConnectionManager>,
+    conn: TimedConnection<RedisConn>,
     scripts: Arc<Scripts>,
     ttl_ms: u64,
     /// Devices one user may have at once.
@@ -229,13 +229,13 @@ fn is_noscript(v: &Value) -> bool {
 
 impl Store {
     /// Wraps a connection; `ttl` is the device lease TTL.
-    pub fn new(conn: ConnectionManager, ttl: Duration) -> Self {
+    pub fn new(conn: impl Into<RedisConn>, ttl: Duration) -> Self {
         Self::with_limits(conn, ttl, crate::config::DEFAULT_MAX_DEVICES_PER_USER)
     }
 
     /// Wraps a connection; `ttl` is the device lease TTL, `max_devices` the
     /// devices one user may have at once.
-    pub fn with_limits(conn: ConnectionManager, ttl: Duration, max_devices: u32) -> Self {
+    pub fn with_limits(conn: impl Into<RedisConn>, ttl: Duration, max_devices: u32) -> Self {
         let scripts = Scripts {
             arrive: Script::new(with_events!("lua/arrive.lua")),
             depart: Script::new(with_events!("lua/depart.lua")),
@@ -256,7 +256,7 @@ impl Store {
             (&s.zrem_if, "zrem_if"),
         ]);
         Self {
-            conn: TimedConnection::new(conn),
+            conn: TimedConnection::new(conn.into()),
             scripts: Arc::new(scripts),
             ttl_ms: ttl.as_millis() as u64,
             max_devices,
@@ -1163,46 +1163,6 @@ impl Cursor {
             user: user.to_string(),
         })
     }
-}
-
-/// Makes sure Redis announces expired keys (`notify-keyspace-events` with
-/// `E` and `x`), enabling them when it can. A Redis that forbids CONFIG and
-/// has them off cannot run this server: the error says what to set.
-pub async fn ensure_expired_events(conn: &mut ConnectionManager) -> anyhow::Result<()> {
-    let current: Vec<String> = redis::cmd("CONFIG")
-        .arg("GET")
-        .arg("notify-keyspace-events")
-        .query_async(conn)
-        .await
-        .map_err(|e| {
-            anyhow::anyhow!(
-                "cannot read notify-keyspace-events ({e}); set `notify-keyspace-events Ex` in the Redis configuration"
-            )
-        })?;
-    let flags = current.get(1).cloned().unwrap_or_default();
-    let has_x = flags.contains('x') || flags.contains('A');
-    if flags.contains('E') && has_x {
-        return Ok(());
-    }
-    let mut wanted = flags.clone();
-    for f in ['E', 'x'] {
-        if !wanted.contains(f) {
-            wanted.push(f);
-        }
-    }
-    redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("notify-keyspace-events")
-        .arg(&wanted)
-        .query_async::<()>(conn)
-        .await
-        .map_err(|e| {
-            anyhow::anyhow!(
-                "notify-keyspace-events is {flags:?} and cannot be changed ({e}); set `notify-keyspace-events Ex` in the Redis configuration"
-            )
-        })?;
-    log::warn!("redis had notify-keyspace-events {flags:?}; set it to {wanted:?} so that lapsed leases are announced");
-    Ok(())
 }
 
 #[cfg(test)]
