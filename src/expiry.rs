@@ -44,6 +44,8 @@ pub struct ExpiryListener {
     config: Arc<Config>,
     /// A deadline pass is in flight; the next tick skips.
     reaping: bool,
+    /// The last deadline pass failed (said once, not every tick).
+    reap_failing: bool,
     /// A reconciliation pass is in flight.
     reconciling: bool,
     /// When the last reconciliation pass started.
@@ -68,6 +70,7 @@ impl ExpiryListener {
             store,
             config,
             reaping: false,
+            reap_failing: false,
             reconciling: false,
             last_reconcile: Instant::now(),
             last_trim: Instant::now(),
@@ -116,10 +119,18 @@ impl ExpiryListener {
         };
         ctx.spawn(pass.into_actor(self).map(|res, act, ctx| {
             act.reaping = false;
+            if res.is_ok() && act.reap_failing {
+                act.reap_failing = false;
+                log::info!("deadline pass running again");
+            }
             match res {
                 Ok(true) => act.maybe_reconcile(ctx),
                 Ok(false) => {}
-                Err(e) => log::warn!("deadline pass failed: {e}"),
+                Err(e) if act.reap_failing => log::debug!("deadline pass failed: {e}"),
+                Err(e) => {
+                    act.reap_failing = true;
+                    log::warn!("deadline pass failed (said once until it runs again): {e}");
+                }
             }
         }));
     }
