@@ -486,6 +486,49 @@ async fn failures_are_fast_when_redis_goes_away() {
     assert_eq!(said, 1, "the loss should be logged once:\n{logs}");
 }
 
+/// With Redis hanging (every command paused), REST still answers 503 within
+/// 2 s and /healthz within 100 ms.
+#[tokio::test]
+async fn rest_answers_503_within_2_s_when_redis_hangs() {
+    let redis = Redis::start();
+    let node = Node::start(&redis, "n1");
+    let (status, _) = get(&format!("{}/api/presence/alice", node.http())).await;
+    assert_eq!(status, 200);
+    let () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(6000)
+        .arg("ALL")
+        .query(&mut redis.conn())
+        .unwrap();
+    let http = reqwest::Client::new();
+    for _ in 0..2 {
+        let asked = Instant::now();
+        let r = http
+            .get(format!("{}/api/presence/alice", node.http()))
+            .send()
+            .await
+            .unwrap();
+        let took = asked.elapsed();
+        assert_eq!(r.status(), 503, "after {took:?}");
+        assert!(
+            took < Duration::from_secs(2),
+            "REST answered after {took:?}"
+        );
+        let asked = Instant::now();
+        let r = http
+            .get(format!("{}/healthz", node.http()))
+            .send()
+            .await
+            .unwrap();
+        let took = asked.elapsed();
+        assert!(
+            took < Duration::from_millis(100),
+            "/healthz took {took:?} ({})",
+            r.status()
+        );
+    }
+}
+
 /// Start-up against a Redis nobody answers exits within 5 s naming it.
 #[test]
 fn start_against_an_unreachable_redis_exits_within_5_s_naming_the_host() {
