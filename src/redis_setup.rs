@@ -6,9 +6,10 @@
 //!   `--redis-sentinel` with `--redis-sentinel-master`, and the TLS files);
 //!   [`RedisSource`] turns it into clients for the current primary, asking
 //!   the sentinels again each time when there are sentinels.
-//! - [`RedisConn`] is the one shared command connection: a
-//!   `ConnectionManager`, and behind Sentinel one that is replaced by a
-//!   connection to the new primary when the old one stops answering.
+//! - [`PrimaryConn`] is the command connection behind the store's
+//!   `RedisConn`: a `ConnectionManager`, and behind Sentinel one that is
+//!   replaced by a connection to the new primary when the old one stops
+//!   answering.
 //! - [`connect`] runs the start-up checks (reachable, version, eviction
 //!   policy, expired-key events) with errors that name the host and never
 //!   the password, and starts the health checker behind `/healthz`.
@@ -348,9 +349,10 @@ fn primary_may_have_moved(e: &RedisError) -> bool {
         || matches!(e.code(), Some("READONLY" | "MASTERDOWN" | "LOADING"))
 }
 
-/// The shared command connection; cheap to clone, reconnects by itself.
+/// The command connection to the current primary; cheap to clone,
+/// reconnects by itself (and behind Sentinel, follows a failover).
 #[derive(Clone)]
-pub struct RedisConn {
+pub struct PrimaryConn {
     inner: ConnKind,
 }
 
@@ -372,7 +374,7 @@ struct Following {
     searching: AtomicBool,
 }
 
-impl From<ConnectionManager> for RedisConn {
+impl From<ConnectionManager> for PrimaryConn {
     fn from(manager: ConnectionManager) -> Self {
         Self {
             inner: ConnKind::Direct(manager),
@@ -380,7 +382,7 @@ impl From<ConnectionManager> for RedisConn {
     }
 }
 
-impl RedisConn {
+impl PrimaryConn {
     /// Wraps `manager`, made from `source`; behind Sentinel it is replaced
     /// when the primary moves.
     fn new(manager: ConnectionManager, source: &RedisSource) -> Self {
@@ -457,7 +459,7 @@ impl RedisConn {
     }
 }
 
-impl ConnectionLike for RedisConn {
+impl ConnectionLike for PrimaryConn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         Box::pin(async move {
             let result = self.manager().req_packed_command(cmd).await;
@@ -600,8 +602,8 @@ fn parse_version(v: &str) -> Option<(u32, u32)> {
 pub struct Redis {
     /// Clients for the pub/sub connections.
     pub source: RedisSource,
-    /// The shared command connection.
-    pub conn: RedisConn,
+    /// The command connection, for the store's `RedisConn`.
+    pub conn: PrimaryConn,
     /// The cached state behind `/healthz`.
     pub health: Arc<RedisHealth>,
 }
@@ -619,7 +621,7 @@ pub async fn connect(opts: &RedisOptions, node: &str) -> anyhow::Result<Redis> {
             anyhow::bail!("cannot connect to Redis at {target}: no answer within {START_TIMEOUT:?}")
         }
     };
-    let mut conn = RedisConn::new(manager, &source);
+    let mut conn = PrimaryConn::new(manager, &source);
 
     let info: String = redis::cmd("INFO")
         .arg("server")
@@ -699,7 +701,7 @@ fn connect_error(source: &RedisSource, e: &RedisError) -> anyhow::Error {
 }
 
 /// `maxmemory_policy` from `INFO memory` (no CONFIG needed).
-async fn read_policy(conn: &mut RedisConn) -> RedisResult<String> {
+async fn read_policy(conn: &mut PrimaryConn) -> RedisResult<String> {
     let info: String = redis::cmd("INFO").arg("memory").query_async(conn).await?;
     Ok(info_field(&info, "maxmemory_policy")
         .unwrap_or("unknown")
@@ -708,7 +710,7 @@ async fn read_policy(conn: &mut RedisConn) -> RedisResult<String> {
 
 /// Pings Redis every [`HEALTH_INTERVAL`] and keeps the result for
 /// `/healthz`; says once when Redis goes away and once when it is back.
-async fn check_health(mut conn: RedisConn, health: Arc<RedisHealth>) {
+async fn check_health(mut conn: PrimaryConn, health: Arc<RedisHealth>) {
     let mut last_policy = Instant::now();
     // Ends with the process; the node holds `health` until then.
     while Arc::strong_count(&health) > 1 {
@@ -756,7 +758,7 @@ async fn check_health(mut conn: RedisConn, health: Arc<RedisHealth>) {
 /// pass departs lapsed leases itself, and a warning names the setting.
 pub async fn ensure_expired_events(
     source: &RedisSource,
-    conn: &mut RedisConn,
+    conn: &mut PrimaryConn,
     node: &str,
 ) -> anyhow::Result<ExpiredEvents> {
     let current: RedisResult<Vec<String>> = redis::cmd("CONFIG")
@@ -810,7 +812,7 @@ pub async fn ensure_expired_events(
 /// delete it (and announce it) without waiting for its sampler.
 async fn probe_expired_events(
     source: &RedisSource,
-    conn: &mut RedisConn,
+    conn: &mut PrimaryConn,
     node: &str,
 ) -> anyhow::Result<bool> {
     let target = source.display();

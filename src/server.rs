@@ -16,8 +16,9 @@ use crate::config::Config;
 use crate::expiry::ExpiryListener;
 use crate::http::{self, AppState};
 use crate::redis_setup::{self, RedisOptions};
+use crate::refresh::Refresher;
 use crate::registry::{Registry, Shutdown};
-use crate::store::Store;
+use crate::store::{RedisConn, Store};
 
 /// Longest time an HTTP request may take before it is answered 503: the
 /// README promises REST errors within 2 s when Redis is unreachable or
@@ -55,11 +56,15 @@ pub async fn run(
     let config = Arc::new(config);
     let redis = redis_setup::connect(redis, &config.node_id).await?;
     let client = redis.source.clone();
-    let store = Store::with_limits(redis.conn, config.ttl, config.max_devices_per_user);
+    let store = Store::with_limits(
+        RedisConn::new(redis.conn),
+        config.ttl,
+        config.max_devices_per_user,
+    );
     store.load_scripts().await.context("cannot load scripts")?;
     // Every session's lease refreshes go through one refresher task, which
     // sends them to Redis in batches.
-    let store = store.with_batched_refreshes();
+    let refresher = Refresher::spawn(store.clone());
 
     let (registry_ready, registry_subscribed) = oneshot::channel();
     let (expiry_ready, expiry_subscribed) = oneshot::channel();
@@ -86,6 +91,7 @@ pub async fn run(
 
     let state = web::Data::new(AppState {
         store,
+        refresher,
         registry: registry.clone(),
         config: config.clone(),
         next_session: AtomicU64::new(1),
