@@ -19,3 +19,4 @@ pub mod registry;
 pub mod server;
 pub mod session;
 pub mod store;
+pub mod subscriber;

@@ -68,3 +68,21 @@ async fn expiry() {
 async fn fanout() {
     bench(&["fanout", "--watchers", "200", "--transitions", "4"]).await;
 }
+
+#[test]
+fn the_bench_places_users_in_the_servers_buckets() {
+    let buckets = presence_server::keys::Buckets::default();
+    assert_eq!(
+        buckets.count(),
+        presence_bench::fixture::BUCKETS,
+        "the bench assumes the default number of buckets"
+    );
+    for i in 0..2_000 {
+        let user = format!("user-{i}|x");
+        assert_eq!(
+            presence_bench::fixture::bucket_of(&user, buckets.count()),
+            buckets.of(&user),
+            "{user}"
+        );
+    }
+}

@@ -17,7 +17,7 @@ local function publish_event(channel, status_key, user, devices, last_seen, seq)
   local h = redis.call('HMGET', status_key, 'status', 'text', 'since', 'show_online', 'show_last_seen')
   local status = 'offline'
   if devices > 0 then status = h[1] or 'online' end
-  redis.call('PUBLISH', channel, cjson.encode({
+  redis.call('SPUBLISH', channel, cjson.encode({
     user = user,
     status = status,
     devices = devices,

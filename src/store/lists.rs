@@ -1,11 +1,12 @@
-//! Lists over many users: who is online now (`presence-online`, paged), and
+//! Lists over many users: who is online now (the buckets of
+//! `presence-online`, merged newest first and paged with bounded work), and
 //! the retention of last-seen times (`presence-lastseen`).
 
 use std::time::Duration;
 
 use super::reply::int;
 use super::{now_ms, Store, StoreError, StoreResult};
-use crate::keys;
+use crate::keys::{self, Buckets};
 use crate::model::Record;
 
 /// One page of `GET /api/online`.
@@ -27,39 +28,77 @@ pub struct OnlineUser {
     pub active_at: i64,
 }
 
-/// Position in `GET /api/online`: the last user of the previous page.
+/// Position in `GET /api/online`: the score reached (last refresh, epoch
+/// ms) and, per bucket, how many entries with exactly that score were
+/// already examined. Scores are shared (a batch of refreshes writes one
+/// time), so a score alone cannot say where a page ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Cursor {
-    /// That user's score (last refresh, epoch ms).
+    /// The score reached.
     pub active_at: i64,
-    /// That user.
-    pub user: String,
+    /// Per bucket, the entries at `active_at` already examined.
+    pub ties: Vec<u32>,
 }
 
 impl Cursor {
-    /// The opaque string handed to clients: `<active_at>.<user>`.
+    /// The opaque string handed to clients: `<active_at>~<t0>,<t1>,...`.
     pub fn encode(&self) -> String {
-        format!("{}.{}", self.active_at, self.user)
+        let ties: Vec<String> = self.ties.iter().map(u32::to_string).collect();
+        format!("{}~{}", self.active_at, ties.join(","))
     }
 
-    /// Reads a cursor back; `None` when it is not one of ours.
-    pub fn decode(s: &str) -> Option<Self> {
-        let (at, user) = s.split_once('.')?;
-        crate::ids::validate("user", user).ok()?;
+    /// Reads a cursor back for `buckets`; `None` when it is not one of ours.
+    pub fn decode(s: &str, buckets: Buckets) -> Option<Self> {
+        let (at, ties) = s.split_once('~')?;
+        let ties: Vec<u32> = ties
+            .split(',')
+            .map(|t| t.parse().ok())
+            .collect::<Option<_>>()?;
+        if ties.len() != buckets.count() as usize {
+            return None;
+        }
         Some(Self {
             active_at: at.parse().ok()?,
-            user: user.to_string(),
+            ties,
         })
     }
 }
 
+/// Entries one request of the online list may examine, as a multiple of
+/// its `limit`: a viewer who may see few of the online users gets a short
+/// page and a cursor rather than an unbounded scan.
+const EXAMINE_PER_LIMIT: usize = 4;
+/// Entries one request may examine at most, whatever its limit.
+const MAX_EXAMINED: usize = 2_000;
+
+/// Where a walk over the merged buckets stands.
+struct Walk {
+    /// Score reached; `None` before the first entry (`+inf`).
+    at: Option<i64>,
+    /// Per bucket, entries at `at` examined.
+    ties: Vec<u32>,
+}
+
+impl Walk {
+    /// Steps past one entry of `bucket` with `score` (entries come in
+    /// descending order).
+    fn pass(&mut self, bucket: usize, score: i64) {
+        if self.at != Some(score) {
+            self.at = Some(score);
+            self.ties.iter_mut().for_each(|t| *t = 0);
+        }
+        self.ties[bucket] += 1;
+    }
+}
+
 impl Store {
-    /// One page of users online now, most recently active first. `cursor` is
-    /// the `next_cursor` of the previous page. Scores move as devices
-    /// refresh, so a user who becomes active while a client pages may show
-    /// up on an earlier page than the one being read: the list is a view of
-    /// "now", not a snapshot.
-    /// Only users `viewer` may see online are listed.
+    /// One page of users online now, most recently active first, merged
+    /// from the buckets of `presence-online`. `cursor` is the
+    /// `next_cursor` of the previous page. Only users `viewer` may see
+    /// online are listed, and one request examines at most
+    /// 4 x `limit` entries (2,000 at most): a page may be short, or empty,
+    /// with a `next_cursor` to go on from. Scores move as devices refresh,
+    /// so the list is a view of "now", not a snapshot.
     pub async fn online(
         &self,
         limit: usize,
@@ -67,93 +106,127 @@ impl Store {
         viewer: Option<&str>,
         contacts_only: bool,
     ) -> StoreResult<OnlinePage> {
-        let mut conn = self.conn();
-        let mut users: Vec<(Record, i64)> = Vec::with_capacity(limit + 1);
-        let max = cursor.map_or("+inf".to_string(), |c| c.active_at.to_string());
-        let mut offset = 0usize;
-        let batch = limit + 1;
-        // Entries tied with the cursor's score that come before it in the
-        // (descending) order are skipped; entries of users no longer online
-        // (the index is repaired lazily) are dropped by the record check.
-        loop {
-            let page: Vec<(String, f64)> = redis::cmd("ZRANGE")
-                .arg(keys::ONLINE)
-                .arg(&max)
-                .arg("-inf")
-                .arg("BYSCORE")
-                .arg("REV")
-                .arg("LIMIT")
-                .arg(offset)
-                .arg(batch)
-                .arg("WITHSCORES")
-                .query_async(&mut conn)
-                .await?;
-            let exhausted = page.len() < batch;
-            offset += page.len();
-            let candidates: Vec<(String, i64)> = page
-                .into_iter()
-                .map(|(u, s)| (u, s as i64))
-                .filter(|(u, s)| match cursor {
-                    Some(c) => *s < c.active_at || (*s == c.active_at && *u < c.user),
-                    None => true,
-                })
-                .collect();
-            let names: Vec<String> = candidates.iter().map(|(u, _)| u.clone()).collect();
+        let limit = limit.max(1);
+        let budget = (EXAMINE_PER_LIMIT * limit).min(MAX_EXAMINED).max(limit);
+        let buckets = self.buckets.count() as usize;
+        let mut walk = match cursor {
+            Some(c) => Walk {
+                at: Some(c.active_at),
+                ties: c.ties.clone(),
+            },
+            None => Walk {
+                at: None,
+                ties: vec![0; buckets],
+            },
+        };
+        let mut users: Vec<OnlineUser> = Vec::with_capacity(limit);
+        let mut examined = 0;
+        let mut exhausted = false;
+        while users.len() < limit && examined < budget {
+            let n = (limit - users.len()).min(budget - examined);
+            // From each bucket, the next `n` entries after the walk's
+            // position: everything up to its score, less the entries at
+            // that score already examined.
+            let mut pipe = redis::pipe();
+            let max = walk.at.map_or("+inf".to_string(), |s| s.to_string());
+            for b in self.buckets.all() {
+                pipe.cmd("ZRANGE")
+                    .arg(keys::online(b))
+                    .arg(&max)
+                    .arg("-inf")
+                    .arg("BYSCORE")
+                    .arg("REV")
+                    .arg("LIMIT")
+                    .arg(walk.ties[b as usize])
+                    .arg(n)
+                    .arg("WITHSCORES");
+            }
+            let reply = self.query(&pipe).await?;
+            let mut candidates: Vec<(i64, String, usize)> = Vec::new();
+            let mut full = false;
+            for (b, value) in reply.iter().enumerate() {
+                let entries: Vec<(String, f64)> = redis::from_redis_value_ref(value)?;
+                full |= entries.len() == n;
+                candidates.extend(entries.into_iter().map(|(u, s)| (s as i64, u, b)));
+            }
+            // The buckets' own order: score, then member, descending.
+            candidates.sort_unstable_by(|x, y| (y.0, &y.1).cmp(&(x.0, &x.1)));
+            let more = full || candidates.len() > n;
+            candidates.truncate(n);
+            examined += candidates.len();
+            for (score, _, b) in &candidates {
+                walk.pass(*b, *score);
+            }
+            let names: Vec<String> = candidates.iter().map(|(_, u, _)| u.clone()).collect();
             let records = self.records(&names, viewer, contacts_only).await?;
-            for ((_, score), record) in candidates.into_iter().zip(records) {
+            for ((score, _, _), record) in candidates.into_iter().zip(records) {
+                // Entries of users no longer online (the index is repaired
+                // lazily) and users hidden from this viewer are skipped.
                 if record.devices > 0 {
-                    users.push((record, score));
+                    users.push(OnlineUser {
+                        record,
+                        active_at: score,
+                    });
                 }
             }
-            if users.len() > limit || exhausted {
+            if !more {
+                exhausted = true;
                 break;
             }
         }
-        let next_cursor = if users.len() > limit {
-            users.truncate(limit);
-            users.last().map(|(r, s)| {
+        let next_cursor = match (exhausted, walk.at) {
+            (false, Some(active_at)) => Some(
                 Cursor {
-                    active_at: *s,
-                    user: r.user.clone(),
+                    active_at,
+                    ties: walk.ties,
                 }
-                .encode()
-            })
-        } else {
-            None
+                .encode(),
+            ),
+            _ => None,
         };
-        let users = users
-            .into_iter()
-            .map(|(record, active_at)| OnlineUser { record, active_at })
-            .collect();
         Ok(OnlinePage { users, next_cursor })
     }
 
     /// Forgets users offline for longer than `retention`: their last seen
     /// (index entry and field) and status text, when no device came back.
-    /// Returns how many were forgotten (at most `max` per call).
+    /// Returns how many were forgotten (at most `max` per bucket and call).
     pub async fn trim_last_seen(&self, retention: Duration, max: usize) -> StoreResult<usize> {
+        let mut forgotten = 0;
+        for bucket in self.buckets.all() {
+            forgotten += self.trim_last_seen_bucket(bucket, retention, max).await?;
+        }
+        Ok(forgotten)
+    }
+
+    /// [`Store::trim_last_seen`] for one bucket; at most `max` users.
+    pub async fn trim_last_seen_bucket(
+        &self,
+        bucket: u32,
+        retention: Duration,
+        max: usize,
+    ) -> StoreResult<usize> {
+        let index = keys::last_seen(bucket);
         let retention_ms = i64::try_from(retention.as_millis()).unwrap_or(i64::MAX);
         let cutoff = now_ms().saturating_sub(retention_ms);
-        let old = self.scored_up_to(keys::LAST_SEEN, cutoff, max).await?;
+        let old = self.scored_up_to(&index, cutoff, max).await?;
         if old.is_empty() {
             return Ok(0);
         }
         let mut pipe = redis::pipe();
         for (user, score) in &old {
-            self.scripts
-                .zrem_if(&mut pipe, keys::LAST_SEEN, user, score);
+            self.scripts.zrem_if(&mut pipe, &index, user, score);
         }
         let reply = self.query(&pipe).await?;
         if reply.len() != old.len() {
             return Err(StoreError::reply(
-                keys::LAST_SEEN,
+                &index,
                 format!("{} replies to {} removals", reply.len(), old.len()),
             ));
         }
         let mut forget = redis::pipe();
         let mut forgotten = 0;
         for ((user, _), removed) in old.iter().zip(&reply) {
-            if int(removed, keys::LAST_SEEN)? == 1 {
+            if int(removed, &index)? == 1 {
                 forgotten += 1;
                 // Only when offline: a user online again keeps all of it.
                 self.scripts.forget_offline(&mut forget, user).ignore();
@@ -170,13 +243,29 @@ mod tests {
 
     #[test]
     fn cursor_round_trips_and_refuses_junk() {
+        let b = Buckets::new(3).unwrap();
         let c = Cursor {
             active_at: 17,
-            user: "a.b@c".into(),
+            ties: vec![0, 2, 1],
         };
-        assert_eq!(Cursor::decode(&c.encode()), Some(c));
-        assert_eq!(Cursor::decode("x.y"), None);
-        assert_eq!(Cursor::decode("12.b:ad"), None);
-        assert_eq!(Cursor::decode("nodot"), None);
+        assert_eq!(Cursor::decode(&c.encode(), b), Some(c));
+        assert_eq!(Cursor::decode("17~0,2", b), None);
+        assert_eq!(Cursor::decode("x~0,0,0", b), None);
+        assert_eq!(Cursor::decode("17~0,-1,0", b), None);
+        assert_eq!(Cursor::decode("nodot", b), None);
+    }
+
+    #[test]
+    fn a_walk_counts_ties_per_bucket() {
+        let mut w = Walk {
+            at: None,
+            ties: vec![0; 2],
+        };
+        w.pass(0, 10);
+        w.pass(1, 10);
+        w.pass(1, 10);
+        assert_eq!((w.at, w.ties.clone()), (Some(10), vec![1, 2]));
+        w.pass(0, 9);
+        assert_eq!((w.at, w.ties), (Some(9), vec![1, 0]));
     }
 }

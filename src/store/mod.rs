@@ -12,8 +12,9 @@
 //! - [`status`]: chosen status, privacy settings and contacts.
 //! - [`passes`]: the node's periodic passes: deadline (timely expiry),
 //!   reconciliation, online-index pruning.
+//! - [`setup`]: the deployment's constants, read (or written) at start.
 //!
-//! What start-up checks in Redis (and how it connects) is
+//! How the node connects, and what it checks of Redis itself at start, is
 //! [`crate::redis_setup`].
 //!
 //! A reply that does not have the shape a step promises is a
@@ -27,6 +28,7 @@ pub mod passes;
 pub mod records;
 mod reply;
 mod scripts;
+pub mod setup;
 pub mod status;
 
 use std::sync::Arc;
@@ -39,6 +41,7 @@ pub use leases::{Arrival, ArriveMode, Departure, Lease, LeaseOwner};
 pub use lists::{Cursor, OnlinePage, OnlineUser};
 pub use records::{DeviceInfo, Observed};
 
+use crate::keys::Buckets;
 use scripts::Scripts;
 
 /// A failed Redis operation.
@@ -102,6 +105,8 @@ pub struct Store {
     ttl_ms: u64,
     /// Devices one user may have at once.
     max_devices: u32,
+    /// How the indexes over all users are split (from `presence-meta`).
+    buckets: Buckets,
 }
 
 impl Store {
@@ -118,7 +123,19 @@ impl Store {
             scripts: Arc::new(Scripts::new()),
             ttl_ms: ttl.as_millis() as u64,
             max_devices,
+            buckets: Buckets::default(),
         }
+    }
+
+    /// This store with the deployment's buckets (see
+    /// [`Store::load_deployment`]).
+    pub fn with_buckets(self, buckets: Buckets) -> Self {
+        Self { buckets, ..self }
+    }
+
+    /// How the indexes over all users are split.
+    pub fn buckets(&self) -> Buckets {
+        self.buckets
     }
 
     /// The lease TTL in ms.

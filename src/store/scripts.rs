@@ -126,7 +126,7 @@ impl Scripts {
             .arg(now)
             .arg(mode)
             .arg(&lease.user)
-            .arg(keys::EVENTS)
+            .arg(keys::events(&lease.user))
             .arg(&known.status)
             .arg(&known.text)
             .arg(known.since)
@@ -151,7 +151,7 @@ impl Scripts {
             .arg(device)
             .arg(now)
             .arg(user)
-            .arg(keys::EVENTS)
+            .arg(keys::events(user))
     }
 
     /// `status.lua`; parse the reply with [`parse_status_set`].
@@ -172,7 +172,7 @@ impl Scripts {
         .arg(text)
         .arg(now)
         .arg(user)
-        .arg(keys::EVENTS)
+        .arg(keys::events(user))
     }
 
     /// `read.lua` for one user as `viewer`; parse the reply with
@@ -202,7 +202,7 @@ impl Scripts {
         eval(pipe, &self.reconcile, &keys)
             .arg(user)
             .arg(now)
-            .arg(keys::EVENTS)
+            .arg(keys::events(user))
             .arg(devices)
     }
 
@@ -224,7 +224,7 @@ impl Scripts {
         .arg(show_last_seen.map_or("", Audience::as_str))
         .arg(now)
         .arg(user)
-        .arg(keys::EVENTS)
+        .arg(keys::events(user))
     }
 
     /// `zrem_if.lua`: removes `member` from the sorted set `key` while its
