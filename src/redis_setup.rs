@@ -910,6 +910,24 @@ mod tests {
     }
 
     #[test]
+    fn takes_sentinels_from_flags() {
+        let flags = |url: Option<&str>, master: Option<&str>| RedisOptions {
+            url: url.map(str::to_string),
+            sentinels: vec!["127.0.0.1:26379".into(), "127.0.0.1:26380".into()],
+            sentinel_master: master.map(str::to_string),
+            ..Default::default()
+        };
+        let source = RedisSource::new(&flags(None, Some("mymaster"))).unwrap();
+        assert!(source.follows_failover());
+        assert_eq!(
+            source.display(),
+            "redis+sentinel://127.0.0.1:26379,127.0.0.1:26380/mymaster"
+        );
+        assert!(RedisSource::new(&flags(None, None)).is_err());
+        assert!(RedisSource::new(&flags(Some("redis://h:1"), Some("m"))).is_err());
+    }
+
+    #[test]
     fn reads_info_fields_and_versions() {
         let info = "# Server\r\nredis_version:7.0.15\r\nmaxmemory_policy:allkeys-lru\r\n";
         assert_eq!(info_field(info, "redis_version"), Some("7.0.15"));

@@ -251,6 +251,10 @@ fn tls_with_the_wrong_ca_is_refused_at_start() {
         matches!(code, Some(c) if c != 0),
         "exit {code:?} after {elapsed:?}:\n{err}"
     );
+    eprintln!(
+        "refused after {elapsed:?}: {}",
+        err.lines().last().unwrap_or("")
+    );
     assert!(err.contains("TLS certificate problem"), "{err}");
     assert!(err.contains(&format!("127.0.0.1:{port}")), "{err}");
     assert!(!err.contains("tls-secret-pw"), "{err}");
