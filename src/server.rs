@@ -43,6 +43,9 @@ pub struct Security {
     pub origins: Origins,
     /// Bearer key of the admin API; `None` turns it off.
     pub admin_key: Option<String>,
+    /// Host names besides loopback that `/ws` and `/api/*` answer to under
+    /// development auth (`--allowed-host`).
+    pub allowed_hosts: Vec<String>,
 }
 
 /// Runs a node on an already bound `listener` until SIGINT or SIGTERM.
@@ -93,6 +96,8 @@ pub async fn run(
         format!("could not subscribe to redis pub/sub within {SUBSCRIBE_TIMEOUT:?}")
     })?;
 
+    let dev_hosts = matches!(security.auth, Auth::Dev)
+        .then(|| crate::auth::DevHosts::new(security.allowed_hosts.iter().cloned()));
     let state = web::Data::new(AppState {
         store,
         refresher,
@@ -102,12 +107,14 @@ pub async fn run(
         auth: security.auth,
         origins: security.origins,
         admin_key: security.admin_key,
+        dev_hosts,
         redis_health: redis.health,
     });
     let addr = listener.local_addr()?;
     let server = HttpServer::new(move || {
         App::new()
             .app_data(state.clone())
+            .wrap(actix_web::middleware::from_fn(http::dev_host_guard))
             .configure(http::routes)
             .wrap_fn(|req, srv| {
                 let call = srv.call(req);
