@@ -21,7 +21,10 @@ use anyhow::Context as _;
 use redis::cluster::ClusterClientBuilder;
 use redis::{AsyncConnectionConfig, ConnectionAddr, ConnectionInfo, IntoConnectionInfo};
 
+use std::sync::Arc;
+
 use crate::keys;
+use crate::redis_setup::{redact, ExpiredEvents, RedisHealth, RedisOptions, RedisSource};
 use crate::store::conn::NodeAddr;
 use crate::store::{RedisConn, Store};
 
@@ -38,30 +41,24 @@ const RETRY_WAIT_MIN_MS: u64 = 50;
 const RETRY_WAIT_MAX_MS: u64 = 500;
 /// Oldest Redis this server runs on: sharded pub/sub came in 7.0.
 const MIN_REDIS_MAJOR: u32 = 7;
+/// How long connecting to a node may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long one command may take.
+const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Where the node's dedicated pub/sub connections come from: one Redis
 /// server, or the seeds of a cluster.
 #[derive(Clone)]
 pub enum Source {
-    /// One Redis server.
-    Single(redis::Client),
+    /// One Redis server (behind Sentinel, the current primary).
+    Single(RedisSource),
     /// A Redis Cluster.
     Cluster(Seeds),
 }
 
-impl From<redis::Client> for Source {
-    fn from(client: redis::Client) -> Self {
-        Self::Single(client)
-    }
-}
-
-impl Source {
-    /// The logical database the keyevent channel names.
-    pub fn db(&self) -> i64 {
-        match self {
-            Self::Single(client) => client.get_connection_info().redis_settings().db(),
-            Self::Cluster(_) => 0,
-        }
+impl From<RedisSource> for Source {
+    fn from(source: RedisSource) -> Self {
+        Self::Single(source)
     }
 }
 
@@ -138,131 +135,158 @@ fn info_field<'a>(info: &'a str, field: &str) -> Option<&'a str> {
     })
 }
 
-/// Asks the first seed that answers whether it is a cluster node; checks
-/// its version on the way. The outer error is fatal (too old a Redis); the
-/// inner one says that no seed answered.
+/// Asks the first seed that answers whether it is a cluster node, and its
+/// version; an error when no seed answered.
 async fn is_cluster(
     seeds: &[ConnectionInfo],
     connect_timeout: Duration,
     response_timeout: Duration,
-) -> anyhow::Result<anyhow::Result<bool>> {
+) -> anyhow::Result<(bool, String)> {
     let config = AsyncConnectionConfig::new()
         .set_connection_timeout(Some(connect_timeout))
         .set_response_timeout(Some(response_timeout));
     let mut last_error = None;
     for seed in seeds {
         let addr = seed.addr().to_string();
-        let conn = match redis::Client::open(seed.clone()) {
-            Ok(client) => {
-                client
-                    .get_multiplexed_async_connection_with_config(&config)
-                    .await
-            }
-            Err(e) => Err(e),
+        let answer = async {
+            let mut conn = redis::Client::open(seed.clone())?
+                .get_multiplexed_async_connection_with_config(&config)
+                .await?;
+            let server: String = redis::cmd("INFO")
+                .arg("server")
+                .query_async(&mut conn)
+                .await?;
+            let cluster: String = redis::cmd("INFO")
+                .arg("cluster")
+                .query_async(&mut conn)
+                .await?;
+            Ok::<_, redis::RedisError>((server, cluster))
         };
-        let mut conn = match conn {
-            Ok(conn) => conn,
-            Err(e) => {
-                last_error = Some(anyhow::anyhow!("cannot connect to redis at {addr}: {e}"));
-                continue;
+        match answer.await {
+            Ok((server, cluster)) => {
+                let version = info_field(&server, "redis_version").unwrap_or("unknown");
+                return Ok((
+                    info_field(&cluster, "cluster_enabled") == Some("1"),
+                    version.to_string(),
+                ));
             }
-        };
-        let server: String = match redis::cmd("INFO")
-            .arg("server")
-            .query_async(&mut conn)
-            .await
-        {
-            Ok(info) => info,
-            Err(e) => {
-                last_error = Some(anyhow::anyhow!("INFO server on {addr}: {e}"));
-                continue;
-            }
-        };
-        let version = info_field(&server, "redis_version").unwrap_or("");
-        let major = version
-            .split('.')
-            .next()
-            .and_then(|m| m.parse::<u32>().ok());
-        if major.is_some_and(|m| m < MIN_REDIS_MAJOR) {
-            anyhow::bail!(
-                "redis at {addr} is version {version}; this server needs Redis {MIN_REDIS_MAJOR}.0 or newer (sharded pub/sub)"
-            );
+            Err(e) => last_error = Some(anyhow::anyhow!("cannot reach redis at {addr}: {e}")),
         }
-        let cluster: String = match redis::cmd("INFO")
-            .arg("cluster")
-            .query_async(&mut conn)
-            .await
-        {
-            Ok(info) => info,
-            Err(e) => {
-                last_error = Some(anyhow::anyhow!("INFO cluster on {addr}: {e}"));
-                continue;
-            }
-        };
-        return Ok(Ok(info_field(&cluster, "cluster_enabled") == Some("1")));
     }
-    Ok(Err(
-        last_error.unwrap_or_else(|| anyhow::anyhow!("no redis url given"))
-    ))
+    Err(last_error.unwrap_or_else(|| anyhow::anyhow!("no redis url given")))
 }
 
-/// Connects to the cluster `redis_url` names, with expired-key events on
-/// every node. `Ok(None)` when it names one Redis server, which the caller
-/// connects to as before (its errors reported there).
+/// Turns on expired-key events on one node where `CONFIG` allows.
+async fn enable_expired_events(
+    conn: &mut impl redis::aio::ConnectionLike,
+) -> redis::RedisResult<ExpiredEvents> {
+    let current: Vec<String> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("notify-keyspace-events")
+        .query_async(conn)
+        .await?;
+    let flags = current.get(1).cloned().unwrap_or_default();
+    if flags.contains('E') && (flags.contains('x') || flags.contains('A')) {
+        return Ok(ExpiredEvents::On);
+    }
+    let mut wanted = flags.clone();
+    for f in ['E', 'x'] {
+        if !wanted.contains(f) {
+            wanted.push(f);
+        }
+    }
+    redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("notify-keyspace-events")
+        .arg(&wanted)
+        .query_async::<()>(conn)
+        .await?;
+    Ok(ExpiredEvents::Enabled)
+}
+
+/// Connects to the cluster `--redis-url` names, with expired-key events on
+/// every node where `CONFIG` allows, and starts its health check.
+/// `Ok(None)` when the flags name one Redis server or Sentinel, which the
+/// caller connects to as before (its errors reported there).
 pub async fn connect(
-    redis_url: &str,
-    connect_timeout: Duration,
-    response_timeout: Duration,
-) -> anyhow::Result<Option<(Source, RedisConn)>> {
-    let infos = parse_urls(redis_url)?;
+    opts: &RedisOptions,
+    node_id: &str,
+) -> anyhow::Result<Option<(Source, RedisConn, Arc<RedisHealth>)>> {
+    let (Some(redis_url), true) = (&opts.url, opts.sentinels.is_empty()) else {
+        return Ok(None);
+    };
+    if redis_url.contains("+sentinel") || redis_url.starts_with("unix") {
+        return Ok(None);
+    }
+    let shown = redact(redis_url);
+    let infos = match parse_urls(redis_url) {
+        Ok(infos) => infos,
+        // One URL: the usual connection says what is wrong with it.
+        Err(_) if !redis_url.contains(',') => return Ok(None),
+        Err(e) => return Err(e),
+    };
     let several = infos.len() > 1;
-    match is_cluster(&infos, connect_timeout, response_timeout).await? {
-        Ok(true) => {}
-        Ok(false) if several => anyhow::bail!(
+    let version = match is_cluster(&infos, CONNECT_TIMEOUT, RESPONSE_TIMEOUT).await {
+        Ok((true, version)) => version,
+        Ok((false, _)) if several => anyhow::bail!(
             "--redis-url lists {} seed URLs, but {} is not a Redis Cluster node (cluster_enabled:0); give one URL for one Redis",
             infos.len(),
             infos[0].addr()
         ),
-        Ok(false) => return Ok(None),
-        // One URL: the usual connection reports what is wrong with it.
+        Ok((false, _)) => return Ok(None),
         Err(_) if !several => return Ok(None),
-        Err(e) => return Err(e),
+        Err(e) => return Err(e.context(format!("no seed of {shown} answered"))),
+    };
+    let major = version
+        .split('.')
+        .next()
+        .and_then(|m| m.parse::<u32>().ok());
+    if major.is_none_or(|m| m < MIN_REDIS_MAJOR) {
+        anyhow::bail!(
+            "Redis at {shown} is version {version}; this server needs Redis {MIN_REDIS_MAJOR}.0 or newer"
+        );
     }
     let seeds = Seeds { infos };
     let conn = seeds
-        .builder(connect_timeout, response_timeout)
+        .builder(CONNECT_TIMEOUT, RESPONSE_TIMEOUT)
         .build()
         .context("invalid redis cluster seeds")?
         .get_async_connection()
         .await
-        .with_context(|| format!("cannot connect to the redis cluster at {redis_url}"))?;
+        .with_context(|| format!("cannot connect to the redis cluster at {shown}"))?;
     let conn = RedisConn::cluster(conn);
     let shards = conn
         .shards()
         .await
         .context("cannot read the cluster's shards (CLUSTER SHARDS)")?;
     if shards.is_empty() {
-        anyhow::bail!("the redis cluster at {redis_url} serves no slots (CLUSTER SHARDS)");
+        anyhow::bail!("the redis cluster at {shown} serves no slots (CLUSTER SHARDS)");
     }
     // Every node, replicas too: a promoted replica must announce expiries.
+    let mut events = ExpiredEvents::On;
     for node in shards.iter().flat_map(|s| &s.nodes) {
         let result = async {
             let mut c = seeds
                 .client_for(node)?
                 .get_multiplexed_async_connection()
                 .await?;
-            crate::store::ensure_expired_events(&mut c).await
+            enable_expired_events(&mut c).await
         };
         match result.await {
-            Ok(()) => {}
-            Err(e) if shards.iter().any(|s| &s.primary == node) => {
-                return Err(e.context(format!("redis cluster primary {node}")))
+            Ok(ExpiredEvents::Enabled) if events == ExpiredEvents::On => {
+                events = ExpiredEvents::Enabled
             }
-            Err(e) => log::warn!("redis cluster replica {node}: {e:#}"),
+            Ok(_) => {}
+            Err(e) => {
+                log::warn!(
+                    "redis cluster node {node}: cannot turn on expired-key events ({e}); the deadline pass departs lapsed leases itself; set notify-keyspace-events to Ex"
+                );
+                events = ExpiredEvents::Off;
+            }
         }
     }
     log::info!(
-        "redis cluster: {} primaries: {}",
+        "redis {version} cluster at {shown} (node {node_id}): {} primaries: {}",
         shards.len(),
         shards
             .iter()
@@ -270,7 +294,8 @@ pub async fn connect(
             .collect::<Vec<_>>()
             .join(", ")
     );
-    Ok(Some((Source::Cluster(seeds), conn)))
+    let health = RedisHealth::watch(shown, version, events, conn.clone());
+    Ok(Some((Source::Cluster(seeds), conn, health)))
 }
 
 /// Holds the expired-key events of the cluster's primaries this node owns
@@ -307,7 +332,7 @@ pub async fn expiry_streams(
                     match store.hold_lock(&lock, &node_id, OWNER_HOLD).await {
                         Ok(true) if !owned.contains_key(&shard.primary_id) => {
                             let client = match seeds.client_for(&shard.primary) {
-                                Ok(client) => client,
+                                Ok(client) => RedisSource::direct(client),
                                 Err(e) => {
                                     log::warn!("{}: {e}", shard.primary);
                                     continue;

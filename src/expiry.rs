@@ -111,6 +111,8 @@ pub struct ExpiryListener {
     config: Arc<Config>,
     /// A deadline pass is in flight; the next tick skips.
     reaping: bool,
+    /// The last deadline pass failed (said once, not every tick).
+    reap_failing: bool,
     /// A reconciliation pass is in flight.
     reconciling: bool,
     /// When the last reconciliation pass started.
@@ -138,6 +140,7 @@ impl ExpiryListener {
             store,
             config,
             reaping: false,
+            reap_failing: false,
             reconciling: false,
             last_reconcile: Instant::now(),
             last_trim: Instant::now(),
@@ -221,11 +224,20 @@ impl ExpiryListener {
                 }
             }
             match first_error {
-                Some(e) => log::warn!("deadline pass failed: {e}"),
-                None if act.locks.first().is_some_and(|l| l.held_until.is_some()) => {
-                    act.maybe_reconcile(ctx)
+                Some(e) if act.reap_failing => log::debug!("deadline pass failed: {e}"),
+                Some(e) => {
+                    act.reap_failing = true;
+                    log::warn!("deadline pass failed (said once until it runs again): {e}");
                 }
-                None => {}
+                None => {
+                    if act.reap_failing {
+                        act.reap_failing = false;
+                        log::info!("deadline pass running again");
+                    }
+                    if act.locks.first().is_some_and(|l| l.held_until.is_some()) {
+                        act.maybe_reconcile(ctx)
+                    }
+                }
             }
         }));
     }
@@ -289,7 +301,7 @@ impl Actor for ExpiryListener {
         let addr = ctx.address();
         let mut ready = self.ready.take();
         let client = match &self.client {
-            Source::Single(client) => client.clone(),
+            Source::Single(source) => source.clone(),
             Source::Cluster(seeds) => {
                 // Each primary's events, owned by one node at a time.
                 let alive = addr.clone();
@@ -315,7 +327,7 @@ impl Actor for ExpiryListener {
                 return;
             }
         };
-        let db = client.get_connection_info().redis_settings().db();
+        let db = client.db();
         actix::spawn(crate::pubsub::run(
             client,
             keys::expired_channel(db),

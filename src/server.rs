@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actix::Actor;
-use actix_web::{web, App, HttpServer};
+use actix_web::dev::Service as _;
+use actix_web::{web, App, HttpResponse, HttpServer};
 use anyhow::Context as _;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::sync::oneshot;
 
 use crate::auth::{Auth, Origins};
@@ -16,14 +16,15 @@ use crate::cluster::Source;
 use crate::config::Config;
 use crate::expiry::ExpiryListener;
 use crate::http::{self, AppState};
+use crate::redis_setup::{self, RedisOptions};
 use crate::refresh::Refresher;
 use crate::registry::{Registry, Shutdown};
-use crate::store::{self, RedisConn, Store};
+use crate::store::{RedisConn, Store};
 
-/// How long one Redis command may take before it fails.
-const REDIS_RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
-/// How long connecting to Redis may take.
-const REDIS_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Longest time an HTTP request may take before it is answered 503: the
+/// README promises REST errors within 2 s when Redis is unreachable or
+/// hangs. (A WebSocket's life is its response body, not bounded by this.)
+const REQUEST_DEADLINE: Duration = Duration::from_millis(1_500);
 
 /// How long start-up waits for the pub/sub subscriptions.
 const SUBSCRIBE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -53,17 +54,22 @@ pub struct Security {
 pub async fn run(
     config: Config,
     security: Security,
-    redis_url: &str,
+    redis: &RedisOptions,
     listener: TcpListener,
 ) -> anyhow::Result<()> {
     let config = Arc::new(config);
-    let (client, conn) =
-        match crate::cluster::connect(redis_url, REDIS_CONNECT_TIMEOUT, REDIS_RESPONSE_TIMEOUT)
-            .await?
-        {
-            Some(cluster) => cluster,
-            None => connect_single(redis_url).await?,
-        };
+    let (client, conn, redis_health) = match crate::cluster::connect(redis, &config.node_id).await?
+    {
+        Some(cluster) => cluster,
+        None => {
+            let redis = redis_setup::connect(redis, &config.node_id).await?;
+            (
+                Source::Single(redis.source),
+                RedisConn::new(redis.conn),
+                redis.health,
+            )
+        }
+    };
     let store = Store::with_limits(conn, config.ttl, config.max_devices_per_user);
     store.load_scripts().await.context("cannot load scripts")?;
     let store = store
@@ -109,6 +115,7 @@ pub async fn run(
         origins: security.origins,
         admin_key: security.admin_key,
         dev_hosts,
+        redis_health,
     });
     let addr = listener.local_addr()?;
     let server = HttpServer::new(move || {
@@ -116,6 +123,15 @@ pub async fn run(
             .app_data(state.clone())
             .wrap(actix_web::middleware::from_fn(http::dev_host_guard))
             .configure(http::routes)
+            .wrap_fn(|req, srv| {
+                let call = srv.call(req);
+                async move {
+                    match tokio::time::timeout(REQUEST_DEADLINE, call).await {
+                        Ok(res) => res,
+                        Err(_) => Err(TooSlow.into()),
+                    }
+                }
+            })
     })
     .on_connect(crate::conn::on_connect)
     .disable_signals()
@@ -134,18 +150,23 @@ pub async fn run(
     Ok(())
 }
 
-/// Connects to one Redis server and makes sure it announces expired keys.
-async fn connect_single(redis_url: &str) -> anyhow::Result<(Source, RedisConn)> {
-    let client = redis::Client::open(redis_url)
-        .with_context(|| format!("invalid redis url {redis_url:?}"))?;
-    let manager_config = ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(REDIS_CONNECT_TIMEOUT))
-        .set_response_timeout(Some(REDIS_RESPONSE_TIMEOUT));
-    let mut conn = ConnectionManager::new_with_config(client.clone(), manager_config)
-        .await
-        .with_context(|| format!("cannot connect to redis at {redis_url}"))?;
-    store::ensure_expired_events(&mut conn).await?;
-    Ok((Source::Single(client), RedisConn::new(conn)))
+/// A request that outran [`REQUEST_DEADLINE`]: Redis is slow or away, so it
+/// is answered like any other `unavailable`.
+#[derive(Debug, thiserror::Error)]
+#[error("request took longer than {REQUEST_DEADLINE:?}")]
+struct TooSlow;
+
+impl actix_web::ResponseError for TooSlow {
+    fn status_code(&self) -> actix_web::http::StatusCode {
+        actix_web::http::StatusCode::SERVICE_UNAVAILABLE
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        HttpResponse::ServiceUnavailable().json(crate::protocol::ProtocolError::new(
+            crate::protocol::ErrorCode::Unavailable,
+            "presence store unavailable, try again",
+        ))
+    }
 }
 
 /// Waits for SIGTERM or SIGINT.

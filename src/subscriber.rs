@@ -89,25 +89,15 @@ pub struct Subscriptions {
 
 impl Subscriptions {
     /// Starts the task on the current runtime: it connects through `source`
-    /// (as RESP3, whatever the URL says) and hands every [`Notice`] to
-    /// `on_notice`.
+    /// (to the primary it names, asking again on every reconnection so that
+    /// it follows a Sentinel failover; or to a cluster), as RESP3 whatever
+    /// the URL says, and hands every [`Notice`] to `on_notice`.
     pub fn start(
         source: &Source,
         on_notice: impl FnMut(Notice) -> bool + Send + 'static,
     ) -> RedisResult<Self> {
-        let source = match source {
-            Source::Single(client) => {
-                let info = client.get_connection_info().clone();
-                let settings = info
-                    .redis_settings()
-                    .clone()
-                    .set_protocol(ProtocolVersion::RESP3);
-                Source::Single(redis::Client::open(info.set_redis_settings(settings))?)
-            }
-            cluster => cluster.clone(),
-        };
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(run(source, rx, on_notice));
+        tokio::spawn(run(source.clone(), rx, on_notice));
         Ok(Self { tx })
     }
 
@@ -142,12 +132,13 @@ impl Link {
         pushes: mpsc::UnboundedSender<PushInfo>,
     ) -> RedisResult<Self> {
         match source {
-            Source::Single(client) => {
+            Source::Single(source) => {
                 let config = AsyncConnectionConfig::new()
                     .set_push_sender(pushes)
-                    .set_response_timeout(Some(RESPONSE_TIMEOUT));
+                    .set_response_timeout(Some(RESPONSE_TIMEOUT))
+                    .set_connection_timeout(Some(RESPONSE_TIMEOUT));
                 Ok(Self::Single(
-                    client
+                    resp3(source.client().await?)?
                         .get_multiplexed_async_connection_with_config(&config)
                         .await?,
                 ))
@@ -220,6 +211,16 @@ async fn send_all(
     }
 }
 
+/// `client` speaking RESP3 (pushes out of band), TLS settings kept.
+fn resp3(client: redis::Client) -> RedisResult<redis::Client> {
+    let info = client.get_connection_info().clone();
+    let settings = info
+        .redis_settings()
+        .clone()
+        .set_protocol(ProtocolVersion::RESP3);
+    redis::Client::open(info.set_redis_settings(settings))
+}
+
 /// The subscription task.
 async fn run(
     source: Source,
@@ -237,7 +238,12 @@ async fn run(
         let mut conn = match Link::connect(&source, push_tx).await {
             Ok(conn) => conn,
             Err(e) => {
-                log::warn!("cannot connect for the event subscriptions: {e}");
+                // Said once per outage, not once per attempt.
+                if backoff == BACKOFF_MIN {
+                    log::warn!("cannot connect for the event subscriptions (retrying): {e}");
+                } else {
+                    log::debug!("cannot connect for the event subscriptions yet: {e}");
+                }
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(BACKOFF_MAX);
                 continue;

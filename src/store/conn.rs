@@ -1,9 +1,10 @@
 //! The one connection type the store calls Redis through.
 //!
 //! [`RedisConn`] is ours so that the store does not depend on which kind of
-//! connection is behind it: one server through a multiplexed
-//! [`ConnectionManager`] (created at start, cloned into every actor,
-//! reconnecting by itself), or a Redis Cluster through the redis crate's
+//! connection is behind it: one server through a [`PrimaryConn`] (a
+//! multiplexed `ConnectionManager` created at start, cloned into every
+//! actor, reconnecting by itself, and following a Sentinel failover), or a
+//! Redis Cluster through the redis crate's
 //! async cluster connection (one multiplexed connection per node, routing
 //! each command by its key's slot, following failovers and resharding).
 //! Every command and pipeline sent through it is timed into the node's
@@ -29,6 +30,8 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, Slot, SlotAddr};
 use redis::{Arg, Cmd, Pipeline, RedisFuture, RedisResult, Value};
 
+use crate::redis_setup::PrimaryConn;
+
 /// The store's handle on Redis; cheap to clone.
 #[derive(Clone)]
 pub struct RedisConn {
@@ -39,8 +42,8 @@ pub struct RedisConn {
 /// The kinds of connection behind a [`RedisConn`].
 #[derive(Clone)]
 enum Inner {
-    /// One Redis server.
-    Single(ConnectionManager),
+    /// One Redis server (behind Sentinel, the current primary).
+    Single(PrimaryConn),
     /// A Redis Cluster.
     Cluster(ClusterConnection),
 }
@@ -77,10 +80,10 @@ impl std::fmt::Display for NodeAddr {
 }
 
 impl RedisConn {
-    /// Wraps a connection manager (one Redis server).
-    pub fn new(inner: ConnectionManager) -> Self {
+    /// Wraps a connection to the primary (or a plain connection manager).
+    pub fn new(inner: impl Into<PrimaryConn>) -> Self {
         Self {
-            inner: Inner::Single(inner),
+            inner: Inner::Single(inner.into()),
         }
     }
 
