@@ -284,6 +284,9 @@ async fn a_list_of_seeds_starts_and_a_non_cluster_list_is_refused() {
     let _alice = Client::connect(&node, "alice", "d").await;
     let (_, body) = get(&format!("{}/api/presence/alice", node.http())).await;
     assert_eq!(body["status"], "online", "{body}");
+    // /healthz watches the cluster through its own connection.
+    let (status, health) = get(&format!("{}/healthz", node.http())).await;
+    assert_eq!(status, 200, "{health}");
 
     // Two standalone servers are not a cluster: a clear error, no start.
     let (one, two) = (Redis::start(), Redis::start());
