@@ -11,12 +11,16 @@
 //!   `presence-leases` are read and departed, which also makes Redis delete
 //!   and announce each lapsed key. Each bucket has its own short lock: one
 //!   node at a time runs a bucket, and the nodes of a fleet share them.
+//!
+//! On a Redis Cluster the events come from every primary, each primary's
+//! stream owned by one node at a time (`src/cluster.rs`).
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use actix::prelude::*;
 
+use crate::cluster::Source;
 use crate::config::Config;
 use crate::keys;
 use crate::metrics::METRICS;
@@ -99,8 +103,8 @@ struct Expired {
 
 /// The expiry listener actor.
 pub struct ExpiryListener {
-    /// Source of the dedicated pub/sub connection.
-    client: crate::redis_setup::RedisSource,
+    /// Source of the dedicated pub/sub connection(s).
+    client: Source,
     /// Shared Redis handle for the departure step.
     store: Store,
     /// Node id (lock holder name) and timings.
@@ -125,14 +129,14 @@ impl ExpiryListener {
     /// A listener that subscribes through `client` and signals `ready`
     /// once first subscribed.
     pub fn new(
-        client: crate::redis_setup::RedisSource,
+        client: impl Into<Source>,
         store: Store,
         config: Arc<Config>,
         ready: tokio::sync::oneshot::Sender<()>,
     ) -> Self {
         let buckets = store_buckets(&store);
         Self {
-            client,
+            client: client.into(),
             store,
             config,
             reaping: false,
@@ -248,15 +252,18 @@ impl ExpiryListener {
         let store = self.store.clone();
         let pass = async move {
             let (mut cursor, mut users, mut repaired) = (0, 0, 0);
-            loop {
-                let step = store.reconcile_step(cursor).await?;
-                let (next, seen, fixed) = (step.next_cursor, step.looked_at, step.repaired);
-                users += seen;
-                repaired += fixed;
-                METRICS.reconcile_repairs.inc_by(fixed as u64);
-                cursor = next;
-                if cursor == 0 {
-                    break;
+            // Each primary of a cluster holds its own keys.
+            for node in store.data_nodes().await? {
+                loop {
+                    let step = store.reconcile_step(&node, cursor).await?;
+                    let (next, seen, fixed) = (step.next_cursor, step.looked_at, step.repaired);
+                    users += seen;
+                    repaired += fixed;
+                    METRICS.reconcile_repairs.inc_by(fixed as u64);
+                    cursor = next;
+                    if cursor == 0 {
+                        break;
+                    }
                 }
             }
             let mut pruned = 0;
@@ -292,10 +299,37 @@ impl Actor for ExpiryListener {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         let addr = ctx.address();
-        let db = self.client.db();
         let mut ready = self.ready.take();
+        let client = match &self.client {
+            Source::Single(source) => source.clone(),
+            Source::Cluster(seeds) => {
+                // Each primary's events, owned by one node at a time.
+                let alive = addr.clone();
+                actix::spawn(crate::cluster::expiry_streams(
+                    self.store.clone(),
+                    seeds.clone(),
+                    self.config.node_id.clone(),
+                    move || {
+                        if let Some(ready) = ready.take() {
+                            let _ = ready.send(());
+                        }
+                    },
+                    move || alive.connected(),
+                    move |key| {
+                        if !addr.connected() {
+                            return false;
+                        }
+                        addr.do_send(Expired { key });
+                        true
+                    },
+                ));
+                ctx.run_interval(self.config.reaper_interval(), |act, ctx| act.tick(ctx));
+                return;
+            }
+        };
+        let db = client.db();
         actix::spawn(crate::pubsub::run(
-            self.client.clone(),
+            client,
             keys::expired_channel(db),
             // Events missed while unsubscribed are covered by the deadline
             // pass, which does not depend on them.

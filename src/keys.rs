@@ -90,6 +90,12 @@ pub fn reaper_lock(bucket: u32) -> String {
     format!("presence-reaper-lock:{{b{bucket:02}}}")
 }
 
+/// Short lock that lets one node at a time own the expired-key events of
+/// one cluster primary (named by its node id); the others stand by.
+pub fn expiry_owner(primary_id: &str) -> String {
+    ["presence-expiry-owner:{", primary_id, "}"].concat()
+}
+
 /// The device lease: a string with a TTL whose value names the owning connection.
 pub fn lease(user: &str, device: &str) -> String {
     ["presence:{", user, "}:", device].concat()

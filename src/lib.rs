@@ -1,6 +1,7 @@
 pub mod auth;
 pub mod bucket;
 pub mod clock;
+pub mod cluster;
 pub mod config;
 pub mod config_file;
 pub mod conn;

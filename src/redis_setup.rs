@@ -225,6 +225,21 @@ impl RedisSource {
         })
     }
 
+    /// A source for one known server (one primary of a cluster).
+    pub fn direct(client: redis::Client) -> Self {
+        let info = client.get_connection_info();
+        let tls = matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. });
+        let (display, db) = (info.addr().to_string(), info.redis_settings().db());
+        Self {
+            inner: Arc::new(SourceInner {
+                kind: Kind::Direct(client),
+                display,
+                db,
+                tls,
+            }),
+        }
+    }
+
     /// The target without its password.
     pub fn display(&self) -> &str {
         &self.inner.display
@@ -537,6 +552,31 @@ pub struct RedisHealth {
     state: RwLock<HealthState>,
 }
 
+impl RedisHealth {
+    /// The health of a Redis reached some other way (a cluster), checked
+    /// from now on through `conn` like the one server's.
+    pub fn watch(
+        target: String,
+        version: String,
+        events: ExpiredEvents,
+        conn: impl ConnectionLike + Send + 'static,
+    ) -> Arc<Self> {
+        let health = Arc::new(Self {
+            target,
+            version,
+            events,
+            state: RwLock::new(HealthState {
+                up: true,
+                error: None,
+                checked_at: Instant::now(),
+                policy: "unknown".to_string(),
+            }),
+        });
+        tokio::spawn(check_health(conn, health.clone()));
+        health
+    }
+}
+
 /// A `/healthz` answer.
 pub struct HealthReport {
     /// Redis answered the last check.
@@ -701,7 +741,7 @@ fn connect_error(source: &RedisSource, e: &RedisError) -> anyhow::Error {
 }
 
 /// `maxmemory_policy` from `INFO memory` (no CONFIG needed).
-async fn read_policy(conn: &mut PrimaryConn) -> RedisResult<String> {
+async fn read_policy(conn: &mut (impl ConnectionLike + Send)) -> RedisResult<String> {
     let info: String = redis::cmd("INFO").arg("memory").query_async(conn).await?;
     Ok(info_field(&info, "maxmemory_policy")
         .unwrap_or("unknown")
@@ -710,7 +750,7 @@ async fn read_policy(conn: &mut PrimaryConn) -> RedisResult<String> {
 
 /// Pings Redis every [`HEALTH_INTERVAL`] and keeps the result for
 /// `/healthz`; says once when Redis goes away and once when it is back.
-async fn check_health(mut conn: PrimaryConn, health: Arc<RedisHealth>) {
+async fn check_health(mut conn: impl ConnectionLike + Send, health: Arc<RedisHealth>) {
     let mut last_policy = Instant::now();
     // Ends with the process; the node holds `health` until then.
     while Arc::strong_count(&health) > 1 {

@@ -26,6 +26,7 @@ use actix::prelude::*;
 use bytestring::ByteString;
 use tokio::sync::oneshot;
 
+use crate::cluster::Source;
 use crate::conn::ConnHandle;
 use crate::keys;
 use crate::model::{Audience, Event, Presence, Record};
@@ -235,7 +236,7 @@ struct Watcher {
 /// The registry actor.
 pub struct Registry {
     /// Source of the dedicated pub/sub connection.
-    client: crate::redis_setup::RedisSource,
+    client: Source,
     /// The node's sharded subscriptions (set once started).
     subscriptions: Option<Subscriptions>,
     /// Users whose events channel Redis has confirmed subscribed.
@@ -278,7 +279,7 @@ impl Registry {
     /// `store` after resubscribing (waiting `resync_delay` first), and
     /// signals `ready` once first subscribed.
     pub fn new(
-        client: crate::redis_setup::RedisSource,
+        client: impl Into<Source>,
         store: Store,
         resync_delay: Duration,
         contacts_only: bool,
@@ -286,7 +287,7 @@ impl Registry {
         ready: oneshot::Sender<()>,
     ) -> Self {
         Self {
-            client,
+            client: client.into(),
             subscriptions: None,
             subscribed: HashSet::new(),
             lingering: HashMap::new(),

@@ -12,6 +12,7 @@ use anyhow::Context as _;
 use tokio::sync::oneshot;
 
 use crate::auth::{Auth, Origins};
+use crate::cluster::Source;
 use crate::config::Config;
 use crate::expiry::ExpiryListener;
 use crate::http::{self, AppState};
@@ -57,13 +58,19 @@ pub async fn run(
     listener: TcpListener,
 ) -> anyhow::Result<()> {
     let config = Arc::new(config);
-    let redis = redis_setup::connect(redis, &config.node_id).await?;
-    let client = redis.source.clone();
-    let store = Store::with_limits(
-        RedisConn::new(redis.conn),
-        config.ttl,
-        config.max_devices_per_user,
-    );
+    let (client, conn, redis_health) = match crate::cluster::connect(redis, &config.node_id).await?
+    {
+        Some(cluster) => cluster,
+        None => {
+            let redis = redis_setup::connect(redis, &config.node_id).await?;
+            (
+                Source::Single(redis.source),
+                RedisConn::new(redis.conn),
+                redis.health,
+            )
+        }
+    };
+    let store = Store::with_limits(conn, config.ttl, config.max_devices_per_user);
     store.load_scripts().await.context("cannot load scripts")?;
     let store = store
         .load_deployment()
@@ -108,7 +115,7 @@ pub async fn run(
         origins: security.origins,
         admin_key: security.admin_key,
         dev_hosts,
-        redis_health: redis.health,
+        redis_health,
     });
     let addr = listener.local_addr()?;
     let server = HttpServer::new(move || {

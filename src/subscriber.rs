@@ -15,15 +15,26 @@
 //! subscription confirmation is a push, not a reply, so the PING's reply is
 //! the one reply the pipeline waits for, and it comes after Redis has
 //! processed every SSUBSCRIBE before it.
+//!
+//! On a Redis Cluster the task holds a RESP3 cluster connection instead:
+//! each channel is subscribed on the primary of its slot (the channels of
+//! one slot in one command), and the connection resubscribes by itself
+//! after a node's connection drops. When one does (a primary died and its
+//! replica took over), the task subscribes to every wanted channel again,
+//! so that each is confirmed on its slot's current primary, and then tells
+//! the registry as after a reconnection: events published on the dead
+//! primary meanwhile may be lost.
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::Slot;
 use redis::{AsyncConnectionConfig, ProtocolVersion, PushInfo, PushKind, RedisResult, Value};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::redis_setup::RedisSource;
+use crate::cluster::Source;
 
 /// First wait before reconnecting after the connection broke.
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
@@ -31,6 +42,8 @@ const BACKOFF_MIN: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(1);
 /// How long one subscribe round trip may take.
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long connecting to a cluster node may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// What the subscription task reports.
 #[derive(Debug)]
@@ -75,12 +88,12 @@ pub struct Subscriptions {
 }
 
 impl Subscriptions {
-    /// Starts the task on the current runtime: it connects to the primary
-    /// `source` names (asking again on every reconnection, so that it
-    /// follows a Sentinel failover), as RESP3 whatever the URL says, and
-    /// hands every [`Notice`] to `on_notice`.
+    /// Starts the task on the current runtime: it connects through `source`
+    /// (to the primary it names, asking again on every reconnection so that
+    /// it follows a Sentinel failover; or to a cluster), as RESP3 whatever
+    /// the URL says, and hands every [`Notice`] to `on_notice`.
     pub fn start(
-        source: &RedisSource,
+        source: &Source,
         on_notice: impl FnMut(Notice) -> bool + Send + 'static,
     ) -> RedisResult<Self> {
         let (tx, rx) = mpsc::unbounded_channel();
@@ -101,6 +114,78 @@ impl Subscriptions {
     /// Unsubscribes from `channels`.
     pub fn unsubscribe(&self, channels: Vec<String>) {
         let _ = self.tx.send(Request::Unsubscribe { channels });
+    }
+}
+
+/// The subscription connection: to one server, or to a cluster.
+enum Link {
+    /// One server.
+    Single(MultiplexedConnection),
+    /// A cluster.
+    Cluster(ClusterConnection),
+}
+
+impl Link {
+    /// Connects through `source`, pushes going to `pushes`.
+    async fn connect(
+        source: &Source,
+        pushes: mpsc::UnboundedSender<PushInfo>,
+    ) -> RedisResult<Self> {
+        match source {
+            Source::Single(source) => {
+                let config = AsyncConnectionConfig::new()
+                    .set_push_sender(pushes)
+                    .set_response_timeout(Some(RESPONSE_TIMEOUT))
+                    .set_connection_timeout(Some(RESPONSE_TIMEOUT));
+                Ok(Self::Single(
+                    resp3(source.client().await?)?
+                        .get_multiplexed_async_connection_with_config(&config)
+                        .await?,
+                ))
+            }
+            Source::Cluster(seeds) => Ok(Self::Cluster(
+                seeds
+                    .builder(CONNECT_TIMEOUT, RESPONSE_TIMEOUT)
+                    .use_protocol(ProtocolVersion::RESP3)
+                    .push_sender(pushes)
+                    .build()?
+                    .get_async_connection()
+                    .await?,
+            )),
+        }
+    }
+
+    /// Sends `command` (SSUBSCRIBE or SUNSUBSCRIBE) for each of `channels`
+    /// and waits until Redis has processed them.
+    async fn send_all(&mut self, command: &str, channels: &[String]) -> RedisResult<()> {
+        match self {
+            Self::Single(conn) => send_all(conn, command, channels).await,
+            Self::Cluster(conn) => {
+                // One command per slot: a command's channels must share one.
+                let mut by_slot: HashMap<Slot, Vec<&String>> = HashMap::new();
+                for channel in channels {
+                    by_slot
+                        .entry(Slot::for_key(channel))
+                        .or_default()
+                        .push(channel);
+                }
+                let subscribe = command.eq_ignore_ascii_case("SSUBSCRIBE");
+                let sends = by_slot.into_values().map(|group| {
+                    let mut conn = conn.clone();
+                    async move {
+                        if subscribe {
+                            conn.ssubscribe(group).await
+                        } else {
+                            conn.sunsubscribe(group).await
+                        }
+                    }
+                });
+                futures_util::future::join_all(sends)
+                    .await
+                    .into_iter()
+                    .collect()
+            }
+        }
     }
 }
 
@@ -138,7 +223,7 @@ fn resp3(client: redis::Client) -> RedisResult<redis::Client> {
 
 /// The subscription task.
 async fn run(
-    source: RedisSource,
+    source: Source,
     mut requests: mpsc::UnboundedReceiver<Request>,
     mut on_notice: impl FnMut(Notice) -> bool,
 ) {
@@ -150,16 +235,7 @@ async fn run(
     let mut backoff = BACKOFF_MIN;
     loop {
         let (push_tx, mut pushes) = mpsc::unbounded_channel::<PushInfo>();
-        let config = AsyncConnectionConfig::new()
-            .set_push_sender(push_tx)
-            .set_response_timeout(Some(RESPONSE_TIMEOUT))
-            .set_connection_timeout(Some(RESPONSE_TIMEOUT));
-        let connected = async {
-            resp3(source.client().await?)?
-                .get_multiplexed_async_connection_with_config(&config)
-                .await
-        };
-        let mut conn = match connected.await {
+        let mut conn = match Link::connect(&source, push_tx).await {
             Ok(conn) => conn,
             Err(e) => {
                 // Said once per outage, not once per attempt.
@@ -174,7 +250,7 @@ async fn run(
             }
         };
         let all: Vec<String> = wanted.iter().cloned().collect();
-        if let Err(e) = send_all(&mut conn, "SSUBSCRIBE", &all).await {
+        if let Err(e) = conn.send_all("SSUBSCRIBE", &all).await {
             log::warn!("cannot subscribe to the watched users' events: {e}");
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(BACKOFF_MAX);
@@ -243,14 +319,38 @@ async fn run(
                             }
                             log::info!("redis dropped the subscription to {channel}; subscribing again");
                             let channels = vec![channel];
-                            if send_all(&mut conn, "SSUBSCRIBE", &channels).await.is_err() {
+                            if conn.send_all("SSUBSCRIBE", &channels).await.is_err() {
                                 break;
                             }
                             if !on_notice(Notice::Dropped { channels }) {
                                 return;
                             }
                         }
-                        PushKind::Disconnection => break,
+                        PushKind::Disconnection => {
+                            let Link::Cluster(_) = conn else { break };
+                            // One node's connection dropped; see the module docs.
+                            while let Ok(more) = pushes.try_recv() {
+                                if let PushKind::SMessage = more.kind {
+                                    let mut data = more.data.into_iter();
+                                    let channel = data.next().and_then(|v| redis::from_redis_value::<String>(v).ok());
+                                    let payload = data.next().and_then(|v| redis::from_redis_value::<String>(v).ok());
+                                    if let (Some(channel), Some(payload)) = (channel, payload) {
+                                        if !on_notice(Notice::Message { channel, payload }) {
+                                            return;
+                                        }
+                                    }
+                                }
+                            }
+                            let all: Vec<String> = wanted.iter().cloned().collect();
+                            log::info!("a redis cluster node's connection dropped; confirming the {} subscriptions", all.len());
+                            if let Err(e) = conn.send_all("SSUBSCRIBE", &all).await {
+                                log::warn!("cannot renew the subscriptions: {e}");
+                                break;
+                            }
+                            if !on_notice(Notice::Ready { first: false }) {
+                                return;
+                            }
+                        }
                         _ => {}
                     },
                 },
@@ -265,7 +365,7 @@ async fn run(
 /// each request; false when the round trip failed (the connection is then
 /// replaced, and the channels stay wanted for the next one).
 async fn join(
-    conn: &mut MultiplexedConnection,
+    conn: &mut Link,
     wanted: &mut HashSet<String>,
     batch: Vec<(Vec<String>, oneshot::Sender<RedisResult<()>>)>,
 ) -> bool {
@@ -274,7 +374,7 @@ async fn join(
     }
     let channels: Vec<String> = batch.iter().flat_map(|(c, _)| c.iter().cloned()).collect();
     wanted.extend(channels.iter().cloned());
-    let result = send_all(conn, "SSUBSCRIBE", &channels).await;
+    let result = conn.send_all("SSUBSCRIBE", &channels).await;
     let ok = result.is_ok();
     for (_, done) in batch {
         let _ = done.send(result.clone());
@@ -284,7 +384,7 @@ async fn join(
 
 /// Unsubscribes from `channels`, remembering the confirmations to expect.
 async fn leave(
-    conn: &mut MultiplexedConnection,
+    conn: &mut Link,
     wanted: &mut HashSet<String>,
     leaving: &mut HashMap<String, u32>,
     channels: Vec<String>,
@@ -293,7 +393,7 @@ async fn leave(
     for channel in &channels {
         *leaving.entry(channel.clone()).or_default() += 1;
     }
-    if let Err(e) = send_all(conn, "SUNSUBSCRIBE", &channels).await {
+    if let Err(e) = conn.send_all("SUNSUBSCRIBE", &channels).await {
         // The connection is going; a new one subscribes only to `wanted`.
         log::debug!("unsubscribe failed: {e}");
     }

@@ -1,19 +1,34 @@
 //! The one connection type the store calls Redis through.
 //!
 //! [`RedisConn`] is ours so that the store does not depend on which kind of
-//! connection is behind it: today one [`PrimaryConn`] (a multiplexed
-//! `ConnectionManager` created at start, cloned into every actor,
-//! reconnecting by itself, and following a Sentinel failover);
-//! a cluster connection can be added as a second kind without touching any
-//! caller. Every command and pipeline sent through it is timed into the
-//! node's metrics, under the command's name or, for a script, the step's.
+//! connection is behind it: one server through a [`PrimaryConn`] (a
+//! multiplexed `ConnectionManager` created at start, cloned into every
+//! actor, reconnecting by itself, and following a Sentinel failover), or a
+//! Redis Cluster through the redis crate's
+//! async cluster connection (one multiplexed connection per node, routing
+//! each command by its key's slot, following failovers and resharding).
+//! Every command and pipeline sent through it is timed into the node's
+//! metrics, under the command's name or, for a script, the step's.
+//!
+//! # Pipelines on a cluster
+//! The cluster connection sends a pipeline to one node and refuses one whose
+//! keys span slots. The store's pipelines do span them (a refresh batch of
+//! many users, the buckets of the online list), so a pipeline is split here:
+//! its commands are grouped by their key's slot, the groups are sent side by
+//! side, and the replies are put back in the pipeline's order. A group whose
+//! node cannot be reached answers each of its commands with an error reply,
+//! so that one shard in failover fails only its own users' steps (the
+//! pipelines that ignore errors parse each reply on its own). Every step of
+//! one user shares the `{<user>}` tag, so no script spans slots.
 
 use std::collections::HashMap;
 use std::sync::{LazyLock, RwLock};
 use std::time::Instant;
 
 use redis::aio::{ConnectionLike, ConnectionManager};
-use redis::{Arg, Cmd, Pipeline, RedisFuture, Value};
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, Slot, SlotAddr};
+use redis::{Arg, Cmd, Pipeline, RedisFuture, RedisResult, Value};
 
 use crate::redis_setup::PrimaryConn;
 
@@ -21,16 +36,200 @@ use crate::redis_setup::PrimaryConn;
 #[derive(Clone)]
 pub struct RedisConn {
     /// The connection doing the work.
-    inner: PrimaryConn,
+    inner: Inner,
+}
+
+/// The kinds of connection behind a [`RedisConn`].
+#[derive(Clone)]
+enum Inner {
+    /// One Redis server (behind Sentinel, the current primary).
+    Single(PrimaryConn),
+    /// A Redis Cluster.
+    Cluster(ClusterConnection),
+}
+
+/// One node a command can be sent to on its own (a SCAN walks one node's
+/// keys): the one server, or one primary of a cluster.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct NodeAddr(Option<(String, u16)>);
+
+impl NodeAddr {
+    /// The one server of a standalone deployment.
+    pub fn single() -> Self {
+        Self(None)
+    }
+
+    /// A cluster node by host and port.
+    pub fn node(host: impl Into<String>, port: u16) -> Self {
+        Self(Some((host.into(), port)))
+    }
+
+    /// Host and port of a cluster node; `None` for the one server.
+    pub fn host_port(&self) -> Option<(&str, u16)> {
+        self.0.as_ref().map(|(h, p)| (h.as_str(), *p))
+    }
+}
+
+impl std::fmt::Display for NodeAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.0 {
+            Some((host, port)) => write!(f, "{host}:{port}"),
+            None => f.write_str("redis"),
+        }
+    }
 }
 
 impl RedisConn {
     /// Wraps a connection to the primary (or a plain connection manager).
     pub fn new(inner: impl Into<PrimaryConn>) -> Self {
         Self {
-            inner: inner.into(),
+            inner: Inner::Single(inner.into()),
         }
     }
+
+    /// Wraps a cluster connection.
+    pub fn cluster(inner: ClusterConnection) -> Self {
+        Self {
+            inner: Inner::Cluster(inner),
+        }
+    }
+
+    /// Whether this is a Redis Cluster.
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.inner, Inner::Cluster(_))
+    }
+
+    /// The nodes holding the data, each to be walked on its own by a SCAN:
+    /// the one server, or every primary of the cluster (`CLUSTER SHARDS`).
+    pub async fn data_nodes(&self) -> RedisResult<Vec<NodeAddr>> {
+        match &self.inner {
+            Inner::Single(_) => Ok(vec![NodeAddr::single()]),
+            Inner::Cluster(_) => Ok(self
+                .shards()
+                .await?
+                .into_iter()
+                .map(|shard| shard.primary)
+                .collect()),
+        }
+    }
+
+    /// The cluster's shards that serve slots, as `CLUSTER SHARDS` tells;
+    /// empty on one server.
+    pub async fn shards(&self) -> RedisResult<Vec<Shard>> {
+        let Inner::Cluster(conn) = &self.inner else {
+            return Ok(Vec::new());
+        };
+        let mut conn = conn.clone();
+        let reply = conn
+            .route_command(
+                redis::cmd("CLUSTER").arg("SHARDS").clone(),
+                RoutingInfo::SingleNode(SingleNodeRoutingInfo::RandomPrimary),
+            )
+            .await?;
+        Ok(parse_shards(&reply))
+    }
+
+    /// Sends `cmd` to `node` (a cluster node by address; the one server as
+    /// any command).
+    pub async fn query_on(&self, node: &NodeAddr, cmd: &Cmd) -> RedisResult<Value> {
+        match (&self.inner, node.host_port()) {
+            (Inner::Cluster(conn), Some((host, port))) => {
+                let started = Instant::now();
+                let result = conn
+                    .clone()
+                    .route_command(
+                        cmd.clone(),
+                        RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                            host: host.to_string(),
+                            port,
+                        }),
+                    )
+                    .await;
+                observe(label(Some(cmd)), started, &result);
+                result
+            }
+            _ => self.clone().req_packed_command(cmd).await,
+        }
+    }
+}
+
+/// One shard of a cluster: its primary and every node's address.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Shard {
+    /// The primary's node id.
+    pub primary_id: String,
+    /// The primary's address.
+    pub primary: NodeAddr,
+    /// Every node of the shard, primary and replicas, reachable or not.
+    pub nodes: Vec<NodeAddr>,
+}
+
+/// The fields of a `CLUSTER SHARDS` map, RESP2 (a flat array of pairs) or
+/// RESP3 (a map).
+fn fields(v: &Value) -> Vec<(String, &Value)> {
+    match v {
+        Value::Map(pairs) => pairs
+            .iter()
+            .filter_map(|(k, v)| Some((redis::from_redis_value_ref::<String>(k).ok()?, v)))
+            .collect(),
+        Value::Array(items) => items
+            .chunks(2)
+            .filter_map(|pair| match pair {
+                [k, v] => Some((redis::from_redis_value_ref::<String>(k).ok()?, v)),
+                _ => None,
+            })
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// The shards of a `CLUSTER SHARDS` reply that serve slots and have a
+/// healthy primary.
+fn parse_shards(reply: &Value) -> Vec<Shard> {
+    let Value::Array(shards) = reply else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for shard in shards {
+        let shard = fields(shard);
+        let get = |name: &str| shard.iter().find(|(k, _)| k == name).map(|(_, v)| *v);
+        let has_slots = matches!(get("slots"), Some(Value::Array(s)) if !s.is_empty());
+        let Some(Value::Array(nodes)) = get("nodes") else {
+            continue;
+        };
+        let mut primary = None;
+        let mut addrs = Vec::new();
+        for node in nodes {
+            let node = fields(node);
+            let text = |name: &str| {
+                node.iter()
+                    .find(|(k, _)| k == name)
+                    .and_then(|(_, v)| redis::from_redis_value_ref::<String>(v).ok())
+            };
+            let (Some(ip), Some(port)) = (
+                text("ip").or_else(|| text("endpoint")),
+                text("port").and_then(|p| p.parse::<u16>().ok()),
+            ) else {
+                continue;
+            };
+            let addr = NodeAddr::node(ip, port);
+            addrs.push(addr.clone());
+            if text("role").as_deref() == Some("master")
+                && text("health").as_deref() == Some("online")
+            {
+                primary = text("id").map(|id| (id, addr));
+            }
+        }
+        if let (true, Some((primary_id, primary))) = (has_slots, primary) {
+            out.push(Shard {
+                primary_id,
+                primary,
+                nodes: addrs,
+            });
+        }
+    }
+    out.sort_by(|a, b| a.primary_id.cmp(&b.primary_id));
+    out
 }
 
 impl From<ConnectionManager> for RedisConn {
@@ -39,11 +238,20 @@ impl From<ConnectionManager> for RedisConn {
     }
 }
 
+impl From<ClusterConnection> for RedisConn {
+    fn from(inner: ClusterConnection) -> Self {
+        Self::cluster(inner)
+    }
+}
+
 impl ConnectionLike for RedisConn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         Box::pin(async move {
             let started = Instant::now();
-            let result = self.inner.req_packed_command(cmd).await;
+            let result = match &mut self.inner {
+                Inner::Single(conn) => conn.req_packed_command(cmd).await,
+                Inner::Cluster(conn) => conn.req_packed_command(cmd).await,
+            };
             observe(label(Some(cmd)), started, &result);
             result
         })
@@ -57,18 +265,120 @@ impl ConnectionLike for RedisConn {
     ) -> RedisFuture<'a, Vec<Value>> {
         Box::pin(async move {
             let started = Instant::now();
-            let result = self
-                .inner
-                .req_packed_commands(pipeline, offset, count)
-                .await;
+            let result = match &mut self.inner {
+                Inner::Single(conn) => conn.req_packed_commands(pipeline, offset, count).await,
+                Inner::Cluster(conn) => split_pipeline(conn, pipeline, offset, count).await,
+            };
             observe(label(pipeline.cmd_iter().next()), started, &result);
             result
         })
     }
 
     fn get_db(&self) -> i64 {
-        self.inner.get_db()
+        match &self.inner {
+            Inner::Single(conn) => conn.get_db(),
+            Inner::Cluster(conn) => conn.get_db(),
+        }
     }
+}
+
+/// The slot of the key `cmd` works on; `None` for a command without a key
+/// (it may go with any group).
+fn slot_of(cmd: &Cmd) -> Option<Slot> {
+    let mut args = cmd.args_iter().map(|a| match a {
+        Arg::Simple(bytes) => Some(bytes),
+        _ => None,
+    });
+    let name = args.next()??;
+    let key = if name.eq_ignore_ascii_case(b"EVALSHA") || name.eq_ignore_ascii_case(b"EVAL") {
+        let _script = args.next()?;
+        let numkeys: usize = std::str::from_utf8(args.next()??).ok()?.parse().ok()?;
+        if numkeys == 0 {
+            return None;
+        }
+        args.next()??
+    } else if name.eq_ignore_ascii_case(b"PING") || name.eq_ignore_ascii_case(b"ECHO") {
+        return None;
+    } else {
+        args.next()??
+    };
+    Some(Slot::for_key(key))
+}
+
+/// Sends `pipeline` over a cluster: as it is when its keys share one slot
+/// (or it is a transaction, which must), else split by slot (see the module
+/// docs).
+async fn split_pipeline(
+    conn: &mut ClusterConnection,
+    pipeline: &Pipeline,
+    offset: usize,
+    count: usize,
+) -> RedisResult<Vec<Value>> {
+    let cmds: Vec<&Cmd> = pipeline.cmd_iter().collect();
+    let mut groups: Vec<(Option<Slot>, Vec<usize>)> = Vec::new();
+    let mut by_slot: HashMap<Slot, usize> = HashMap::new();
+    let mut unkeyed = Vec::new();
+    for (i, cmd) in cmds.iter().enumerate() {
+        match slot_of(cmd) {
+            Some(slot) => {
+                let g = *by_slot.entry(slot).or_insert_with(|| {
+                    groups.push((Some(slot), Vec::new()));
+                    groups.len() - 1
+                });
+                groups[g].1.push(i);
+            }
+            None => unkeyed.push(i),
+        }
+    }
+    if pipeline.is_transaction() || groups.len() <= 1 {
+        return conn.req_packed_commands(pipeline, offset, count).await;
+    }
+    // Commands without a key ride with the first group.
+    groups[0].1.extend(unkeyed);
+    let sends = groups.iter().map(|(slot, members)| {
+        let mut sub = redis::pipe();
+        for &i in members {
+            sub.add_command(cmds[i].clone());
+        }
+        let route = SingleNodeRoutingInfo::SpecificNode(Route::with_slot(
+            slot.expect("only keyed groups are made"),
+            SlotAddr::Master,
+        ));
+        let mut conn = conn.clone();
+        async move {
+            let n = sub.len();
+            conn.route_pipeline(sub, 0, n, route).await
+        }
+    });
+    let replies = futures_util::future::join_all(sends).await;
+    if let Some(Err(e)) = replies.iter().find(|r| r.is_err()) {
+        if replies.iter().all(|r| r.is_err()) {
+            return Err(e.clone());
+        }
+    }
+    let mut out = vec![Value::Nil; cmds.len()];
+    for ((_, members), reply) in groups.iter().zip(replies) {
+        match reply {
+            Ok(values) => {
+                for (&i, value) in members.iter().zip(values) {
+                    out[i] = value;
+                }
+            }
+            Err(e) => {
+                // This shard failed; the others answered. Its commands get
+                // an error reply each (see the module docs).
+                let msg = e.to_string().replace(['\r', '\n'], " ");
+                let error = redis::parse_redis_value(
+                    format!("-ERR shard unreachable: {msg}\r\n").as_bytes(),
+                )
+                .unwrap_or(Value::Nil);
+                for &i in members {
+                    out[i] = error.clone();
+                }
+            }
+        }
+    }
+    Ok(out)
 }
 
 fn observe<T>(label: &'static str, started: Instant, result: &redis::RedisResult<T>) {
@@ -137,6 +447,8 @@ fn label(cmd: Option<&Cmd>) -> &'static str {
         "SCRIPT",
         "EVAL",
         "PUBLISH",
+        "SPUBLISH",
+        "CLUSTER",
         "INFO",
         "CLIENT",
     ];

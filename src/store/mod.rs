@@ -152,19 +152,53 @@ impl Store {
     /// FLUSH) loads them and runs it once more. That is safe because a
     /// NOSCRIPT step did not run. With `ignore_errors`, per-command errors
     /// come back as `Value::ServerError` for the caller to look at.
+    ///
+    /// On a cluster, a pipeline spans shards and only the shard that lost
+    /// its scripts (a replica promoted before they reached it, a restarted
+    /// node) answers NOSCRIPT: when each command has its reply, only the
+    /// NOSCRIPT ones run again, so that no step runs twice.
     async fn query(&self, pipe: &Pipeline) -> StoreResult<Vec<Value>> {
         let mut conn = self.conn();
-        let noscript = match pipe.query_async::<Vec<Value>>(&mut conn).await {
-            Err(e) if e.code() == Some("NOSCRIPT") => true,
-            Ok(values) if values.iter().any(is_noscript) => true,
+        let mut values = match pipe.query_async::<Vec<Value>>(&mut conn).await {
+            Err(e) if e.code() == Some("NOSCRIPT") => None,
+            Ok(values) if values.iter().any(is_noscript) => Some(values),
             other => return Ok(other?),
         };
-        debug_assert!(noscript);
         self.load_scripts().await?;
-        Ok(pipe.query_async(&mut conn).await?)
+        let cmds: Vec<&redis::Cmd> = pipe.cmd_iter().collect();
+        match values.as_mut() {
+            Some(values) if values.len() == cmds.len() && !pipe.is_transaction() => {
+                let redo: Vec<usize> = (0..values.len())
+                    .filter(|&i| is_noscript(&values[i]))
+                    .collect();
+                let mut again = redis::pipe();
+                again.ignore_errors();
+                for &i in &redo {
+                    again.add_command(cmds[i].clone());
+                }
+                let replies: Vec<Value> = again.query_async(&mut conn).await?;
+                for (i, value) in redo.into_iter().zip(replies) {
+                    values[i] = value;
+                }
+                Ok(std::mem::take(values))
+            }
+            _ => Ok(pipe.query_async(&mut conn).await?),
+        }
     }
 
-    /// Loads every script into Redis's script cache.
+    /// The nodes a SCAN must walk: the one server, or every primary.
+    pub async fn data_nodes(&self) -> StoreResult<Vec<conn::NodeAddr>> {
+        Ok(self.conn.data_nodes().await?)
+    }
+
+    /// The connection, for what lives beside the store (the cluster's
+    /// expiry streams).
+    pub fn redis(&self) -> &RedisConn {
+        &self.conn
+    }
+
+    /// Loads every script into Redis's script cache (on a cluster, into
+    /// every node's: `SCRIPT LOAD` goes to all of them).
     pub async fn load_scripts(&self) -> StoreResult<()> {
         let mut conn = self.conn();
         for script in self.scripts.all() {

@@ -53,9 +53,15 @@ impl Store {
         node: &str,
         hold: Duration,
     ) -> StoreResult<bool> {
+        self.hold_lock(&keys::reaper_lock(bucket), node, hold).await
+    }
+
+    /// Takes or keeps the short lock `lock` for `hold` in the name of
+    /// `node`; true when this node holds it.
+    pub async fn hold_lock(&self, lock: &str, node: &str, hold: Duration) -> StoreResult<bool> {
         let mut conn = self.conn();
         let ms = hold.as_millis() as u64;
-        let lock = keys::reaper_lock(bucket);
+        let lock = lock.to_string();
         let taken: Option<String> = redis::cmd("SET")
             .arg(&lock)
             .arg(node)
@@ -163,17 +169,22 @@ impl Store {
     /// One step of the reconciliation scan over the device sets: repairs
     /// each user whose devices or counter disagree with the live leases and
     /// publishes the transition that follows, once. `cursor` is the SCAN
-    /// cursor (0 starts a pass).
-    pub async fn reconcile_step(&self, cursor: u64) -> StoreResult<Reconciliation> {
+    /// cursor (0 starts a pass) on `node`, one of [`Store::data_nodes`]:
+    /// on a cluster each primary is walked on its own.
+    pub async fn reconcile_step(
+        &self,
+        node: &super::conn::NodeAddr,
+        cursor: u64,
+    ) -> StoreResult<Reconciliation> {
         let mut conn = self.conn();
-        let (next, found): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
+        let mut scan = redis::cmd("SCAN");
+        scan.arg(cursor)
             .arg("MATCH")
             .arg(keys::DEVICES_PATTERN)
             .arg("COUNT")
-            .arg(RECONCILE_SCAN_COUNT)
-            .query_async(&mut conn)
-            .await?;
+            .arg(RECONCILE_SCAN_COUNT);
+        let (next, found): (u64, Vec<String>) =
+            redis::from_redis_value(self.conn.query_on(node, &scan).await?)?;
         let users: Vec<&str> = found
             .iter()
             .filter_map(|k| keys::parse_devices(k))
