@@ -26,7 +26,7 @@ const ONLINE_MAX_LIMIT: usize = 1_000;
 const MAX_CONTACTS: usize = 1_000;
 /// Largest JSON body accepted by `POST /api/presence/query`: room for
 /// [`MAX_QUERY_USERS`] ids of the longest length, and then some.
-const MAX_QUERY_BODY: usize = 128 * 1024;
+const MAX_QUERY_BODY: usize = 256 * 1024;
 
 /// Shared by every HTTP worker.
 pub struct AppState {
@@ -184,6 +184,7 @@ async fn websocket(
     let user = state
         .auth
         .connecting_user(&req, query.token.as_deref(), query.user.as_deref())
+        .await
         .map_err(ApiError::from)?;
     let (Some(user), Some(device)) = (user, query.device) else {
         return Err(ApiError::new(
@@ -229,10 +230,11 @@ struct As {
 }
 
 /// The viewer of an API read (`None`: anonymous, dev mode only).
-fn viewer(req: &HttpRequest, state: &AppState, who: &As) -> Result<Option<String>, ApiError> {
+async fn viewer(req: &HttpRequest, state: &AppState, who: &As) -> Result<Option<String>, ApiError> {
     let viewer = state
         .auth
-        .viewer(req, who.token.as_deref(), who.viewer.as_deref())?;
+        .viewer(req, who.token.as_deref(), who.viewer.as_deref())
+        .await?;
     if let Some(v) = &viewer {
         ids::validate("user", v)?;
     }
@@ -248,7 +250,7 @@ async fn presence(
 ) -> Result<HttpResponse, ApiError> {
     let user = user.into_inner();
     ids::validate("user", &user)?;
-    let viewer = viewer(&req, &state, &who)?;
+    let viewer = viewer(&req, &state, &who).await?;
     let record = state
         .store
         .records(
@@ -303,7 +305,7 @@ async fn query(
     for user in &users {
         ids::validate("user", user)?;
     }
-    let viewer = viewer(&req, &state, &who)?;
+    let viewer = viewer(&req, &state, &who).await?;
     #[derive(Serialize)]
     struct Body {
         presence: Vec<Record>,
@@ -349,7 +351,7 @@ async fn online(
             )
         })?),
     };
-    let viewer = viewer(&req, &state, &query.who)?;
+    let viewer = viewer(&req, &state, &query.who).await?;
     let page = state
         .store
         .online(
@@ -381,7 +383,10 @@ async fn set_privacy(
     let user = user.into_inner();
     ids::validate("user", &user)?;
     if !is_admin(&req, &state) {
-        let acting = state.auth.viewer(&req, who.token.as_deref(), Some(&user))?;
+        let acting = state
+            .auth
+            .viewer(&req, who.token.as_deref(), Some(&user))
+            .await?;
         if acting.as_deref() != Some(user.as_str()) {
             return Err(AuthError::Mismatch {
                 token: acting.unwrap_or_default(),

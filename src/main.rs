@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{CommandFactory, Parser};
-use presence_server::auth::{Auth, JwtVerifier, Origins};
+use presence_server::auth::{self, Auth, Jwks, JwtRules, JwtVerifier, Origins};
 use presence_server::config::{self, Config};
 use presence_server::local_redis::LocalRedis;
 use presence_server::logging::{self, LogFormat};
@@ -100,9 +100,43 @@ struct Args {
     #[arg(long, env = "PRESENCE_JWT_SECRET_FILE")]
     jwt_secret_file: Option<PathBuf>,
 
-    /// PEM public key (RSA for RS256, EC P-256 for ES256) for --auth jwt.
+    /// PEM public key (RSA for RS256, EC P-256 for ES256, Ed25519 for
+    /// EdDSA) for --auth jwt.
     #[arg(long, env = "PRESENCE_JWT_PUBLIC_KEY_FILE")]
     jwt_public_key_file: Option<PathBuf>,
+
+    /// The identity provider's key set (JWKS) for --auth jwt, e.g.
+    /// https://TENANT.auth0.com/.well-known/jwks.json: keys are picked by
+    /// `kid`, refreshed in the background and refetched on an unknown `kid`.
+    /// HTTPS only (plain http on a loopback host).
+    #[arg(long, env = "PRESENCE_JWT_JWKS_URL")]
+    jwt_jwks_url: Option<String>,
+
+    /// Period of the background JWKS refresh, in seconds.
+    #[arg(long, env = "PRESENCE_JWT_JWKS_REFRESH_SECS",
+          default_value_t = auth::DEFAULT_JWKS_REFRESH.as_secs(),
+          value_parser = clap::value_parser!(u64).range(10..=86_400))]
+    jwt_jwks_refresh_secs: u64,
+
+    /// Shortest time between two JWKS refetches caused by tokens with an
+    /// unknown `kid`, in ms.
+    #[arg(long, env = "PRESENCE_JWT_JWKS_REFETCH_MIN_MS",
+          default_value_t = auth::DEFAULT_JWKS_REFETCH_MIN.as_millis() as u64,
+          value_parser = clap::value_parser!(u64).range(100..=3_600_000))]
+    jwt_jwks_refetch_min_ms: u64,
+
+    /// Accepted `aud` values, comma-separated; a token must name one of them.
+    /// Unset: `aud` is not checked.
+    #[arg(long, env = "PRESENCE_JWT_AUDIENCE", value_delimiter = ',')]
+    jwt_audience: Vec<String>,
+
+    /// Required `iss` (e.g. https://TENANT.auth0.com/). Unset: `iss` is not checked.
+    #[arg(long, env = "PRESENCE_JWT_ISSUER")]
+    jwt_issuer: Option<String>,
+
+    /// The token claim that names the user.
+    #[arg(long, env = "PRESENCE_JWT_USER_CLAIM", default_value = "sub")]
+    jwt_user_claim: String,
 
     /// Browser origins allowed to open a WebSocket besides the server's own,
     /// comma-separated (e.g. https://chat.example.com); `*` allows any.
@@ -280,7 +314,30 @@ fn security(args: &Args) -> anyhow::Result<Security> {
                 ),
                 None => None,
             };
-            Auth::Jwt(JwtVerifier::new(secret.as_deref(), public.as_deref())?)
+            let jwks = match &args.jwt_jwks_url {
+                Some(url) => Some(Jwks::new(
+                    url,
+                    Duration::from_secs(args.jwt_jwks_refresh_secs),
+                    Duration::from_millis(args.jwt_jwks_refetch_min_ms),
+                )?),
+                None => None,
+            };
+            let rules = JwtRules {
+                audience: args
+                    .jwt_audience
+                    .iter()
+                    .map(|a| a.trim().to_string())
+                    .filter(|a| !a.is_empty())
+                    .collect(),
+                issuer: args.jwt_issuer.clone().filter(|i| !i.is_empty()),
+                user_claim: args.jwt_user_claim.clone(),
+            };
+            Auth::Jwt(JwtVerifier::new(
+                secret.as_deref(),
+                public.as_deref(),
+                jwks,
+                rules,
+            )?)
         }
     };
     if let Some(key) = &args.admin_key {

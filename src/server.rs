@@ -52,6 +52,9 @@ pub async fn run(
     listener: TcpListener,
 ) -> anyhow::Result<()> {
     let config = Arc::new(config);
+    if let Auth::Jwt(verifier) = &security.auth {
+        verifier.start().await?;
+    }
     let client = redis::Client::open(redis_url)
         .with_context(|| format!("invalid redis url {redis_url:?}"))?;
     let manager_config = ConnectionManagerConfig::new()
