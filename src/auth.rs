@@ -13,8 +13,8 @@ use serde_json::Value;
 
 use crate::ids;
 
-/// Clock skew forgiven on `exp` and `nbf`, in seconds.
-pub const LEEWAY_SECS: u64 = 60;
+/// Default clock skew forgiven on `exp` and `nbf`, in seconds.
+pub const DEFAULT_LEEWAY_SECS: u64 = 60;
 /// Default period of the background JWKS refresh.
 pub const DEFAULT_JWKS_REFRESH: Duration = Duration::from_secs(600);
 /// Default shortest time between two fetches of the key set caused by
@@ -44,6 +44,8 @@ pub struct JwtRules {
     pub issuer: Option<String>,
     /// The claim that names the user (`sub` unless told otherwise).
     pub user_claim: String,
+    /// Clock skew forgiven on `exp` and `nbf`, in seconds.
+    pub leeway_secs: u64,
 }
 
 impl Default for JwtRules {
@@ -52,6 +54,7 @@ impl Default for JwtRules {
             audience: Vec::new(),
             issuer: None,
             user_claim: "sub".into(),
+            leeway_secs: DEFAULT_LEEWAY_SECS,
         }
     }
 }
@@ -157,7 +160,7 @@ impl JwtVerifier {
     /// The checks every token goes through for `alg`.
     fn validation(&self, alg: Algorithm) -> Validation {
         let mut v = Validation::new(alg);
-        v.leeway = LEEWAY_SECS;
+        v.leeway = self.rules.leeway_secs;
         v.validate_nbf = true;
         let mut required = vec!["exp"];
         if self.rules.audience.is_empty() {
@@ -207,6 +210,24 @@ impl JwtVerifier {
             }
         }
         Err(last)
+    }
+
+    /// Verifies `token`, which must name `asked` when that is given.
+    pub async fn verify_as(&self, token: &str, asked: Option<&str>) -> Result<Verified, AuthError> {
+        let verified = self.verify(token).await?;
+        match asked {
+            Some(a) if a != verified.user => Err(AuthError::Mismatch {
+                token: verified.user,
+                asked: a.to_string(),
+            }),
+            _ => Ok(verified),
+        }
+    }
+
+    /// Clock skew forgiven on `exp` and `nbf`: a session is closed this long
+    /// after its token's `exp`.
+    pub fn leeway(&self) -> Duration {
+        Duration::from_secs(self.rules.leeway_secs)
     }
 
     /// The user and expiry of verified claims.
@@ -431,8 +452,8 @@ fn jwk_algorithm(jwk: &Jwk) -> Option<Algorithm> {
     }
 }
 
-/// The token of a request: `?token=` (browsers cannot set headers on a
-/// WebSocket handshake) or `Authorization: Bearer`.
+/// The token of a request: `?token=` (for wscat; it ends up in access logs)
+/// or `Authorization: Bearer`.
 fn token<'a>(req: &'a HttpRequest, query_token: Option<&'a str>) -> Option<&'a str> {
     query_token
         .filter(|t| !t.is_empty())
@@ -448,28 +469,121 @@ pub fn bearer(req: &HttpRequest) -> Option<&str> {
         .strip_prefix("Bearer ")
 }
 
+/// Prefix of the Kubernetes form of a token in `Sec-WebSocket-Protocol`:
+/// the token follows, base64url-encoded without padding.
+const K8S_BEARER_PROTOCOL: &str = "base64url.bearer.authorization.k8s.io.";
+
+/// A token carried in `Sec-WebSocket-Protocol` (browsers can set that
+/// header, and it stays out of URLs and access logs).
+#[derive(Clone, PartialEq, Eq)]
+pub struct ProtocolToken {
+    /// The JWT.
+    pub token: String,
+    /// The subprotocol the handshake must answer with: the first offered
+    /// one that is not a token (e.g. `presence`), else the token's own
+    /// entry, since a browser fails a handshake that answers none.
+    pub answer: String,
+}
+
+impl std::fmt::Debug for ProtocolToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ProtocolToken(<redacted>)")
+    }
+}
+
+/// The token among the offered subprotocols: a bare JWT
+/// (`new WebSocket(url, ["presence", token])`) or the Kubernetes form
+/// `base64url.bearer.authorization.k8s.io.<base64url(token)>`.
+pub fn protocol_token(req: &HttpRequest) -> Option<ProtocolToken> {
+    use base64::Engine as _;
+    let offered: Vec<&str> = req
+        .headers()
+        .get_all(header::SEC_WEBSOCKET_PROTOCOL)
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .collect();
+    let mut found = None;
+    let mut other = None;
+    for p in &offered {
+        let token = if let Some(enc) = p.strip_prefix(K8S_BEARER_PROTOCOL) {
+            base64::engine::general_purpose::URL_SAFE_NO_PAD
+                .decode(enc.trim_end_matches('='))
+                .ok()
+                .and_then(|b| String::from_utf8(b).ok())
+        } else if looks_like_jwt(p) {
+            Some(p.to_string())
+        } else {
+            None
+        };
+        match token {
+            Some(t) if found.is_none() => found = Some((t, p.to_string())),
+            Some(_) => {}
+            None if other.is_none() => other = Some(p.to_string()),
+            None => {}
+        }
+    }
+    let (token, own) = found?;
+    Some(ProtocolToken {
+        token,
+        answer: other.unwrap_or(own),
+    })
+}
+
+/// Three base64url parts, the first a JSON object (`eyJ` is `{"`).
+fn looks_like_jwt(s: &str) -> bool {
+    s.starts_with("eyJ")
+        && s.split('.').count() == 3
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+}
+
+/// Who a WebSocket handshake connects as.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Handshake {
+    /// Known now: the user, and the token's `exp` (epoch s) with JWT auth.
+    User {
+        /// The user.
+        user: String,
+        /// The token's expiry; `None` in dev mode.
+        exp: Option<u64>,
+    },
+    /// JWT auth without a token on the handshake: the client must send
+    /// `{"type":"auth","token":...}` as its first frame.
+    FirstFrame,
+}
+
 impl Auth {
-    /// The user a WebSocket handshake connects as. In dev mode that is
-    /// `asked` (the `user=` parameter, required); with JWT it is the
-    /// token's `sub`, and an `asked` user that differs is refused.
-    pub async fn connecting_user(
+    /// Who a WebSocket handshake connects as. In dev mode that is `asked`
+    /// (the `user=` parameter, required); with JWT it is the token's user
+    /// (from `Sec-WebSocket-Protocol`, `?token=` or `Authorization`), and an
+    /// `asked` user that differs is refused; without a token the first
+    /// frame must bring one.
+    pub async fn handshake(
         &self,
         req: &HttpRequest,
+        protocol: Option<&ProtocolToken>,
         query_token: Option<&str>,
         asked: Option<&str>,
-    ) -> Result<Option<String>, AuthError> {
+    ) -> Result<Option<Handshake>, AuthError> {
         match self {
-            Auth::Dev => Ok(asked.map(str::to_string)),
+            Auth::Dev => Ok(asked.map(|u| Handshake::User {
+                user: u.to_string(),
+                exp: None,
+            })),
             Auth::Jwt(v) => {
-                let token = token(req, query_token).ok_or(AuthError::Missing)?;
-                let user = v.verify(token).await?.user;
-                match asked {
-                    Some(a) if a != user => Err(AuthError::Mismatch {
-                        token: user,
-                        asked: a.to_string(),
-                    }),
-                    _ => Ok(Some(user)),
-                }
+                let Some(token) = protocol
+                    .map(|p| p.token.as_str())
+                    .or_else(|| token(req, query_token))
+                else {
+                    return Ok(Some(Handshake::FirstFrame));
+                };
+                let verified = v.verify_as(token, asked).await?;
+                Ok(Some(Handshake::User {
+                    user: verified.user,
+                    exp: Some(verified.exp),
+                }))
             }
         }
     }
@@ -482,7 +596,13 @@ impl Auth {
         query_token: Option<&str>,
         asked: Option<&str>,
     ) -> Result<Option<String>, AuthError> {
-        self.connecting_user(req, query_token, asked).await
+        match self {
+            Auth::Dev => Ok(asked.map(str::to_string)),
+            Auth::Jwt(v) => {
+                let token = token(req, query_token).ok_or(AuthError::Missing)?;
+                Ok(Some(v.verify_as(token, asked).await?.user))
+            }
+        }
     }
 }
 

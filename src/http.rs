@@ -9,13 +9,13 @@ use actix_web::{web, HttpRequest, HttpResponse, ResponseError};
 use actix_web_actors::ws;
 use serde::{Deserialize, Serialize};
 
-use crate::auth::{Auth, AuthError, Origins};
+use crate::auth::{Auth, AuthError, Handshake, Origins};
 use crate::config::{Config, MAX_QUERY_USERS};
 use crate::conn::ConnHandle;
 use crate::ids;
 use crate::protocol::{parse_privacy, ErrorCode, ProtocolError, Record, Status};
 use crate::registry::{GetStats, Registry};
-use crate::session::{Identity, Session};
+use crate::session::{Identity, Session, TokenState};
 use crate::store::{now_ms, Cursor, DeviceInfo, LeaseOwner, Store, StoreError};
 
 /// Default page size of `GET /api/online`.
@@ -38,8 +38,9 @@ pub struct AppState {
     pub config: Arc<Config>,
     /// Next session id on this node.
     pub next_session: AtomicU64,
-    /// How clients prove who they are.
-    pub auth: Auth,
+    /// How clients prove who they are; sessions keep it to verify the
+    /// fresh tokens their clients send.
+    pub auth: Arc<Auth>,
     /// Browser origins allowed to open a WebSocket.
     pub origins: Origins,
     /// Bearer key of the admin API (contacts); `None` turns it off.
@@ -172,7 +173,9 @@ impl From<AuthError> for ApiError {
     }
 }
 
-/// `GET /ws?user=&device=` or `GET /ws?token=&device=`: upgrades to a session.
+/// `GET /ws?user=&device=` (dev auth) or `GET /ws?device=` (JWT auth: the
+/// token in `Sec-WebSocket-Protocol`, `?token=`, `Authorization`, or as the
+/// first frame): upgrades to a session.
 async fn websocket(
     req: HttpRequest,
     stream: web::Payload,
@@ -181,21 +184,44 @@ async fn websocket(
 ) -> Result<HttpResponse, actix_web::Error> {
     let query = query.into_inner();
     state.origins.check(&req).map_err(ApiError::from)?;
-    let user = state
+    let protocol = match *state.auth {
+        Auth::Jwt(_) => crate::auth::protocol_token(&req),
+        Auth::Dev => None,
+    };
+    let handshake = state
         .auth
-        .connecting_user(&req, query.token.as_deref(), query.user.as_deref())
+        .handshake(
+            &req,
+            protocol.as_ref(),
+            query.token.as_deref(),
+            query.user.as_deref(),
+        )
         .await
         .map_err(ApiError::from)?;
-    let (Some(user), Some(device)) = (user, query.device) else {
+    let (Some(handshake), Some(device)) = (handshake, query.device) else {
         return Err(ApiError::new(
             StatusCode::BAD_REQUEST,
             ErrorCode::BadRequest,
-            "connect as /ws?user=<user>&device=<device> (or ?token=<JWT>&device=<device>)",
+            "connect as /ws?user=<user>&device=<device> (or, with JWT auth, /ws?device=<device>)",
         )
         .into());
     };
-    ids::validate("user", &user).map_err(ApiError::from)?;
     ids::validate("device", &device).map_err(ApiError::from)?;
+    if let Some(user) = &query.user {
+        ids::validate("user", user).map_err(ApiError::from)?;
+    }
+    let (user, token) = match handshake {
+        Handshake::User { user, exp } => {
+            ids::validate("user", &user).map_err(ApiError::from)?;
+            (user, exp.map(TokenState::Valid))
+        }
+        Handshake::FirstFrame => (
+            String::new(),
+            Some(TokenState::Awaited {
+                asked: query.user.clone(),
+            }),
+        ),
+    };
     let status = match query.status.as_deref() {
         None | Some("") => None,
         Some(s) => Some(Status::parse(s).map_err(ApiError::from)?),
@@ -209,6 +235,7 @@ async fn websocket(
         device,
         owner,
         status,
+        token: token.map(|t| (state.auth.clone(), t)),
     };
     let session = Session::new(
         who,
@@ -217,8 +244,11 @@ async fn websocket(
         state.config.clone(),
         req.conn_data::<ConnHandle>().cloned(),
     );
+    let answer = protocol.as_ref().map(|p| p.answer.as_str());
+    let protocols: Vec<&str> = answer.into_iter().collect();
     ws::WsResponseBuilder::new(session, &req, stream)
         .frame_size(state.config.max_frame_bytes)
+        .protocols(&protocols)
         .start()
 }
 

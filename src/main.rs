@@ -134,6 +134,27 @@ struct Args {
     #[arg(long, env = "PRESENCE_JWT_ISSUER")]
     jwt_issuer: Option<String>,
 
+    /// Clock skew forgiven on a token's `exp` and `nbf`, in seconds; a
+    /// session is closed this long after its token's `exp`.
+    #[arg(long, env = "PRESENCE_JWT_LEEWAY_SECS", default_value_t = auth::DEFAULT_LEEWAY_SECS,
+          value_parser = clap::value_parser!(u64).range(0..=600))]
+    jwt_leeway_secs: u64,
+
+    /// With --auth jwt, a connection whose handshake carried no token must
+    /// send {"type":"auth","token":...} within this many ms, or it is closed
+    /// with 1008.
+    #[arg(long, env = "PRESENCE_AUTH_TIMEOUT_MS",
+          default_value_t = config::DEFAULT_AUTH_TIMEOUT.as_millis() as u64,
+          value_parser = clap::value_parser!(u64).range(100..=60_000))]
+    auth_timeout_ms: u64,
+
+    /// With --auth jwt, a session gets {"type":"auth_expiring"} this many ms
+    /// before its token expires, to send a fresh one.
+    #[arg(long, env = "PRESENCE_AUTH_EXPIRING_MS",
+          default_value_t = config::DEFAULT_AUTH_EXPIRING.as_millis() as u64,
+          value_parser = clap::value_parser!(u64).range(0..=86_400_000))]
+    auth_expiring_ms: u64,
+
     /// The token claim that names the user.
     #[arg(long, env = "PRESENCE_JWT_USER_CLAIM", default_value = "sub")]
     jwt_user_claim: String,
@@ -258,6 +279,8 @@ fn start(args: Args) -> anyhow::Result<()> {
     config.max_frames_per_sec = args.max_frames_per_sec;
     config.max_devices_per_user = args.max_devices_per_user;
     config.contacts_only = matches!(args.watch_policy, WatchPolicy::Contacts);
+    config.auth_timeout = Duration::from_millis(args.auth_timeout_ms);
+    config.auth_expiring = Duration::from_millis(args.auth_expiring_ms);
     let security = security(&args)?;
     raise_fd_limit();
 
@@ -331,6 +354,7 @@ fn security(args: &Args) -> anyhow::Result<Security> {
                     .collect(),
                 issuer: args.jwt_issuer.clone().filter(|i| !i.is_empty()),
                 user_claim: args.jwt_user_claim.clone(),
+                leeway_secs: args.jwt_leeway_secs,
             };
             Auth::Jwt(JwtVerifier::new(
                 secret.as_deref(),

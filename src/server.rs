@@ -98,7 +98,7 @@ pub async fn run(
         registry: registry.clone(),
         config: config.clone(),
         next_session: AtomicU64::new(1),
-        auth: security.auth,
+        auth: Arc::new(security.auth),
         origins: security.origins,
         admin_key: security.admin_key,
     });

@@ -10,11 +10,12 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use actix::prelude::*;
 use actix_web_actors::ws;
 
+use crate::auth::{Auth, AuthError};
 use crate::config::Config;
 use bytestring::ByteString;
 
@@ -32,6 +33,8 @@ use crate::store::{
 pub const CLOSE_REPLACED: u16 = 4001;
 /// Close code sent when the lease cannot be claimed (Redis unreachable).
 pub const CLOSE_UNAVAILABLE: u16 = 1011;
+/// Close code sent when the session's token expired and no fresh one came.
+pub const CLOSE_TOKEN_EXPIRED: u16 = 4401;
 /// Sustained flooding this many times the allowed rate, within one refill
 /// of the bucket, closes the session instead of refusing frame by frame.
 const FLOOD_CLOSE_FACTOR: u32 = 5;
@@ -84,6 +87,31 @@ pub struct Session {
     refilled: Instant,
     /// Frames refused since the bucket last had a token.
     refused: u32,
+    /// With JWT auth: the token's state and the timers of its expiry.
+    token: Option<TokenClock>,
+}
+
+/// Where a session stands with its token (JWT auth only).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TokenState {
+    /// The handshake carried no token: the first frame must be `auth`, with
+    /// a token for `asked` (the handshake's `user=`) if that was given.
+    Awaited {
+        /// The user the handshake asked for, if any.
+        asked: Option<String>,
+    },
+    /// Verified; the token's `exp`, epoch seconds.
+    Valid(u64),
+}
+
+/// A session's token and what hangs on its expiry.
+struct TokenClock {
+    /// Verifies the fresh tokens the client sends.
+    auth: Arc<Auth>,
+    /// Awaited, or valid until when.
+    state: TokenState,
+    /// The pending `auth_expiring` notice and expiry close.
+    timers: Vec<SpawnHandle>,
 }
 
 /// What a session last told its client about one watched user.
@@ -112,6 +140,8 @@ pub struct Identity {
     pub owner: String,
     /// The status to arrive with when none is stored yet.
     pub status: Option<Status>,
+    /// With JWT auth: the verifier, and the token's state at the handshake.
+    pub token: Option<(Arc<Auth>, TokenState)>,
 }
 
 impl Default for Seen {
@@ -158,6 +188,11 @@ impl Session {
             tokens: burst,
             refilled: now,
             refused: 0,
+            token: who.token.map(|(auth, state)| TokenClock {
+                auth,
+                state,
+                timers: Vec::new(),
+            }),
         }
     }
 
@@ -337,6 +372,7 @@ impl Session {
                 }));
             }
             ClientFrame::Heartbeat => {}
+            ClientFrame::Auth { token } => self.authenticate(token.0, ctx),
             ClientFrame::Privacy { online, last_seen } => {
                 // Already validated by the parser.
                 let Ok((online, last_seen)) =
@@ -495,6 +531,23 @@ impl Actor for Session {
         // Bounded, so that a client that stops reading cannot grow the
         // server's memory: the registry cuts it off when this fills up.
         ctx.set_mailbox_capacity(self.config.max_queued_events);
+        if self.awaiting_auth() {
+            self.await_auth(ctx);
+            return;
+        }
+        self.begin(ctx);
+    }
+
+    fn stopped(&mut self, _: &mut Self::Context) {
+        self.release_on_stop();
+    }
+}
+
+impl Session {
+    /// The session proper, once the user is known: join the registry,
+    /// ping, claim the lease, greet, and watch the token's expiry.
+    fn begin(&mut self, ctx: &mut ws::WebsocketContext<Self>) {
+        self.schedule_expiry(ctx);
         self.registry.do_send(registry::Join {
             session: self.id,
             addr: ctx.address().recipient(),
@@ -553,7 +606,8 @@ impl Actor for Session {
         }));
     }
 
-    fn stopped(&mut self, _: &mut Self::Context) {
+    /// The connection closed: leave the registry and release the lease.
+    fn release_on_stop(&mut self) {
         // `deadline` is set once the lease was claimed (`claimed` may be
         // cleared since, by a shutdown or a takeover).
         if self.lease_state.deadline() != 0 {
@@ -676,6 +730,7 @@ impl StreamHandler<Result<ws::Message, ws::ProtocolError>> for Session {
                     ctx.pong(&payload);
                 }
             }
+            ws::Message::Text(text) if self.awaiting_auth() => self.first_frame(&text, ctx),
             ws::Message::Text(text) => {
                 self.touch(ctx);
                 if !self.admit(ctx) {
@@ -706,4 +761,158 @@ impl StreamHandler<Result<ws::Message, ws::ProtocolError>> for Session {
             ws::Message::Nop => {}
         }
     }
+}
+
+/// Token lifetime (JWT auth): the first-frame deadline, `auth_expiring`,
+/// the expiry close, and fresh tokens.
+impl Session {
+    /// True while the first frame must still bring the token.
+    fn awaiting_auth(&self) -> bool {
+        matches!(
+            self.token,
+            Some(TokenClock {
+                state: TokenState::Awaited { .. },
+                ..
+            })
+        )
+    }
+
+    /// Closes the connection with 1008 unless its `auth` frame is in by
+    /// the deadline.
+    fn await_auth(&mut self, ctx: &mut ws::WebsocketContext<Self>) {
+        ctx.run_later(self.config.auth_timeout, |act, ctx| {
+            if act.awaiting_auth() {
+                log::debug!("device {}: no auth frame in time, closing", act.device);
+                close_policy(ctx, "no auth frame in time");
+            }
+        });
+    }
+
+    /// The first frame of a connection that carried no token: it must be
+    /// `{"type":"auth","token":...}`; anything else closes with 1008.
+    fn first_frame(&mut self, text: &str, ctx: &mut ws::WebsocketContext<Self>) {
+        self.last_activity = Instant::now();
+        match protocol::parse_client_frame(text) {
+            Ok(ClientFrame::Auth { token }) => self.authenticate(token.0, ctx),
+            _ => close_policy(
+                ctx,
+                "the first frame must be {\"type\":\"auth\",\"token\":...}",
+            ),
+        }
+    }
+
+    /// Verifies `token`: the first one starts the session; a later one must
+    /// be for the same user and replaces the expiry. The actor waits for the
+    /// verification, so that no frame is handled before it is known who
+    /// sends it.
+    fn authenticate(&mut self, token: String, ctx: &mut ws::WebsocketContext<Self>) {
+        let Some(clock) = &self.token else {
+            self.send_error(
+                ctx,
+                &ProtocolError::new(
+                    ErrorCode::BadRequest,
+                    "auth frames are only used with --auth jwt",
+                ),
+            );
+            return;
+        };
+        let first = self.awaiting_auth();
+        let asked = match &clock.state {
+            TokenState::Awaited { asked } => asked.clone(),
+            TokenState::Valid(_) => Some(self.user.clone()),
+        };
+        let auth = clock.auth.clone();
+        let verify = async move {
+            match &*auth {
+                Auth::Jwt(v) => v.verify_as(&token, asked.as_deref()).await,
+                Auth::Dev => Err(AuthError::Invalid("no JWT auth".into())),
+            }
+        };
+        ctx.wait(verify.into_actor(self).map(move |res, act, ctx| match res {
+            Ok(verified) => {
+                if let Some(clock) = &mut act.token {
+                    clock.state = TokenState::Valid(verified.exp);
+                }
+                if first {
+                    act.user = verified.user;
+                    act.begin(ctx);
+                } else {
+                    log::debug!("{}/{}: token refreshed", act.user, act.device);
+                    act.schedule_expiry(ctx);
+                }
+            }
+            Err(e) if first => {
+                log::debug!("device {}: auth frame refused: {e}", act.device);
+                close_policy(ctx, &e.to_string());
+            }
+            Err(e) => {
+                let code = match e {
+                    AuthError::Mismatch { .. } => ErrorCode::Forbidden,
+                    _ => ErrorCode::Unauthorized,
+                };
+                act.send_error(ctx, &ProtocolError::new(code, e.to_string()));
+            }
+        }));
+    }
+
+    /// Arms the `auth_expiring` notice and the expiry close for the current
+    /// token, replacing those of an earlier one.
+    fn schedule_expiry(&mut self, ctx: &mut ws::WebsocketContext<Self>) {
+        let Some(clock) = &mut self.token else {
+            return;
+        };
+        for timer in clock.timers.drain(..) {
+            ctx.cancel_future(timer);
+        }
+        let Some(left) = self.token_left() else {
+            return;
+        };
+        let notice = ctx.run_later(
+            left.saturating_sub(self.config.auth_expiring),
+            |act, ctx| {
+                let in_ms = act.token_left().unwrap_or_default().as_millis() as u64;
+                act.send(ctx, protocol::auth_expiring_frame(in_ms));
+            },
+        );
+        let close = ctx.run_later(left, |act, ctx| {
+            log::debug!("{}/{}: token expired, closing", act.user, act.device);
+            ctx.close(Some(ws::CloseReason {
+                code: ws::CloseCode::Other(CLOSE_TOKEN_EXPIRED),
+                description: Some("token expired".into()),
+            }));
+            ctx.stop();
+        });
+        if let Some(clock) = &mut self.token {
+            clock.timers = vec![notice, close];
+        }
+    }
+
+    /// Time until the session is closed for its token's expiry: `exp` plus
+    /// the verifier's leeway, from now. `None` without a valid token.
+    fn token_left(&self) -> Option<Duration> {
+        let clock = self.token.as_ref()?;
+        let TokenState::Valid(exp) = clock.state else {
+            return None;
+        };
+        let leeway = match &*clock.auth {
+            Auth::Jwt(v) => v.leeway(),
+            Auth::Dev => Duration::ZERO,
+        };
+        let at = UNIX_EPOCH + Duration::from_secs(exp) + leeway;
+        Some(at.duration_since(SystemTime::now()).unwrap_or_default())
+    }
+}
+
+/// Closes with 1008 (policy violation) and a reason cut to what a close
+/// frame can carry (123 bytes).
+fn close_policy(ctx: &mut ws::WebsocketContext<Session>, reason: &str) {
+    let mut end = reason.len().min(123);
+    while !reason.is_char_boundary(end) {
+        end -= 1;
+    }
+    ctx.close(Some(ws::CloseReason {
+        code: ws::CloseCode::Policy,
+        description: Some(reason[..end].to_string()),
+    }));
+    ctx.stop();
 }

@@ -267,6 +267,7 @@ impl Key {
             .args(spec)
             .arg("-out")
             .arg(&path)
+            .stderr(std::process::Stdio::null())
             .status()
             .expect("openssl must be installed")
             .success();
@@ -398,4 +399,247 @@ async fn jwks_url_must_be_https_off_loopback() {
         Err(logs) => logs,
     };
     assert!(logs.contains("https://"), "{logs}");
+}
+
+/// A JWT node that waits `auth_timeout_ms` for a first-frame token.
+fn first_frame_node(redis: &Redis, extra: &[&str]) -> Node {
+    let mut args = vec!["--auth-timeout-ms", "1000"];
+    args.extend(extra);
+    jwt_node(redis, &args)
+}
+
+fn token_for(sub: &str, lifetime: u64) -> String {
+    hs(json!({"sub": sub, "exp": now() + lifetime}))
+}
+
+/// Connects to `/ws?<query>` without a token on the handshake.
+async fn bare(node: &Node, query: &str) -> Client {
+    Client::connect_raw(&format!("ws://{}/ws?{query}", node.addr), "?", "d")
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn the_token_can_be_the_first_frame() {
+    let redis = Redis::start();
+    let node = first_frame_node(&redis, &[]);
+    let mut c = bare(&node, "device=d").await;
+    c.send(json!({"type": "auth", "token": token_for("auth0|alice", 600)}))
+        .await;
+    let hello = c.expect("hello").await;
+    assert_eq!(hello["user"], "auth0|alice");
+    assert_eq!(c.watch(&["bob"]).await[0]["status"], "offline");
+    wait_until("alice counted", DEADLINE, || async {
+        count(&redis, "auth0|alice").await == 1
+    })
+    .await;
+
+    // No frame in time, another frame first, a bad token, or a token for
+    // another user than the handshake asked for: closed with 1008.
+    let mut silent = bare(&node, "device=s").await;
+    let cases: Vec<(&str, Option<Value>, &str)> = vec![
+        (
+            "other frame first",
+            Some(json!({"type": "watch", "users": ["bob"]})),
+            "device=o",
+        ),
+        (
+            "bad token",
+            Some(json!({"type": "auth", "token": "not.a.jwt"})),
+            "device=b",
+        ),
+        (
+            "expired token",
+            Some(json!({"type": "auth", "token": hs(json!({"sub": "alice", "exp": now() - 600}))})),
+            "device=e",
+        ),
+        (
+            "token for another user",
+            Some(json!({"type": "auth", "token": token_for("alice", 600)})),
+            "device=m&user=bob",
+        ),
+    ];
+    for (what, frame, query) in cases {
+        let mut c = bare(&node, query).await;
+        c.send(frame.unwrap()).await;
+        let closed = c.expect_closed().await;
+        assert_eq!(closed.map(|c| c.0), Some(1008), "{what}");
+    }
+    let closed = silent.expect_closed().await;
+    assert_eq!(closed.as_ref().map(|c| c.0), Some(1008), "{closed:?}");
+    // None of them claimed a lease.
+    assert_eq!(count(&redis, "alice").await, 0);
+    assert_eq!(count(&redis, "bob").await, 0);
+}
+
+/// Handshake with `Sec-WebSocket-Protocol: <protocols>`; the protocol the
+/// server answered with and the client.
+async fn with_protocols(node: &Node, protocols: &str) -> (Option<String>, Client) {
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    let mut req = format!("ws://{}/ws?device=p", node.addr)
+        .into_client_request()
+        .unwrap();
+    req.headers_mut()
+        .insert("sec-websocket-protocol", protocols.parse().unwrap());
+    let (ws, resp) = tokio_tungstenite::connect_async(req)
+        .await
+        .expect("handshake");
+    let answered = resp
+        .headers()
+        .get("sec-websocket-protocol")
+        .map(|v| v.to_str().unwrap().to_string());
+    (answered, Client::from_stream(ws, "?", "p"))
+}
+
+#[tokio::test]
+async fn the_token_can_be_the_websocket_protocol() {
+    use base64::Engine as _;
+    let redis = Redis::start();
+    let node = first_frame_node(&redis, &[]);
+    let token = token_for("alice", 600);
+    // As browsers can send it: new WebSocket(url, ["presence", token]).
+    let (answered, mut c) = with_protocols(&node, &format!("presence, {token}")).await;
+    assert_eq!(answered.as_deref(), Some("presence"));
+    assert_eq!(c.expect("hello").await["user"], "alice");
+    // As Kubernetes clients send it.
+    let k8s = format!(
+        "base64url.bearer.authorization.k8s.io.{}",
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(token_for("bob", 600))
+    );
+    let (answered, mut c) = with_protocols(&node, &k8s).await;
+    assert_eq!(answered.as_deref(), Some(k8s.as_str()));
+    assert_eq!(c.expect("hello").await["user"], "bob");
+    // A bad one is refused before the upgrade.
+    let forged = format!("presence, {}x", &token[..token.len() - 1]);
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    let mut req = format!("ws://{}/ws?device=p", node.addr)
+        .into_client_request()
+        .unwrap();
+    req.headers_mut()
+        .insert("sec-websocket-protocol", forged.parse().unwrap());
+    match tokio_tungstenite::connect_async(req).await {
+        Err(tokio_tungstenite::tungstenite::Error::Http(r)) => assert_eq!(r.status(), 401),
+        other => panic!("forged protocol token: {:?}", other.map(|_| ())),
+    }
+}
+
+#[tokio::test]
+async fn logs_never_hold_a_token() {
+    let redis = Redis::start();
+    let args: Vec<String> = [
+        "--listen",
+        "127.0.0.1:0",
+        "--redis-url",
+        &redis.url,
+        "--node-id",
+        "n1",
+        "--auth",
+        "jwt",
+        "--jwt-secret",
+        SECRET,
+        "--auth-timeout-ms",
+        "1000",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    // Everything every crate logs, at its most verbose.
+    let node = Node::spawn("n1", &args, &[("RUST_LOG", "trace")]).expect("node starts");
+    let mut tokens = Vec::new();
+    let mut fresh = |sub: &str, exp: u64| {
+        let t = hs(json!({"sub": sub, "exp": exp}));
+        tokens.push(t.clone());
+        t
+    };
+    let (query, first, refresh, expired, mismatch) = (
+        fresh("q", now() + 600),
+        fresh("f", now() + 600),
+        fresh("f", now() + 900),
+        fresh("x", now() - 600),
+        fresh("y", now() + 600),
+    );
+    let mut c = Client::connect_raw(
+        &format!("ws://{}/ws?device=d&token={query}", node.addr),
+        "q",
+        "d",
+    )
+    .await
+    .unwrap();
+    c.expect("hello").await;
+    let mut c = bare(&node, "device=d").await;
+    c.send(json!({"type": "auth", "token": first})).await;
+    c.expect("hello").await;
+    c.send(json!({"type": "auth", "token": refresh})).await;
+    c.send(json!({"type": "auth", "token": mismatch})).await;
+    assert_eq!(c.expect("error").await["code"], "forbidden");
+    assert_eq!(
+        connect_with(&node, &expired).await,
+        401,
+        "expired token in the query"
+    );
+    let (status, _) = get(&format!("{}/api/presence/q?token={expired}", node.http())).await;
+    assert_eq!(status, 401);
+    let mut bad = bare(&node, "device=b").await;
+    bad.send(json!({"type": "auth", "token": expired})).await;
+    bad.expect_closed().await;
+    node.wait_log("auth frame refused").await;
+    let logs = node.logs();
+    for t in &tokens {
+        // The signature alone is what makes a token usable.
+        let sig = t.rsplit('.').next().unwrap();
+        assert!(!logs.contains(sig), "a token is in the log:\n{logs}");
+    }
+}
+
+#[tokio::test]
+async fn sessions_close_when_their_token_expires_unless_refreshed() {
+    let redis = Redis::start();
+    let node = first_frame_node(
+        &redis,
+        &["--jwt-leeway-secs", "0", "--auth-expiring-ms", "1500"],
+    );
+    let mut watcher = bare(&node, "device=w").await;
+    watcher
+        .send(json!({"type": "auth", "token": token_for("watcher", 600)}))
+        .await;
+    watcher.expect("hello").await;
+    watcher.watch(&["alice", "bob"]).await;
+
+    // alice's token runs out: a warning first, then 4401.
+    let mut alice = bare(&node, "device=a").await;
+    alice
+        .send(json!({"type": "auth", "token": token_for("alice", 3)}))
+        .await;
+    alice.expect("hello").await;
+    watcher.expect_presence("alice", "online").await;
+    let warn = alice.expect("auth_expiring").await;
+    let in_ms = warn["in_ms"].as_u64().unwrap();
+    assert!(in_ms <= 1500, "{warn}");
+    let closed = alice.expect_closed().await;
+    assert_eq!(closed, Some((4401, "token expired".to_string())));
+    watcher.expect_presence("alice", "offline").await;
+
+    // bob sends a fresh token when warned and stays; a token for someone
+    // else is refused without ending the session.
+    let exp = now() + 3;
+    let mut bob = bare(&node, "device=b").await;
+    bob.send(json!({"type": "auth", "token": hs(json!({"sub": "bob", "exp": exp}))}))
+        .await;
+    bob.expect("hello").await;
+    watcher.expect_presence("bob", "online").await;
+    bob.expect("auth_expiring").await;
+    bob.send(json!({"type": "auth", "token": token_for("carol", 600)}))
+        .await;
+    assert_eq!(bob.expect("error").await["code"], "forbidden");
+    bob.send(json!({"type": "auth", "token": token_for("bob", 600)}))
+        .await;
+    // Past the first token's expiry, bob is still connected and answered.
+    let past = UNIX_EPOCH + std::time::Duration::from_millis(exp * 1000 + 500);
+    while SystemTime::now() < past {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    bob.send(json!({"type": "watch", "users": ["alice"]})).await;
+    assert_eq!(bob.expect("snapshot").await["presence"][0]["user"], "alice");
+    assert_eq!(count(&redis, "bob").await, 1);
+    assert!(watcher.try_next().is_none(), "bob flickered");
 }
