@@ -111,8 +111,39 @@ impl ResponseError for ApiError {
     }
 }
 
-/// Registers every route.
+/// Registers every route on one listener (no `--internal-listen`).
 pub fn routes(cfg: &mut web::ServiceConfig) {
+    extractors(cfg);
+    api(cfg);
+    operations(cfg);
+    not_found(cfg);
+}
+
+/// The public listener when `--internal-listen` is set: the WebSocket, the
+/// read API and the demo page; metrics, health and the admin API are 404
+/// and the admin key is not honoured.
+pub fn public_routes(cfg: &mut web::ServiceConfig) {
+    cfg.app_data(PublicOnly);
+    extractors(cfg);
+    api(cfg);
+    not_found(cfg);
+}
+
+/// The `--internal-listen` listener: metrics, health and the admin API
+/// (contacts, and privacy settings with the admin key).
+pub fn internal_routes(cfg: &mut web::ServiceConfig) {
+    extractors(cfg);
+    operations(cfg);
+    cfg.route("/api/users/{user}/privacy", web::put().to(set_privacy));
+    not_found(cfg);
+}
+
+/// Marks the public listener of a node that serves operations elsewhere.
+#[derive(Debug, Clone, Copy)]
+struct PublicOnly;
+
+/// Error mapping of the body, query and path extractors.
+fn extractors(cfg: &mut web::ServiceConfig) {
     cfg.app_data(
         web::JsonConfig::default()
             .limit(MAX_QUERY_BODY)
@@ -128,19 +159,30 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
             }),
     )
     .app_data(web::QueryConfig::default().error_handler(|err, _| bad_input(err)))
-    .app_data(web::PathConfig::default().error_handler(|err, _| bad_input(err)))
-    .route("/ws", web::get().to(websocket))
-    .route("/api/presence/query", web::post().to(query))
-    .route("/api/presence/{user}", web::get().to(presence))
-    .route("/api/online", web::get().to(online))
-    .route("/api/users/{user}/privacy", web::put().to(set_privacy))
-    .route("/api/users/{user}/contacts", web::put().to(put_contacts))
-    .route("/api/users/{user}/contacts", web::get().to(get_contacts))
-    .route("/healthz", web::get().to(healthz))
-    .route("/metrics", web::get().to(metrics))
-    .route("/", web::get().to(index))
-    .route("/presence-client.js", web::get().to(client_js))
-    .default_service(web::to(|| async {
+    .app_data(web::PathConfig::default().error_handler(|err, _| bad_input(err)));
+}
+
+/// What clients use: the WebSocket, the read API, privacy, the demo page.
+fn api(cfg: &mut web::ServiceConfig) {
+    cfg.route("/ws", web::get().to(websocket))
+        .route("/api/presence/query", web::post().to(query))
+        .route("/api/presence/{user}", web::get().to(presence))
+        .route("/api/online", web::get().to(online))
+        .route("/api/users/{user}/privacy", web::put().to(set_privacy))
+        .route("/", web::get().to(index))
+        .route("/presence-client.js", web::get().to(client_js));
+}
+
+/// What operators use: the admin API, health and metrics.
+fn operations(cfg: &mut web::ServiceConfig) {
+    cfg.route("/api/users/{user}/contacts", web::put().to(put_contacts))
+        .route("/api/users/{user}/contacts", web::get().to(get_contacts))
+        .route("/healthz", web::get().to(healthz))
+        .route("/metrics", web::get().to(metrics));
+}
+
+fn not_found(cfg: &mut web::ServiceConfig) {
+    cfg.default_service(web::to(|| async {
         ApiError::new(StatusCode::NOT_FOUND, ErrorCode::NotFound, "no such route").error_response()
     }));
 }
@@ -441,6 +483,10 @@ fn is_admin(req: &HttpRequest, state: &AppState) -> bool {
     let Some(key) = state.admin_key.as_deref() else {
         return false;
     };
+    // With --internal-listen the admin key works only there.
+    if req.app_data::<PublicOnly>().is_some() {
+        return false;
+    }
     let given = crate::auth::bearer(req).unwrap_or("");
     // Same time whatever the key, so it cannot be guessed byte by byte.
     given.len() == key.len()

@@ -21,6 +21,12 @@ struct Args {
     #[arg(long, env = "PRESENCE_LISTEN", default_value = "127.0.0.1:8080")]
     listen: String,
 
+    /// Serve /metrics, /healthz and the admin API only on this address
+    /// (e.g. 10.0.0.5:9090), and answer 404 for them on --listen. Use it in
+    /// production: health, load and the admin key stay off the public port.
+    #[arg(long, env = "PRESENCE_INTERNAL_LISTEN")]
+    internal_listen: Option<String>,
+
     /// Redis to keep state in, e.g. redis://127.0.0.1:6379/0. Without it a
     /// private redis-server is started from the bundled redis.conf and
     /// stopped on exit.
@@ -286,6 +292,13 @@ fn start(args: Args) -> anyhow::Result<()> {
 
     let listener = TcpListener::bind(&args.listen)
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", args.listen))?;
+    let internal = match &args.internal_listen {
+        Some(addr) => Some(
+            TcpListener::bind(addr)
+                .map_err(|e| anyhow::anyhow!("cannot listen on {addr} (--internal-listen): {e}"))?,
+        ),
+        None => None,
+    };
     // Kept alive until the server stops; dropping it stops the private Redis.
     let (_local, url) = match args.redis_url {
         Some(url) => (None, url),
@@ -295,7 +308,7 @@ fn start(args: Args) -> anyhow::Result<()> {
             (Some(local), url)
         }
     };
-    actix_web::rt::System::new().block_on(server::run(config, security, &url, listener))
+    actix_web::rt::System::new().block_on(server::run(config, security, &url, listener, internal))
 }
 
 /// Authentication, origins and the admin key from the flags.

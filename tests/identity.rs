@@ -643,3 +643,96 @@ async fn sessions_close_when_their_token_expires_unless_refreshed() {
     assert_eq!(count(&redis, "bob").await, 1);
     assert!(watcher.try_next().is_none(), "bob flickered");
 }
+
+/// The `--internal-listen` address a node logged.
+fn internal_addr(node: &Node) -> String {
+    let logs = node.logs();
+    let line = logs
+        .lines()
+        .find(|l| l.contains("admin API on http://"))
+        .unwrap_or_else(|| panic!("no internal address logged:\n{logs}"));
+    let rest = line.split("admin API on http://").nth(1).unwrap();
+    format!("http://{}", rest.split_whitespace().next().unwrap())
+}
+
+const ADMIN: &str = "admin-key-for-tests-0123";
+
+#[tokio::test]
+async fn internal_listen_keeps_operations_off_the_public_port() {
+    let redis = Redis::start();
+    let node = Node::start_with(
+        &redis,
+        "n1",
+        &["--internal-listen", "127.0.0.1:0", "--admin-key", ADMIN],
+    );
+    let public = node.http();
+    let internal = internal_addr(&node);
+    let http = reqwest::Client::new();
+    let status = |r: reqwest::Response| r.status().as_u16();
+    let _alice = Client::connect(&node, "alice", "d").await;
+
+    // Public: no metrics, no health, no admin API, and the admin key is
+    // worth nothing there.
+    for path in ["/metrics", "/healthz", "/api/users/alice/contacts"] {
+        let r = http
+            .get(format!("{public}{path}"))
+            .bearer_auth(ADMIN)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(status(r), 404, "public {path}");
+    }
+    let r = http
+        .put(format!("{public}/api/users/alice/contacts"))
+        .bearer_auth(ADMIN)
+        .json(&json!({"contacts": ["bob"]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(status(r), 404);
+    // Privacy stays on the public port for the user itself (dev auth: anyone),
+    // but the admin key is not what lets a call through there.
+    let (code, body) = get(&format!("{public}/api/presence/alice")).await;
+    assert_eq!((code, body["status"].as_str()), (200, Some("online")));
+
+    // Internal: all of them, and nothing of the client API.
+    let r = http
+        .get(format!("{internal}/metrics"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    assert!(r.text().await.unwrap().contains("presence_"));
+    let (code, body) = get(&format!("{internal}/healthz")).await;
+    assert_eq!((code, body["redis"].as_str()), (200, Some("up")), "{body}");
+    let r = http
+        .put(format!("{internal}/api/users/alice/contacts"))
+        .bearer_auth(ADMIN)
+        .json(&json!({"contacts": ["bob"]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(status(r), 200);
+    let r = http
+        .put(format!("{internal}/api/users/alice/privacy"))
+        .bearer_auth(ADMIN)
+        .json(&json!({"last_seen": "contacts"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(status(r), 204);
+    for path in [
+        "/api/presence/alice",
+        "/api/online",
+        "/",
+        "/ws?user=a&device=d",
+    ] {
+        let (code, _) = get(&format!("{internal}{path}")).await;
+        assert_eq!(code, 404, "internal {path}");
+    }
+
+    // Without --internal-listen everything stays on the one port.
+    let plain = Node::start(&redis, "n2");
+    let (code, _) = get(&format!("{}/healthz", plain.http())).await;
+    assert_eq!(code, 200);
+}
