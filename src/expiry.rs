@@ -97,7 +97,8 @@ impl ExpiryListener {
             }
             let started = Instant::now();
             loop {
-                let (seen, removed) = store.reap_due(REAP_BATCH).await?;
+                let reaped = store.reap_due(REAP_BATCH).await?;
+                let (seen, removed) = (reaped.looked_at, reaped.removed);
                 if removed > 0 {
                     METRICS.devices_reaped.inc_by(removed as u64);
                     log::debug!("deadline pass removed {removed} lapsed devices");
@@ -135,7 +136,8 @@ impl ExpiryListener {
         let pass = async move {
             let (mut cursor, mut users, mut repaired) = (0, 0, 0);
             loop {
-                let (next, seen, fixed) = store.reconcile_step(cursor).await?;
+                let step = store.reconcile_step(cursor).await?;
+                let (next, seen, fixed) = (step.next_cursor, step.looked_at, step.repaired);
                 users += seen;
                 repaired += fixed;
                 METRICS.reconcile_repairs.inc_by(fixed as u64);
@@ -146,7 +148,8 @@ impl ExpiryListener {
             }
             let mut pruned = 0;
             loop {
-                let (next, dropped) = store.prune_online_step(cursor).await?;
+                let step = store.prune_online_step(cursor).await?;
+                let (next, dropped) = (step.next_cursor, step.dropped);
                 pruned += dropped;
                 METRICS.online_pruned.inc_by(dropped as u64);
                 cursor = next;

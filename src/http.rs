@@ -13,9 +13,11 @@ use crate::auth::{Auth, AuthError, Handshake, Origins};
 use crate::config::{Config, MAX_QUERY_USERS};
 use crate::conn::ConnHandle;
 use crate::ids;
-use crate::protocol::{parse_privacy, ErrorCode, ProtocolError, Record, Status};
+use crate::model::{Record, Status};
+use crate::protocol::{parse_privacy, ErrorCode, ProtocolError};
+use crate::refresh::Refresher;
 use crate::registry::{GetStats, Registry};
-use crate::session::{Identity, Session, TokenState};
+use crate::session::{Identity, NodeParts, Session, TokenState};
 use crate::store::{now_ms, Cursor, DeviceInfo, LeaseOwner, Store, StoreError};
 
 /// Default page size of `GET /api/online`.
@@ -32,6 +34,8 @@ const MAX_QUERY_BODY: usize = 256 * 1024;
 pub struct AppState {
     /// Redis state.
     pub store: Store,
+    /// Batches the lease refreshes of this node's sessions.
+    pub refresher: Refresher,
     /// This node's registry.
     pub registry: Addr<Registry>,
     /// Timings and limits.
@@ -266,7 +270,7 @@ async fn websocket(
     };
     let status = match query.status.as_deref() {
         None | Some("") => None,
-        Some(s) => Some(Status::parse(s).map_err(ApiError::from)?),
+        Some(s) => Some(Status::parse(s).map_err(|e| ApiError::from(ProtocolError::from(e)))?),
     };
     crate::metrics::METRICS.sessions_opened.inc();
     let id = state.next_session.fetch_add(1, Ordering::Relaxed);
@@ -279,13 +283,13 @@ async fn websocket(
         status,
         token: token.map(|t| (state.auth.clone(), t)),
     };
-    let session = Session::new(
-        who,
-        state.store.clone(),
-        state.registry.clone(),
-        state.config.clone(),
-        req.conn_data::<ConnHandle>().cloned(),
-    );
+    let node = NodeParts {
+        store: state.store.clone(),
+        refresher: state.refresher.clone(),
+        registry: state.registry.clone(),
+        config: state.config.clone(),
+    };
+    let session = Session::new(who, node, req.conn_data::<ConnHandle>().cloned());
     let answer = protocol.as_ref().map(|p| p.answer.as_str());
     let protocols: Vec<&str> = answer.into_iter().collect();
     ws::WsResponseBuilder::new(session, &req, stream)
@@ -576,7 +580,7 @@ async fn metrics(state: web::Data<AppState>) -> HttpResponse {
     let stats = state.registry.send(GetStats).await.unwrap_or_default();
     HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4; charset=utf-8")
-        .body(crate::metrics::METRICS.render(stats))
+        .body(crate::metrics::METRICS.render(stats.into()))
 }
 
 /// `GET /`: the demo page.

@@ -9,6 +9,7 @@ pub mod keys;
 pub mod local_redis;
 pub mod logging;
 pub mod metrics;
+pub mod model;
 pub mod privacy;
 pub mod protocol;
 pub mod pubsub;

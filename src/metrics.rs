@@ -4,21 +4,17 @@
 //! Counters are process-wide statics so that any actor can count without
 //! being handed a handle; gauges that the registry already knows (sessions,
 //! watches) are read from it at scrape time instead of being kept twice.
-//! Redis latency is measured by [`TimedConnection`], which wraps the one
-//! shared connection, so every command the store sends is timed.
+//! Redis latency is reported by the store's connection type, which times
+//! every command it sends ([`redis_call`]). This module calls no other of
+//! the crate: everything else calls it.
 
-use std::collections::HashMap;
-use std::sync::{LazyLock, RwLock};
-use std::time::Instant;
+use std::sync::LazyLock;
+use std::time::Duration;
 
 use prometheus::{
     Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
     Registry, TextEncoder,
 };
-use redis::aio::ConnectionLike;
-use redis::{Arg, Cmd, Pipeline, RedisFuture, Value};
-
-use crate::registry::RegistryStats;
 
 /// Bucket bounds of the Redis latency histogram, in seconds: a local Redis
 /// answers in well under a millisecond, a loaded or remote one in a few.
@@ -70,6 +66,17 @@ pub struct Metrics {
     pub redis_errors: IntCounterVec,
     /// Lease refreshes per batch sent by the refresher.
     pub refresh_batch_size: Histogram,
+}
+
+/// What the registry holds now, read at scrape time rather than kept twice.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NodeGauges {
+    /// Open sessions on this node.
+    pub sessions: usize,
+    /// Sessions watching at least one user.
+    pub watching_sessions: usize,
+    /// Distinct users watched on this node.
+    pub watched_users: usize,
 }
 
 /// The node's metrics.
@@ -240,7 +247,7 @@ impl Metrics {
 
     /// Everything in the Prometheus text format, with the registry's
     /// current numbers.
-    pub fn render(&self, registry: RegistryStats) -> String {
+    pub fn render(&self, registry: NodeGauges) -> String {
         self.sessions.set(registry.sessions as i64);
         self.watching_sessions
             .set(registry.watching_sessions as i64);
@@ -266,129 +273,15 @@ impl Metrics {
     }
 }
 
-/// Names of the store's Lua scripts by SHA1, so that an EVALSHA is timed
-/// under the step it runs rather than under one opaque label.
-static SCRIPT_NAMES: LazyLock<RwLock<HashMap<String, &'static str>>> =
-    LazyLock::new(Default::default);
-
-/// Tells the latency histogram the names of `scripts` (the store calls this
-/// as it creates them).
-pub fn name_scripts<'a>(scripts: impl IntoIterator<Item = (&'a redis::Script, &'static str)>) {
-    let mut names = SCRIPT_NAMES.write().unwrap_or_else(|e| e.into_inner());
-    for (script, name) in scripts {
-        names.insert(script.get_hash().to_string(), name);
-    }
-}
-
-/// The latency label of a command: its name in upper case, or for EVALSHA
-/// the script's name; anything unexpected becomes "OTHER" so that the number
-/// of series stays small.
-fn label(cmd: Option<&Cmd>) -> &'static str {
-    let Some(cmd) = cmd else {
-        return "EMPTY";
-    };
-    let mut args = cmd.args_iter();
-    let name = match args.next() {
-        Some(Arg::Simple(name)) => name,
-        _ => return "OTHER",
-    };
-    if name.eq_ignore_ascii_case(b"EVALSHA") {
-        if let Some(Arg::Simple(sha)) = args.next() {
-            let names = SCRIPT_NAMES.read().unwrap_or_else(|e| e.into_inner());
-            if let Some(script) = std::str::from_utf8(sha).ok().and_then(|sha| names.get(sha)) {
-                return script;
-            }
-        }
-        return "EVALSHA";
-    }
-    const KNOWN: &[&str] = &[
-        "PING",
-        "GET",
-        "SET",
-        "DEL",
-        "EXPIRE",
-        "EXISTS",
-        "MGET",
-        "SCAN",
-        "SSCAN",
-        "SMEMBERS",
-        "HGETALL",
-        "HMGET",
-        "ZADD",
-        "ZREM",
-        "ZRANGE",
-        "ZRANGEBYSCORE",
-        "ZREVRANGEBYSCORE",
-        "ZSCORE",
-        "ZMSCORE",
-        "ZCARD",
-        "CONFIG",
-        "SCRIPT",
-        "EVAL",
-        "PUBLISH",
-        "INFO",
-        "CLIENT",
-    ];
-    KNOWN
-        .iter()
-        .find(|k| name.eq_ignore_ascii_case(k.as_bytes()))
-        .copied()
-        .unwrap_or("OTHER")
-}
-
-/// A connection that times every command and pipeline it sends.
-#[derive(Clone)]
-pub struct TimedConnection<C> {
-    /// The connection doing the work.
-    inner: C,
-}
-
-impl<C> TimedConnection<C> {
-    /// Wraps `inner`.
-    pub fn new(inner: C) -> Self {
-        Self { inner }
-    }
-}
-
-fn observe<T>(label: &'static str, started: Instant, result: &redis::RedisResult<T>) {
+/// Times one Redis command or pipeline under `label` (a command's name or
+/// a script step's), counting it as an error when it `failed`.
+pub fn redis_call(label: &'static str, elapsed: Duration, failed: bool) {
     METRICS
         .redis_latency
         .with_label_values(&[label])
-        .observe(started.elapsed().as_secs_f64());
-    if result.is_err() {
+        .observe(elapsed.as_secs_f64());
+    if failed {
         METRICS.redis_errors.with_label_values(&[label]).inc();
-    }
-}
-
-impl<C: ConnectionLike + Send> ConnectionLike for TimedConnection<C> {
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        Box::pin(async move {
-            let started = Instant::now();
-            let result = self.inner.req_packed_command(cmd).await;
-            observe(label(Some(cmd)), started, &result);
-            result
-        })
-    }
-
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        pipeline: &'a Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> RedisFuture<'a, Vec<Value>> {
-        Box::pin(async move {
-            let started = Instant::now();
-            let result = self
-                .inner
-                .req_packed_commands(pipeline, offset, count)
-                .await;
-            observe(label(pipeline.cmd_iter().next()), started, &result);
-            result
-        })
-    }
-
-    fn get_db(&self) -> i64 {
-        self.inner.get_db()
     }
 }
 
@@ -397,23 +290,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn labels_name_commands_and_scripts() {
-        assert_eq!(label(Some(&redis::cmd("ping"))), "PING");
-        assert_eq!(label(Some(&redis::cmd("FLUSHALL"))), "OTHER");
-        let arrive = redis::Script::new("return 1");
-        name_scripts([(&arrive, "arrive")]);
-        let mut evalsha = redis::cmd("EVALSHA");
-        evalsha.arg(arrive.get_hash()).arg(0);
-        assert_eq!(label(Some(&evalsha)), "arrive");
-        let mut unknown = redis::cmd("EVALSHA");
-        unknown.arg("0123").arg(0);
-        assert_eq!(label(Some(&unknown)), "EVALSHA");
-    }
-
-    #[test]
     fn text_exposition_has_every_metric() {
         slow_consumer_dropped();
-        let text = METRICS.render(RegistryStats::default());
+        let text = METRICS.render(NodeGauges::default());
         for name in [
             "presence_sessions_opened_total",
             "presence_sessions ",

@@ -2,43 +2,7 @@
 //! a given viewer may see. Every surface (events, snapshots, the HTTP API,
 //! the online list, device details) goes through [`view`].
 
-use serde::{Deserialize, Serialize};
-
-use crate::protocol::Record;
-
-/// Who may see one piece of a user's presence.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Audience {
-    /// Anyone who can ask.
-    #[default]
-    Everyone,
-    /// Only the user's contacts.
-    Contacts,
-    /// No one but the user.
-    Nobody,
-}
-
-impl Audience {
-    /// Parses `everyone`, `contacts` or `nobody`.
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "everyone" => Some(Audience::Everyone),
-            "contacts" => Some(Audience::Contacts),
-            "nobody" => Some(Audience::Nobody),
-            _ => None,
-        }
-    }
-
-    /// The wire name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Audience::Everyone => "everyone",
-            Audience::Contacts => "contacts",
-            Audience::Nobody => "nobody",
-        }
-    }
-}
+use crate::model::{Audience, Presence, Record};
 
 /// How a viewer stands to the user being looked at.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -86,38 +50,6 @@ impl Relation {
             (Relation::Other, Audience::Contacts) => false,
         }
     }
-}
-
-/// A user's true presence with what decides who may see it; what the
-/// scripts publish and `read.lua` returns.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-pub struct Presence {
-    /// The user.
-    pub user: String,
-    /// online, away, busy, invisible (while online) or offline.
-    pub status: String,
-    /// Live devices.
-    pub devices: u32,
-    /// Last time the user went offline, epoch ms.
-    pub last_seen: Option<i64>,
-    /// Status text.
-    pub text: Option<String>,
-    /// The status the user chose (kept while offline).
-    #[serde(default = "online")]
-    pub chosen: String,
-    /// When it was chosen, epoch ms.
-    #[serde(default)]
-    pub since: i64,
-    /// Who may see that the user is online.
-    #[serde(default)]
-    pub show_online: Audience,
-    /// Who may see when the user was last seen.
-    #[serde(default)]
-    pub show_last_seen: Audience,
-}
-
-fn online() -> String {
-    "online".into()
 }
 
 /// What `relation` may see of `p`.

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::MAX_STATUS_TEXT;
 use crate::ids;
-use crate::privacy::Audience;
+use crate::model::{Audience, Record, Status, UnknownStatus};
 
 /// A frame sent by a client.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -64,45 +64,6 @@ impl std::fmt::Debug for Token {
 
 /// The frame types a client may send; anything else is `unknown_type`.
 const CLIENT_TYPES: [&str; 6] = ["watch", "unwatch", "status", "heartbeat", "privacy", "auth"];
-
-/// A status a user may choose.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Status {
-    /// Available.
-    Online,
-    /// Away from the keyboard.
-    Away,
-    /// Do not disturb.
-    Busy,
-    /// Online, but offline to everyone else.
-    Invisible,
-}
-
-impl Status {
-    /// The wire name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Status::Online => "online",
-            Status::Away => "away",
-            Status::Busy => "busy",
-            Status::Invisible => "invisible",
-        }
-    }
-
-    /// Parses a client's choice.
-    pub fn parse(s: &str) -> Result<Self, ProtocolError> {
-        match s {
-            "online" => Ok(Status::Online),
-            "away" => Ok(Status::Away),
-            "busy" => Ok(Status::Busy),
-            "invisible" => Ok(Status::Invisible),
-            other => Err(ProtocolError::new(
-                ErrorCode::InvalidStatus,
-                format!("status must be online, away, busy or invisible, not {other:?}"),
-            )),
-        }
-    }
-}
 
 /// Stable error codes, shared by error frames and HTTP error bodies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -161,6 +122,12 @@ impl ProtocolError {
             kind: "error",
             body: self,
         })
+    }
+}
+
+impl From<UnknownStatus> for ProtocolError {
+    fn from(e: UnknownStatus) -> Self {
+        ProtocolError::new(ErrorCode::InvalidStatus, e.to_string())
     }
 }
 
@@ -243,32 +210,6 @@ pub fn parse_privacy(
         ));
     }
     Ok(settings)
-}
-
-/// What a viewer sees of one user.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Record {
-    /// The user.
-    pub user: String,
-    /// online, away, busy or offline.
-    pub status: String,
-    /// Number of live devices.
-    pub devices: u32,
-    /// When the user was last online, epoch ms; null while online or never seen.
-    pub last_seen: Option<i64>,
-    /// Optional status text.
-    pub text: Option<String>,
-}
-
-/// A transition as published on the `presence-events` channel by the scripts.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-pub struct Event {
-    /// The user's true presence after the transition.
-    #[serde(flatten)]
-    pub presence: crate::privacy::Presence,
-    /// Per-user sequence number, increasing with each transition; lets a
-    /// session drop an event its snapshot already reflects.
-    pub seq: u64,
 }
 
 /// A server frame: `type` first, then the body's fields.

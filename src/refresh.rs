@@ -97,7 +97,8 @@ impl Borrow<Lease> for Request {
 }
 
 /// Handle on the node's refresher task; cheap to clone. The task ends when
-/// the last handle is dropped.
+/// the last handle is dropped. The refresher owns the batching: sessions
+/// hand it their refreshes, and it calls the store like any other user.
 #[derive(Clone)]
 pub struct Refresher {
     tx: mpsc::UnboundedSender<Request>,
@@ -105,31 +106,23 @@ pub struct Refresher {
 
 impl Refresher {
     /// Starts the refresher task on the current tokio runtime; it sends
-    /// through `store` (whose own refreshes must not be batched).
+    /// through `store`.
     pub fn spawn(store: Store) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(run(store, rx));
         Self { tx }
     }
-}
 
-impl Store {
-    /// Refreshes `lease` in the refresher's next batch (or on its own when
-    /// this store does not batch). `state` must be marked refreshing; the
-    /// outcome lands there, and goes to `notify` when there is anything to
-    /// act on (see [`Refreshed`]).
+    /// Refreshes `lease` in the next batch. `state` must be marked
+    /// refreshing; the outcome lands there, and goes to `notify` when there
+    /// is anything to act on (see [`Refreshed`]).
     pub fn refresh(&self, lease: Lease, state: Arc<LeaseState>, notify: Recipient<Refreshed>) {
         let request = Request {
             lease,
             state,
             notify,
         };
-        let Some(refresher) = self.refresher() else {
-            let store = self.clone();
-            tokio::spawn(async move { send_batch(&store, vec![request]).await });
-            return;
-        };
-        if let Err(mpsc::error::SendError(request)) = refresher.tx.send(request) {
+        if let Err(mpsc::error::SendError(request)) = self.tx.send(request) {
             answer(request, Err(StoreError::RefresherStopped));
         }
     }

@@ -24,8 +24,9 @@ use tokio::sync::oneshot;
 
 use crate::conn::ConnHandle;
 use crate::keys;
-use crate::privacy::{self, Audience, Presence, Relation};
-use crate::protocol::{self, Event, Record};
+use crate::model::{Audience, Event, Presence, Record};
+use crate::privacy::{self, Relation};
+use crate::protocol;
 use crate::store::{Observed, Store};
 
 /// Identifies one session within this node.
@@ -192,6 +193,16 @@ pub struct RegistryStats {
     pub watched_users: usize,
     /// Records re-sent to sessions by resyncs since start.
     pub resynced: u64,
+}
+
+impl From<RegistryStats> for crate::metrics::NodeGauges {
+    fn from(s: RegistryStats) -> Self {
+        Self {
+            sessions: s.sessions,
+            watching_sessions: s.watching_sessions,
+            watched_users: s.watched_users,
+        }
+    }
 }
 
 /// One open session of this node.

@@ -15,8 +15,9 @@ use crate::auth::{Auth, Origins};
 use crate::config::Config;
 use crate::expiry::ExpiryListener;
 use crate::http::{self, AppState};
+use crate::refresh::Refresher;
 use crate::registry::{Registry, Shutdown};
-use crate::store::{self, Store};
+use crate::store::{self, RedisConn, Store};
 
 /// How long one Redis command may take before it fails.
 const REDIS_RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -66,11 +67,15 @@ pub async fn run(
         .await
         .with_context(|| format!("cannot connect to redis at {redis_url}"))?;
     store::ensure_expired_events(&mut conn).await?;
-    let store = Store::with_limits(conn, config.ttl, config.max_devices_per_user);
+    let store = Store::with_limits(
+        RedisConn::new(conn),
+        config.ttl,
+        config.max_devices_per_user,
+    );
     store.load_scripts().await.context("cannot load scripts")?;
     // Every session's lease refreshes go through one refresher task, which
     // sends them to Redis in batches.
-    let store = store.with_batched_refreshes();
+    let refresher = Refresher::spawn(store.clone());
 
     let (registry_ready, registry_subscribed) = oneshot::channel();
     let (expiry_ready, expiry_subscribed) = oneshot::channel();
@@ -97,6 +102,7 @@ pub async fn run(
 
     let state = web::Data::new(AppState {
         store,
+        refresher,
         registry: registry.clone(),
         config: config.clone(),
         next_session: AtomicU64::new(1),

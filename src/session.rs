@@ -5,8 +5,14 @@
 //! a client that stops answering, and on close releases the device through
 //! the atomic departure step, which leaves a lease alone that a newer
 //! connection of the same device has taken over.
+//!
+//! A session never pauses its mailbox on Redis. Client requests that need a
+//! Redis round trip (watch, status, privacy, and the registry's re-reads)
+//! wait in [`Requests`] and run one at a time, in order, while events,
+//! pings and pongs keep flowing; a slow Redis slows the answers, not the
+//! delivery of everything else.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
@@ -20,14 +26,12 @@ use crate::config::Config;
 use bytestring::ByteString;
 
 use crate::conn::ConnHandle;
+use crate::model::{Audience, ChosenStatus, Record, Status};
 use crate::privacy::{self, Relation};
-use crate::protocol::Record;
-use crate::protocol::{self, ClientFrame, ErrorCode, ProtocolError, Status};
-use crate::refresh::{LeaseState, Refreshed};
+use crate::protocol::{self, ClientFrame, ErrorCode, ProtocolError};
+use crate::refresh::{LeaseState, Refreshed, Refresher};
 use crate::registry::{self, Deliver, GoingAway, Recheck, Registry, SessionId};
-use crate::store::{
-    now_ms, Arrival, ArriveMode, ChosenStatus, Departure, Lease, Observed, Store, StoreResult,
-};
+use crate::store::{now_ms, Arrival, ArriveMode, Departure, Lease, Observed, Store, StoreResult};
 
 /// Close code sent when another connection of the same device took the lease.
 pub const CLOSE_REPLACED: u16 = 4001;
@@ -42,51 +46,30 @@ const FLOOD_CLOSE_FACTOR: u32 = 5;
 const RELEASE_RETRY_MIN: Duration = Duration::from_millis(100);
 /// Longest wait between release retries.
 const RELEASE_RETRY_MAX: Duration = Duration::from_secs(2);
+/// Requests that may wait for Redis behind the one in flight; past this a
+/// client gets `rate_limited` (the frame limiter bounds the rate, this
+/// bounds what a stalled Redis lets pile up).
+const MAX_PENDING_REQUESTS: usize = 32;
 
-/// One WebSocket connection.
+/// One WebSocket connection, its state grouped by what it is for.
 pub struct Session {
-    /// Unique within this node; the registry's key for this session.
-    id: SessionId,
-    /// The connected user.
-    user: String,
-    /// The connected device.
-    device: String,
-    /// Lease value naming this connection (`<node> <conn> <since>`).
-    owner: String,
-    /// Whether a lease refresh is in flight, and the deadline last written
-    /// to `presence-leases` (epoch ms), which lets the departure remove
-    /// exactly our entry and not a newer connection's. Shared with the
-    /// node's refresher.
-    lease_state: Arc<LeaseState>,
-    /// The lease belongs to this connection and must be released on close.
-    claimed: bool,
-    /// Redis state.
-    store: Store,
-    /// This node's registry.
-    registry: Addr<Registry>,
-    /// Timings and limits.
-    config: Arc<Config>,
-    /// Last client frame or pong; a silent client is disconnected.
-    last_activity: Instant,
-    /// The same, in epoch ms, shared with the registry, which cuts off a
-    /// session frozen by a client that stopped reading.
-    alive: Arc<AtomicI64>,
-    /// When the last lease refresh started (throttling).
-    last_refresh: Instant,
-    /// Watched users -> what this client was last told about them.
-    watching: HashMap<String, Seen>,
-    /// The user's chosen status as last seen in Redis, re-asserted if Redis
-    /// comes back without it.
-    known_status: Option<ChosenStatus>,
-    /// Handle on the TCP connection, handed to the registry to cut it when
-    /// this session falls too far behind.
+    /// Who this connection is; fixed for its life.
+    me: Me,
+    /// The node's shared parts this session talks to.
+    node: NodeParts,
+    /// The device lease this connection holds.
+    lease: LeaseHold,
+    /// When the client was last heard from.
+    liveness: Liveness,
+    /// The watched users and what the client was last told of each.
+    watches: Watches,
+    /// Requests waiting for Redis, answered in order.
+    requests: Requests,
+    /// Token bucket over client frames.
+    limiter: FrameLimiter,
+    /// Handle on the TCP connection, handed to the registry (at start) to
+    /// cut it when this session falls too far behind.
     conn: Option<ConnHandle>,
-    /// Client frames this session may still send now (token bucket).
-    tokens: f64,
-    /// When `tokens` was last refilled.
-    refilled: Instant,
-    /// Frames refused since the bucket last had a token.
-    refused: u32,
     /// With JWT auth: the token's state and the timers of its expiry.
     token: Option<TokenClock>,
 }
@@ -100,6 +83,9 @@ pub enum TokenState {
         /// The user the handshake asked for, if any.
         asked: Option<String>,
     },
+    /// The first frame's token is being verified; frames that come
+    /// meanwhile are taken in as usual (requests wait for the claim).
+    Verifying,
     /// Verified; the token's `exp`, epoch seconds.
     Valid(u64),
 }
@@ -114,6 +100,68 @@ struct TokenClock {
     timers: Vec<SpawnHandle>,
 }
 
+/// Who a session is: the registry's key, the user and device, and the
+/// value that marks the lease as this connection's.
+struct Me {
+    /// Unique within this node; the registry's key for this session.
+    id: SessionId,
+    /// The connected user; with a first-frame token, empty until that
+    /// token is verified, then fixed.
+    user: String,
+    /// The connected device.
+    device: String,
+    /// Lease value naming this connection (`<node> <conn> <since>`).
+    owner: String,
+}
+
+/// The node-wide parts a session uses, cloned in at start.
+pub struct NodeParts {
+    /// Redis state.
+    pub store: Store,
+    /// Batches this node's lease refreshes.
+    pub refresher: Refresher,
+    /// This node's registry.
+    pub registry: Addr<Registry>,
+    /// Timings and limits.
+    pub config: Arc<Config>,
+}
+
+/// The lease this connection holds, and what a refresh sends with it.
+struct LeaseHold {
+    /// Whether a lease refresh is in flight, and the deadline last written
+    /// to `presence-leases` (epoch ms), which lets the departure remove
+    /// exactly our entry and not a newer connection's. Shared with the
+    /// node's refresher.
+    state: Arc<LeaseState>,
+    /// The lease belongs to this connection and must be released on close.
+    claimed: bool,
+    /// When the last lease refresh started (throttling).
+    last_refresh: Instant,
+    /// The user's chosen status as last seen in Redis, re-asserted if Redis
+    /// comes back without it.
+    known_status: Option<ChosenStatus>,
+}
+
+/// When the client was last heard from: a silent client is disconnected.
+struct Liveness {
+    /// Last client frame or pong.
+    last_activity: Instant,
+    /// The same, in epoch ms, shared with the registry, which cuts off a
+    /// session frozen by a client that stopped reading.
+    alive: Arc<AtomicI64>,
+}
+
+/// The users this client watches.
+#[derive(Default)]
+struct Watches {
+    /// Watched users -> what this client was last told about them.
+    seen: HashMap<String, Seen>,
+    /// Events that arrived for a user whose snapshot read is still in
+    /// flight, the newest per user; delivered after the snapshot, which
+    /// drops those it already covers. Empty almost always.
+    early: HashMap<String, Deliver>,
+}
+
 /// What a session last told its client about one watched user.
 #[derive(Debug, Clone, Copy)]
 struct Seen {
@@ -126,6 +174,120 @@ struct Seen {
     /// How this session's user stands to the watched one: which view of
     /// each transition it gets.
     relation: Relation,
+    /// Asked for, but its snapshot has not been read yet: events for it
+    /// are held in [`Watches::early`] until it has.
+    pending: bool,
+}
+
+impl Default for Seen {
+    fn default() -> Self {
+        Self {
+            seq: 0,
+            fingerprint: 0,
+            relation: Relation::Other,
+            pending: false,
+        }
+    }
+}
+
+/// Client requests that need a Redis round trip. They run one at a time in
+/// arrival order, so that answers keep the order of the questions (a watch
+/// is answered by its snapshot before the next request's answer), and only
+/// once the lease is claimed, so that `hello` comes first.
+#[derive(Default)]
+struct Requests {
+    /// Waiting, oldest first.
+    queue: VecDeque<Request>,
+    /// One is in flight.
+    busy: bool,
+    /// The connect claim succeeded; requests may run.
+    ready: bool,
+}
+
+/// One request waiting for Redis.
+enum Request {
+    /// Register `new` with the registry, then read and send the snapshot of
+    /// `users`.
+    Watch {
+        /// Every user named by the frame, sorted.
+        users: Vec<String>,
+        /// Those not watched before the frame.
+        new: Vec<String>,
+    },
+    /// Set the user's status.
+    Status {
+        /// The chosen status.
+        status: Status,
+        /// Its text.
+        text: Option<String>,
+    },
+    /// Change the user's privacy settings.
+    Privacy {
+        /// Who may see the user online.
+        online: Option<Audience>,
+        /// Who may see the user's last seen.
+        last_seen: Option<Audience>,
+    },
+    /// Re-read a watched user whose contacts changed.
+    Recheck {
+        /// The watched user.
+        user: String,
+    },
+}
+
+/// Token bucket over client frames.
+struct FrameLimiter {
+    /// Client frames this session may still send now.
+    tokens: f64,
+    /// When `tokens` was last refilled.
+    refilled: Instant,
+    /// Frames refused since the bucket last had a token.
+    refused: u32,
+}
+
+/// What [`FrameLimiter::take`] decided about one frame.
+#[derive(Debug, PartialEq, Eq)]
+enum Admission {
+    /// Go ahead.
+    Admitted,
+    /// Refused; the first refusal of a run, worth telling the client.
+    RefusedFirst,
+    /// Refused again.
+    Refused,
+    /// A sustained flood: close the session.
+    Flood,
+}
+
+impl FrameLimiter {
+    /// A full bucket for `rate` frames per second (bursts of twice that).
+    fn new(rate: u32, now: Instant) -> Self {
+        Self {
+            tokens: f64::from(rate) * 2.0,
+            refilled: now,
+            refused: 0,
+        }
+    }
+
+    /// Takes a token for one frame at `rate` frames per second.
+    fn take(&mut self, rate: u32, now: Instant) -> Admission {
+        let per_sec = f64::from(rate);
+        let elapsed = now.duration_since(self.refilled).as_secs_f64();
+        self.refilled = now;
+        self.tokens = (self.tokens + elapsed * per_sec).min(per_sec * 2.0);
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            self.refused = 0;
+            return Admission::Admitted;
+        }
+        self.refused += 1;
+        if self.refused == 1 {
+            Admission::RefusedFirst
+        } else if self.refused > rate * FLOOD_CLOSE_FACTOR {
+            Admission::Flood
+        } else {
+            Admission::Refused
+        }
+    }
 }
 
 /// Who a new session is.
@@ -144,50 +306,36 @@ pub struct Identity {
     pub token: Option<(Arc<Auth>, TokenState)>,
 }
 
-impl Default for Seen {
-    fn default() -> Self {
-        Self {
-            seq: 0,
-            fingerprint: 0,
-            relation: Relation::Other,
-        }
-    }
-}
-
 impl Session {
     /// A session for `who` on connection `conn`.
-    pub fn new(
-        who: Identity,
-        store: Store,
-        registry: Addr<Registry>,
-        config: Arc<Config>,
-        conn: Option<ConnHandle>,
-    ) -> Self {
+    pub fn new(who: Identity, node: NodeParts, conn: Option<ConnHandle>) -> Self {
         let now = Instant::now();
-        let burst = f64::from(config.max_frames_per_sec) * 2.0;
         Self {
-            id: who.id,
-            user: who.user,
-            device: who.device,
-            owner: who.owner,
-            lease_state: Arc::default(),
-            claimed: false,
-            store,
-            registry,
-            config,
-            last_activity: now,
-            alive: Arc::new(AtomicI64::new(now_ms())),
-            last_refresh: now,
-            watching: HashMap::new(),
-            // Since 0: applied only where no status is stored at all.
-            known_status: who.status.map(|s| ChosenStatus {
-                status: s.as_str().to_string(),
-                ..ChosenStatus::default()
-            }),
+            me: Me {
+                id: who.id,
+                user: who.user,
+                device: who.device,
+                owner: who.owner,
+            },
+            lease: LeaseHold {
+                state: Arc::default(),
+                claimed: false,
+                last_refresh: now,
+                // Since 0: applied only where no status is stored at all.
+                known_status: who.status.map(|s| ChosenStatus {
+                    status: s.as_str().to_string(),
+                    ..ChosenStatus::default()
+                }),
+            },
+            liveness: Liveness {
+                last_activity: now,
+                alive: Arc::new(AtomicI64::new(now_ms())),
+            },
+            watches: Watches::default(),
+            requests: Requests::default(),
+            limiter: FrameLimiter::new(node.config.max_frames_per_sec, now),
+            node,
             conn,
-            tokens: burst,
-            refilled: now,
-            refused: 0,
             token: who.token.map(|(auth, state)| TokenClock {
                 auth,
                 state,
@@ -204,47 +352,41 @@ impl Session {
     /// Takes a token for one client frame. Returns false when the frame is
     /// to be refused; a sustained flood closes the session with 1008.
     fn admit(&mut self, ctx: &mut ws::WebsocketContext<Self>) -> bool {
-        let rate = f64::from(self.config.max_frames_per_sec);
-        let now = Instant::now();
-        let elapsed = now.duration_since(self.refilled).as_secs_f64();
-        self.refilled = now;
-        self.tokens = (self.tokens + elapsed * rate).min(rate * 2.0);
-        if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
-            self.refused = 0;
-            return true;
-        }
-        self.refused += 1;
-        if self.refused == 1 {
-            let err = ProtocolError::new(
-                ErrorCode::RateLimited,
-                format!(
-                    "more than {} frames per second; frames are refused until the rate drops",
-                    self.config.max_frames_per_sec
-                ),
-            );
-            self.send_error(ctx, &err);
-        } else if self.refused > self.config.max_frames_per_sec * FLOOD_CLOSE_FACTOR {
-            log::warn!("{}/{}: flooding, closing", self.user, self.device);
-            crate::metrics::METRICS.floods.inc();
-            ctx.close(Some(ws::CloseReason {
-                code: ws::CloseCode::Policy,
-                description: Some("too many frames".into()),
-            }));
-            ctx.stop();
+        let rate = self.node.config.max_frames_per_sec;
+        match self.limiter.take(rate, Instant::now()) {
+            Admission::Admitted => return true,
+            Admission::RefusedFirst => {
+                let err = ProtocolError::new(
+                    ErrorCode::RateLimited,
+                    format!(
+                        "more than {rate} frames per second; frames are refused until the rate drops"
+                    ),
+                );
+                self.send_error(ctx, &err);
+            }
+            Admission::Refused => {}
+            Admission::Flood => {
+                log::warn!("{}/{}: flooding, closing", self.me.user, self.me.device);
+                crate::metrics::METRICS.floods.inc();
+                ctx.close(Some(ws::CloseReason {
+                    code: ws::CloseCode::Policy,
+                    description: Some("too many frames".into()),
+                }));
+                ctx.stop();
+            }
         }
         false
     }
 
     /// Pings the client every heartbeat; stops a client that went silent.
     fn hb(&self, ctx: &mut ws::WebsocketContext<Self>) {
-        ctx.run_interval(self.config.heartbeat, |act, ctx| {
-            if act.last_activity.elapsed() > act.config.client_timeout() {
+        ctx.run_interval(self.node.config.heartbeat, |act, ctx| {
+            let timeout = act.node.config.client_timeout();
+            if act.liveness.last_activity.elapsed() > timeout {
                 log::debug!(
-                    "{}/{}: silent for {:?}, disconnecting",
-                    act.user,
-                    act.device,
-                    act.config.client_timeout()
+                    "{}/{}: silent for {timeout:?}, disconnecting",
+                    act.me.user,
+                    act.me.device,
                 );
                 ctx.stop();
                 return;
@@ -255,9 +397,10 @@ impl Session {
 
     /// The arrival step for this connection, as a future.
     fn arrive(&self, mode: ArriveMode) -> impl Future<Output = StoreResult<Arrival>> + 'static {
-        let store = self.store.clone();
-        let (user, device, owner) = (self.user.clone(), self.device.clone(), self.owner.clone());
-        let known = self.known_status.clone();
+        let store = self.node.store.clone();
+        let me = &self.me;
+        let (user, device, owner) = (me.user.clone(), me.device.clone(), me.owner.clone());
+        let known = self.lease.known_status.clone();
         async move {
             store
                 .arrive(&user, &device, &owner, mode, known.as_ref())
@@ -269,28 +412,30 @@ impl Session {
     /// that finds the lease gone (Redis restarted empty, or it lapsed while
     /// Redis was unreachable) claims it again with the user's status. The
     /// node's refresher batches it with other sessions' refreshes and
-    /// settles `lease_state`; anything else comes back as [`Refreshed`].
+    /// settles the lease state; anything else comes back as [`Refreshed`].
     fn touch(&mut self, ctx: &mut ws::WebsocketContext<Self>) {
-        self.last_activity = Instant::now();
-        self.alive.store(now_ms(), Ordering::Relaxed);
-        if !self.claimed
-            || self.lease_state.refreshing()
-            || self.last_refresh.elapsed() < self.config.refresh_interval()
+        self.liveness.last_activity = Instant::now();
+        self.liveness.alive.store(now_ms(), Ordering::Relaxed);
+        let lease = &mut self.lease;
+        if !lease.claimed
+            || lease.state.refreshing()
+            || lease.last_refresh.elapsed() < self.node.config.refresh_interval()
         {
             return;
         }
-        self.lease_state.start();
+        lease.state.start();
         // Stamped when it starts: under load a slow round trip must not
         // make every frame meanwhile count as due.
-        self.last_refresh = Instant::now();
-        let lease = Lease {
-            user: self.user.clone(),
-            device: self.device.clone(),
-            owner: self.owner.clone(),
-            known: self.known_status.clone(),
+        lease.last_refresh = Instant::now();
+        let request = Lease {
+            user: self.me.user.clone(),
+            device: self.me.device.clone(),
+            owner: self.me.owner.clone(),
+            known: lease.known_status.clone(),
         };
-        self.store
-            .refresh(lease, self.lease_state.clone(), ctx.address().recipient());
+        self.node
+            .refresher
+            .refresh(request, lease.state.clone(), ctx.address().recipient());
     }
 }
 
@@ -300,7 +445,8 @@ impl Handler<Refreshed> for Session {
     /// A refresh came back with something to act on: the lease was lost,
     /// re-asserted or found with another status, or the refresh failed.
     fn handle(&mut self, Refreshed(res): Refreshed, ctx: &mut Self::Context) {
-        self.lease_state.finish();
+        self.lease.state.finish();
+        let Me { user, device, .. } = &self.me;
         match res {
             Ok(Arrival::Held {
                 came_online,
@@ -308,26 +454,22 @@ impl Handler<Refreshed> for Session {
                 ..
             }) => {
                 if status.is_some() {
-                    self.known_status = status;
+                    self.lease.known_status = status;
                 }
                 if came_online {
-                    log::info!("{}/{}: lease re-asserted", self.user, self.device);
+                    log::info!("{user}/{device}: lease re-asserted");
                 }
             }
             Ok(Arrival::Replaced | Arrival::TooManyDevices) => {
-                log::debug!(
-                    "{}/{}: replaced by a newer connection",
-                    self.user,
-                    self.device
-                );
-                self.claimed = false;
+                log::debug!("{user}/{device}: replaced by a newer connection");
+                self.lease.claimed = false;
                 ctx.close(Some(ws::CloseReason {
                     code: ws::CloseCode::Other(CLOSE_REPLACED),
                     description: Some("device connected elsewhere".into()),
                 }));
                 ctx.stop();
             }
-            Err(e) => log::warn!("{}/{}: lease refresh failed: {e}", self.user, self.device),
+            Err(e) => log::warn!("{user}/{device}: lease refresh failed: {e}"),
         }
     }
 }
@@ -342,10 +484,11 @@ impl Session {
             ClientFrame::Watch { users } => self.watch(users, ctx),
             ClientFrame::Unwatch { users } => {
                 for user in &users {
-                    self.watching.remove(user);
+                    self.watches.seen.remove(user);
+                    self.watches.early.remove(user);
                 }
-                self.registry.do_send(registry::Unwatch {
-                    session: self.id,
+                self.node.registry.do_send(registry::Unwatch {
+                    session: self.me.id,
                     users,
                 });
             }
@@ -354,22 +497,7 @@ impl Session {
                 let Ok(status) = Status::parse(&status) else {
                     return;
                 };
-                let store = self.store.clone();
-                let user = self.user.clone();
-                let chosen_text = text.clone().unwrap_or_default();
-                let set = async move { store.set_status(&user, status, text.as_deref()).await };
-                ctx.wait(set.into_actor(self).map(move |res, act, ctx| match res {
-                    Ok(since) => {
-                        let known = act.known_status.get_or_insert_with(Default::default);
-                        known.status = status.as_str().to_string();
-                        known.text = chosen_text;
-                        known.since = since;
-                    }
-                    Err(e) => {
-                        log::warn!("{}: status change failed: {e}", act.user);
-                        act.send_error(ctx, &unavailable());
-                    }
-                }));
+                self.request(Request::Status { status, text }, ctx);
             }
             ClientFrame::Heartbeat => {}
             ClientFrame::Auth { token } => self.authenticate(token.0, ctx),
@@ -380,106 +508,343 @@ impl Session {
                 else {
                     return;
                 };
-                let store = self.store.clone();
-                let user = self.user.clone();
-                let set = async move { store.set_privacy(&user, online, last_seen).await };
-                ctx.wait(set.into_actor(self).map(move |res, act, ctx| match res {
-                    Ok(_) => {
-                        let known = act.known_status.get_or_insert_with(Default::default);
-                        if let Some(a) = online {
-                            known.show_online = a.as_str().to_string();
-                        }
-                        if let Some(a) = last_seen {
-                            known.show_last_seen = a.as_str().to_string();
-                        }
-                    }
-                    Err(e) => {
-                        log::warn!("{}: privacy change failed: {e}", act.user);
-                        act.send_error(ctx, &unavailable());
-                    }
-                }));
+                self.request(Request::Privacy { online, last_seen }, ctx);
             }
         }
     }
 
-    /// Registers the watch, then answers with a snapshot. The actor waits
-    /// for both, so live events queued meanwhile follow the snapshot.
+    /// Checks a watch against the limit, marks its new users pending and
+    /// queues it; the snapshot follows when its turn comes.
     fn watch(&mut self, mut users: Vec<String>, ctx: &mut ws::WebsocketContext<Self>) {
         users.sort();
         users.dedup();
-        if users.is_empty() {
-            self.send(ctx, protocol::snapshot_frame(&[]));
-            return;
-        }
         let new: Vec<String> = users
             .iter()
-            .filter(|u| !self.watching.contains_key(*u))
+            .filter(|u| !self.watches.seen.contains_key(*u))
             .cloned()
             .collect();
-        if self.watching.len() + new.len() > self.config.max_watches {
-            self.send_error(
-                ctx,
-                &ProtocolError::new(
-                    ErrorCode::TooManyWatches,
-                    format!(
-                        "a session may watch at most {} users (watching {}, asked for {} more)",
-                        self.config.max_watches,
-                        self.watching.len(),
-                        new.len()
-                    ),
+        let max = self.node.config.max_watches;
+        let watching = self.watches.seen.len();
+        if watching + new.len() > max {
+            let err = ProtocolError::new(
+                ErrorCode::TooManyWatches,
+                format!(
+                    "a session may watch at most {max} users (watching {watching}, asked for {} more)",
+                    new.len()
                 ),
             );
+            self.send_error(ctx, &err);
             return;
         }
-        let registry = self.registry.clone();
-        let store = self.store.clone();
-        let session = self.id;
+        for user in &new {
+            let seen = Seen {
+                pending: true,
+                ..Seen::default()
+            };
+            self.watches.seen.insert(user.clone(), seen);
+        }
+        self.request(Request::Watch { users, new }, ctx);
+    }
+
+    /// Queues a request for Redis and starts it if nothing is in flight.
+    fn request(&mut self, request: Request, ctx: &mut ws::WebsocketContext<Self>) {
+        if self.requests.queue.len() >= MAX_PENDING_REQUESTS {
+            if let Request::Watch { new, .. } = &request {
+                self.forget_pending(new);
+            }
+            let err = ProtocolError::new(
+                ErrorCode::RateLimited,
+                format!(
+                    "{MAX_PENDING_REQUESTS} requests are already waiting for the presence store; try again"
+                ),
+            );
+            self.send_error(ctx, &err);
+            return;
+        }
+        self.requests.queue.push_back(request);
+        self.next_request(ctx);
+    }
+
+    /// Starts the oldest waiting request, unless one is in flight or the
+    /// lease is not claimed yet.
+    fn next_request(&mut self, ctx: &mut ws::WebsocketContext<Self>) {
+        if self.requests.busy || !self.requests.ready {
+            return;
+        }
+        let Some(request) = self.requests.queue.pop_front() else {
+            return;
+        };
+        self.requests.busy = true;
+        match request {
+            Request::Watch { users, new } => self.start_watch(users, new, ctx),
+            Request::Status { status, text } => self.start_status(status, text, ctx),
+            Request::Privacy { online, last_seen } => self.start_privacy(online, last_seen, ctx),
+            Request::Recheck { user } => self.start_recheck(user, ctx),
+        }
+    }
+
+    /// The request in flight is answered: start the next one.
+    fn request_done(&mut self, ctx: &mut ws::WebsocketContext<Self>) {
+        self.requests.busy = false;
+        self.next_request(ctx);
+    }
+
+    /// Registers the watch, then reads the snapshot: subscribed first, so
+    /// that no transition falls between the read and the subscription.
+    fn start_watch(
+        &mut self,
+        users: Vec<String>,
+        new: Vec<String>,
+        ctx: &mut ws::WebsocketContext<Self>,
+    ) {
+        if users.is_empty() {
+            self.send(ctx, protocol::snapshot_frame(&[]));
+            return self.request_done(ctx);
+        }
+        // An unwatch that came while this waited its turn wins.
+        let new: Vec<String> = new
+            .into_iter()
+            .filter(|u| self.watches.seen.get(u).is_some_and(|s| s.pending))
+            .collect();
+        let registry = self.node.registry.clone();
+        let store = self.node.store.clone();
+        let session = self.me.id;
         let watch = registry::Watch {
             session,
             addr: ctx.address().recipient(),
             recheck: ctx.address().recipient(),
             users: new.clone(),
         };
-        let viewer = self.user.clone();
+        let viewer = self.me.user.clone();
         let fut = async move {
             if let Err(e) = registry.send(watch).await {
                 log::error!("registry unreachable: {e}");
-                return None;
+                return Err(new);
             }
             match store.presences(&users, Some(&viewer)).await {
-                Ok(records) => Some(records),
+                Ok(records) => Ok(records),
                 Err(e) => {
                     log::warn!("snapshot failed: {e}");
                     // Undo what this frame added; earlier watches stay.
                     registry.do_send(registry::Unwatch {
                         session,
-                        users: new,
+                        users: new.clone(),
                     });
-                    None
+                    Err(new)
                 }
             }
         };
-        ctx.wait(fut.into_actor(self).map(|res, act, ctx| match res {
-            Some(observed) => {
-                let out: Vec<Record> = observed.iter().map(|o| act.observe(o)).collect();
-                act.send(ctx, protocol::snapshot_frame(&out));
+        ctx.spawn(fut.into_actor(self).map(|res, act, ctx| {
+            match res {
+                Ok(observed) => {
+                    let out: Vec<Record> = observed.iter().map(|o| act.observe(o)).collect();
+                    act.send(ctx, protocol::snapshot_frame(&out));
+                    let early: Vec<Deliver> = observed
+                        .iter()
+                        .filter_map(|o| act.watches.early.remove(&o.presence.user))
+                        .collect();
+                    for deliver in early {
+                        act.deliver(deliver, ctx);
+                    }
+                }
+                Err(new) => {
+                    act.forget_pending(&new);
+                    act.send_error(ctx, &unavailable());
+                }
             }
-            None => act.send_error(ctx, &unavailable()),
+            act.request_done(ctx);
         }));
     }
-}
 
-impl Session {
+    /// Drops watches that were asked for but never answered.
+    fn forget_pending(&mut self, users: &[String]) {
+        for user in users {
+            if self.watches.seen.get(user).is_some_and(|s| s.pending) {
+                self.watches.seen.remove(user);
+            }
+            self.watches.early.remove(user);
+        }
+    }
+
+    fn start_status(
+        &mut self,
+        status: Status,
+        text: Option<String>,
+        ctx: &mut ws::WebsocketContext<Self>,
+    ) {
+        let store = self.node.store.clone();
+        let user = self.me.user.clone();
+        let chosen_text = text.clone().unwrap_or_default();
+        let set = async move { store.set_status(&user, status, text.as_deref()).await };
+        ctx.spawn(set.into_actor(self).map(move |res, act, ctx| {
+            match res {
+                Ok(since) => {
+                    let known = act.lease.known_status.get_or_insert_with(Default::default);
+                    known.status = status.as_str().to_string();
+                    known.text = chosen_text;
+                    known.since = since;
+                }
+                Err(e) => {
+                    log::warn!("{}: status change failed: {e}", act.me.user);
+                    act.send_error(ctx, &unavailable());
+                }
+            }
+            act.request_done(ctx);
+        }));
+    }
+
+    fn start_privacy(
+        &mut self,
+        online: Option<Audience>,
+        last_seen: Option<Audience>,
+        ctx: &mut ws::WebsocketContext<Self>,
+    ) {
+        let store = self.node.store.clone();
+        let user = self.me.user.clone();
+        let set = async move { store.set_privacy(&user, online, last_seen).await };
+        ctx.spawn(set.into_actor(self).map(move |res, act, ctx| {
+            match res {
+                Ok(_) => {
+                    let known = act.lease.known_status.get_or_insert_with(Default::default);
+                    if let Some(a) = online {
+                        known.show_online = a.as_str().to_string();
+                    }
+                    if let Some(a) = last_seen {
+                        known.show_last_seen = a.as_str().to_string();
+                    }
+                }
+                Err(e) => {
+                    log::warn!("{}: privacy change failed: {e}", act.me.user);
+                    act.send_error(ctx, &unavailable());
+                }
+            }
+            act.request_done(ctx);
+        }));
+    }
+
+    /// Re-reads a watched user as this viewer and tells the client if what
+    /// it may see changed.
+    fn start_recheck(&mut self, user: String, ctx: &mut ws::WebsocketContext<Self>) {
+        if !self.watches.seen.contains_key(&user) {
+            return self.request_done(ctx);
+        }
+        let store = self.node.store.clone();
+        let viewer = self.me.user.clone();
+        let read = async move { store.presences(&[user], Some(&viewer)).await };
+        ctx.spawn(read.into_actor(self).map(|res, act, ctx| {
+            // On failure the next transition or resync brings it.
+            for o in res.unwrap_or_default() {
+                let Some(before) = act.watches.seen.get(&o.presence.user) else {
+                    continue;
+                };
+                let before = before.fingerprint;
+                let record = act.observe(&o);
+                if before != registry::fingerprint(&record) {
+                    act.send(ctx, protocol::presence_frame(&record));
+                }
+            }
+            act.request_done(ctx);
+        }));
+    }
+
     /// Takes in a fresh read of a watched user: how this viewer stands to
-    /// it, its sequence number, and the view this client now holds.
+    /// it, its sequence number, and the view this client now holds. The
+    /// view is returned even for a user unwatched meanwhile, whose entry
+    /// stays gone.
     fn observe(&mut self, o: &Observed) -> Record {
-        let relation = o.relation(Some(&self.user), self.config.contacts_only);
+        let relation = o.relation(Some(&self.me.user), self.node.config.contacts_only);
         let record = privacy::view(&o.presence, relation);
-        let seen = self.watching.entry(o.presence.user.clone()).or_default();
-        seen.seq = seen.seq.max(o.seq);
-        seen.relation = relation;
-        seen.fingerprint = registry::fingerprint(&record);
+        if let Some(seen) = self.watches.seen.get_mut(&o.presence.user) {
+            seen.seq = seen.seq.max(o.seq);
+            seen.relation = relation;
+            seen.fingerprint = registry::fingerprint(&record);
+            seen.pending = false;
+        }
         record
+    }
+
+    /// Passes a transition on to the client if it is news to it.
+    fn deliver(&mut self, msg: Deliver, ctx: &mut ws::WebsocketContext<Self>) {
+        let Some(seen) = self.watches.seen.get_mut(&*msg.user) else {
+            return;
+        };
+        if seen.pending {
+            // Held until the snapshot: keep the newest.
+            let early = &mut self.watches.early;
+            let newer = early
+                .get(&*msg.user)
+                .is_none_or(|held| msg.resync || msg.seq >= held.seq);
+            if newer {
+                early.insert(msg.user.to_string(), msg);
+            }
+            return;
+        }
+        // A live event no newer than what the client has is stale (its
+        // snapshot covered it); a resync read is newer than every event the
+        // registry let through before it, whatever its sequence number.
+        if !msg.resync && msg.seq <= seen.seq {
+            return;
+        }
+        seen.seq = seen.seq.max(msg.seq);
+        let view = &msg.views[seen.relation.index()];
+        if view.fingerprint == seen.fingerprint {
+            return;
+        }
+        seen.fingerprint = view.fingerprint;
+        crate::metrics::METRICS.transitions_delivered.inc();
+        self.send(ctx, view.frame.clone());
+    }
+
+    /// The connect claim came back.
+    fn claimed(&mut self, res: StoreResult<Arrival>, ctx: &mut ws::WebsocketContext<Self>) {
+        let Me { user, device, .. } = &self.me;
+        match res {
+            Ok(Arrival::Held {
+                status, deadline, ..
+            }) => {
+                self.lease.claimed = true;
+                crate::metrics::METRICS.devices.inc();
+                self.lease.state.set_deadline(deadline);
+                self.lease.known_status = status;
+                self.lease.last_refresh = Instant::now();
+                log::debug!("{user}/{device}: connected");
+                let config = &self.node.config;
+                let hello = protocol::hello_frame(
+                    user,
+                    device,
+                    config.heartbeat.as_millis() as u64,
+                    config.ttl.as_millis() as u64,
+                );
+                self.send(ctx, hello);
+                self.requests.ready = true;
+                self.next_request(ctx);
+            }
+            Ok(Arrival::TooManyDevices) => {
+                let limit = self.node.config.max_devices_per_user;
+                log::debug!("{user}/{device}: refused, {limit} devices already");
+                self.send_error(
+                    ctx,
+                    &ProtocolError::new(
+                        ErrorCode::TooManyDevices,
+                        format!("a user may have at most {limit} devices connected"),
+                    ),
+                );
+                ctx.close(Some(ws::CloseReason {
+                    code: ws::CloseCode::Policy,
+                    description: Some("too many devices".into()),
+                }));
+                ctx.stop();
+            }
+            other => {
+                log::warn!("{user}/{device}: cannot claim lease: {other:?}");
+                self.send_error(ctx, &unavailable());
+                ctx.close(Some(ws::CloseReason {
+                    code: ws::CloseCode::Other(CLOSE_UNAVAILABLE),
+                    description: Some("presence store unavailable".into()),
+                }));
+                ctx.stop();
+            }
+        }
     }
 }
 
@@ -530,7 +895,7 @@ impl Actor for Session {
     fn started(&mut self, ctx: &mut Self::Context) {
         // Bounded, so that a client that stops reading cannot grow the
         // server's memory: the registry cuts it off when this fills up.
-        ctx.set_mailbox_capacity(self.config.max_queued_events);
+        ctx.set_mailbox_capacity(self.node.config.max_queued_events);
         if self.awaiting_auth() {
             self.await_auth(ctx);
             return;
@@ -545,90 +910,52 @@ impl Actor for Session {
 
 impl Session {
     /// The session proper, once the user is known: join the registry,
-    /// ping, claim the lease, greet, and watch the token's expiry.
+    /// ping, claim the lease, and watch the token's expiry.
     fn begin(&mut self, ctx: &mut ws::WebsocketContext<Self>) {
         self.schedule_expiry(ctx);
-        self.registry.do_send(registry::Join {
-            session: self.id,
+        self.node.registry.do_send(registry::Join {
+            session: self.me.id,
             addr: ctx.address().recipient(),
             conn: self.conn.take(),
-            alive: self.alive.clone(),
+            alive: self.liveness.alive.clone(),
         });
         self.hb(ctx);
+        // Frames that come meanwhile are taken in; requests among them wait
+        // for the claim (see [`Requests`]).
         let claim = self.arrive(ArriveMode::Connect);
-        ctx.wait(claim.into_actor(self).map(|res, act, ctx| match res {
-            Ok(Arrival::Held {
-                status, deadline, ..
-            }) => {
-                act.claimed = true;
-                crate::metrics::METRICS.devices.inc();
-                act.lease_state.set_deadline(deadline);
-                act.known_status = status;
-                act.last_refresh = Instant::now();
-                log::debug!("{}/{}: connected", act.user, act.device);
-                let hello = protocol::hello_frame(
-                    &act.user,
-                    &act.device,
-                    act.config.heartbeat.as_millis() as u64,
-                    act.config.ttl.as_millis() as u64,
-                );
-                act.send(ctx, hello);
-            }
-            Ok(Arrival::TooManyDevices) => {
-                let limit = act.config.max_devices_per_user;
-                log::debug!(
-                    "{}/{}: refused, {limit} devices already",
-                    act.user,
-                    act.device
-                );
-                act.send_error(
-                    ctx,
-                    &ProtocolError::new(
-                        ErrorCode::TooManyDevices,
-                        format!("a user may have at most {limit} devices connected"),
-                    ),
-                );
-                ctx.close(Some(ws::CloseReason {
-                    code: ws::CloseCode::Policy,
-                    description: Some("too many devices".into()),
-                }));
-                ctx.stop();
-            }
-            other => {
-                log::warn!("{}/{}: cannot claim lease: {other:?}", act.user, act.device);
-                act.send_error(ctx, &unavailable());
-                ctx.close(Some(ws::CloseReason {
-                    code: ws::CloseCode::Other(CLOSE_UNAVAILABLE),
-                    description: Some("presence store unavailable".into()),
-                }));
-                ctx.stop();
-            }
-        }));
+        ctx.spawn(
+            claim
+                .into_actor(self)
+                .map(|res, act, ctx| act.claimed(res, ctx)),
+        );
     }
 
     /// The connection closed: leave the registry and release the lease.
     fn release_on_stop(&mut self) {
-        // `deadline` is set once the lease was claimed (`claimed` may be
+        // The deadline is set once the lease was claimed (`claimed` may be
         // cleared since, by a shutdown or a takeover).
-        if self.lease_state.deadline() != 0 {
+        if self.lease.state.deadline() != 0 {
             crate::metrics::METRICS.devices.dec();
         }
-        self.registry
-            .do_send(registry::Disconnect { session: self.id });
-        if !self.claimed {
-            log::debug!(
-                "{}/{}: closed without a lease to release",
-                self.user,
-                self.device
-            );
+        self.node.registry.do_send(registry::Disconnect {
+            session: self.me.id,
+        });
+        let Me {
+            user,
+            device,
+            owner,
+            ..
+        } = &mut self.me;
+        if !self.lease.claimed {
+            log::debug!("{user}/{device}: closed without a lease to release");
             return;
         }
         actix::spawn(release(
-            self.store.clone(),
-            std::mem::take(&mut self.user),
-            std::mem::take(&mut self.device),
-            std::mem::take(&mut self.owner),
-            self.lease_state.deadline(),
+            self.node.store.clone(),
+            std::mem::take(user),
+            std::mem::take(device),
+            std::mem::take(owner),
+            self.lease.state.deadline(),
         ));
     }
 }
@@ -640,7 +967,7 @@ impl Handler<GoingAway> for Session {
     /// elsewhere and leave the lease to lapse, so that a device that is back
     /// on another node within its TTL shows no transition at all.
     fn handle(&mut self, _: GoingAway, ctx: &mut Self::Context) {
-        self.claimed = false;
+        self.lease.claimed = false;
         ctx.close(Some(ws::CloseReason {
             code: ws::CloseCode::Away,
             description: Some("server shutting down, reconnect".into()),
@@ -653,50 +980,19 @@ impl Handler<Deliver> for Session {
     type Result = ();
 
     fn handle(&mut self, msg: Deliver, ctx: &mut Self::Context) {
-        let Some(seen) = self.watching.get_mut(&*msg.user) else {
-            return;
-        };
-        // A live event no newer than what the client has is stale (its
-        // snapshot covered it); a resync read is newer than every event the
-        // registry let through before it, whatever its sequence number.
-        if !msg.resync && msg.seq <= seen.seq {
-            return;
-        }
-        seen.seq = seen.seq.max(msg.seq);
-        let view = &msg.views[seen.relation.index()];
-        if view.fingerprint == seen.fingerprint {
-            return;
-        }
-        seen.fingerprint = view.fingerprint;
-        crate::metrics::METRICS.transitions_delivered.inc();
-        self.send(ctx, view.frame.clone());
+        self.deliver(msg, ctx);
     }
 }
 
 impl Handler<Recheck> for Session {
     type Result = ();
 
-    /// The user's contacts changed: re-read it as this viewer and tell the
-    /// client if what it may see changed.
+    /// The user's contacts changed: what this viewer may see of it may have
+    /// changed too; re-read it in turn with the other requests.
     fn handle(&mut self, msg: Recheck, ctx: &mut Self::Context) {
-        if !self.watching.contains_key(&msg.user) {
-            return;
+        if self.watches.seen.contains_key(&msg.user) {
+            self.request(Request::Recheck { user: msg.user }, ctx);
         }
-        let store = self.store.clone();
-        let viewer = self.user.clone();
-        let read = async move { store.presences(&[msg.user], Some(&viewer)).await };
-        ctx.wait(read.into_actor(self).map(|res, act, ctx| {
-            let Ok(observed) = res else {
-                return; // the next transition or resync brings it
-            };
-            for o in observed {
-                let before = act.watching.get(&o.presence.user).map(|s| s.fingerprint);
-                let record = act.observe(&o);
-                if before != Some(registry::fingerprint(&record)) {
-                    act.send(ctx, protocol::presence_frame(&record));
-                }
-            }
-        }));
     }
 }
 
@@ -709,14 +1005,14 @@ impl StreamHandler<Result<ws::Message, ws::ProtocolError>> for Session {
                     code: ws::CloseCode::Size,
                     description: Some(format!(
                         "frame larger than {} bytes",
-                        self.config.max_frame_bytes
+                        self.node.config.max_frame_bytes
                     )),
                 }));
                 ctx.stop();
                 return;
             }
             Err(e) => {
-                log::debug!("{}/{}: protocol error: {e}", self.user, self.device);
+                log::debug!("{}/{}: protocol error: {e}", self.me.user, self.me.device);
                 ctx.stop();
                 return;
             }
@@ -780,9 +1076,9 @@ impl Session {
     /// Closes the connection with 1008 unless its `auth` frame is in by
     /// the deadline.
     fn await_auth(&mut self, ctx: &mut ws::WebsocketContext<Self>) {
-        ctx.run_later(self.config.auth_timeout, |act, ctx| {
+        ctx.run_later(self.node.config.auth_timeout, |act, ctx| {
             if act.awaiting_auth() {
-                log::debug!("device {}: no auth frame in time, closing", act.device);
+                log::debug!("device {}: no auth frame in time, closing", act.me.device);
                 close_policy(ctx, "no auth frame in time");
             }
         });
@@ -791,7 +1087,7 @@ impl Session {
     /// The first frame of a connection that carried no token: it must be
     /// `{"type":"auth","token":...}`; anything else closes with 1008.
     fn first_frame(&mut self, text: &str, ctx: &mut ws::WebsocketContext<Self>) {
-        self.last_activity = Instant::now();
+        self.liveness.last_activity = Instant::now();
         match protocol::parse_client_frame(text) {
             Ok(ClientFrame::Auth { token }) => self.authenticate(token.0, ctx),
             _ => close_policy(
@@ -802,11 +1098,11 @@ impl Session {
     }
 
     /// Verifies `token`: the first one starts the session; a later one must
-    /// be for the same user and replaces the expiry. The actor waits for the
-    /// verification, so that no frame is handled before it is known who
-    /// sends it.
+    /// be for the same user and replaces the expiry. Verification may fetch
+    /// the provider's keys, so it runs beside the mailbox; frames that come
+    /// meanwhile are taken in, and their requests wait for the claim.
     fn authenticate(&mut self, token: String, ctx: &mut ws::WebsocketContext<Self>) {
-        let Some(clock) = &self.token else {
+        let Some(clock) = &mut self.token else {
             self.send_error(
                 ctx,
                 &ProtocolError::new(
@@ -816,11 +1112,19 @@ impl Session {
             );
             return;
         };
-        let first = self.awaiting_auth();
-        let asked = match &clock.state {
-            TokenState::Awaited { asked } => asked.clone(),
-            TokenState::Valid(_) => Some(self.user.clone()),
+        let (first, asked) = match &clock.state {
+            TokenState::Awaited { asked } => (true, asked.clone()),
+            TokenState::Verifying => {
+                // A second token before the first one is known: one at a time.
+                let err = ProtocolError::new(ErrorCode::BadRequest, "authentication in progress");
+                self.send_error(ctx, &err);
+                return;
+            }
+            TokenState::Valid(_) => (false, Some(self.me.user.clone())),
         };
+        if first {
+            clock.state = TokenState::Verifying;
+        }
         let auth = clock.auth.clone();
         let verify = async move {
             match &*auth {
@@ -828,21 +1132,21 @@ impl Session {
                 Auth::Dev => Err(AuthError::Invalid("no JWT auth".into())),
             }
         };
-        ctx.wait(verify.into_actor(self).map(move |res, act, ctx| match res {
+        ctx.spawn(verify.into_actor(self).map(move |res, act, ctx| match res {
             Ok(verified) => {
                 if let Some(clock) = &mut act.token {
                     clock.state = TokenState::Valid(verified.exp);
                 }
                 if first {
-                    act.user = verified.user;
+                    act.me.user = verified.user;
                     act.begin(ctx);
                 } else {
-                    log::debug!("{}/{}: token refreshed", act.user, act.device);
+                    log::debug!("{}/{}: token refreshed", act.me.user, act.me.device);
                     act.schedule_expiry(ctx);
                 }
             }
             Err(e) if first => {
-                log::debug!("device {}: auth frame refused: {e}", act.device);
+                log::debug!("device {}: auth frame refused: {e}", act.me.device);
                 close_policy(ctx, &e.to_string());
             }
             Err(e) => {
@@ -868,14 +1172,14 @@ impl Session {
             return;
         };
         let notice = ctx.run_later(
-            left.saturating_sub(self.config.auth_expiring),
+            left.saturating_sub(self.node.config.auth_expiring),
             |act, ctx| {
                 let in_ms = act.token_left().unwrap_or_default().as_millis() as u64;
                 act.send(ctx, protocol::auth_expiring_frame(in_ms));
             },
         );
         let close = ctx.run_later(left, |act, ctx| {
-            log::debug!("{}/{}: token expired, closing", act.user, act.device);
+            log::debug!("{}/{}: token expired, closing", act.me.user, act.me.device);
             ctx.close(Some(ws::CloseReason {
                 code: ws::CloseCode::Other(CLOSE_TOKEN_EXPIRED),
                 description: Some("token expired".into()),
@@ -915,4 +1219,27 @@ fn close_policy(ctx: &mut ws::WebsocketContext<Session>, reason: &str) {
         description: Some(reason[..end].to_string()),
     }));
     ctx.stop();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limiter_refuses_past_the_burst_then_calls_a_flood() {
+        let start = Instant::now();
+        let mut limiter = FrameLimiter::new(2, start);
+        // A burst of twice the rate passes.
+        for _ in 0..4 {
+            assert_eq!(limiter.take(2, start), Admission::Admitted);
+        }
+        assert_eq!(limiter.take(2, start), Admission::RefusedFirst);
+        for _ in 0..(2 * FLOOD_CLOSE_FACTOR - 1) {
+            assert_eq!(limiter.take(2, start), Admission::Refused);
+        }
+        assert_eq!(limiter.take(2, start), Admission::Flood);
+        // Half a second refills one token.
+        let later = start + Duration::from_millis(500);
+        assert_eq!(limiter.take(2, later), Admission::Admitted);
+    }
 }

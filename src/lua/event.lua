@@ -1,4 +1,4 @@
--- Prepended to every script that publishes a transition (see store.rs), so
+-- Prepended to every script that publishes a transition (see store/scripts.rs), so
 -- that the sequence number and the event are made in one place.
 
 -- The user's next transition sequence number: never below now, so it keeps

@@ -1,0 +1,156 @@
+//! The presence data every layer shares: what a user chose ([`Status`],
+//! [`Audience`], [`ChosenStatus`]), the truth about a user ([`Presence`],
+//! published as an [`Event`]) and what one viewer is shown of it
+//! ([`Record`]). It imports nothing of the crate, so that the protocol, the
+//! privacy rules and the store can all use it without importing each other.
+
+use serde::{Deserialize, Serialize};
+
+/// A status a user may choose.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    /// Available.
+    Online,
+    /// Away from the keyboard.
+    Away,
+    /// Do not disturb.
+    Busy,
+    /// Online, but offline to everyone else.
+    Invisible,
+}
+
+impl Status {
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Online => "online",
+            Status::Away => "away",
+            Status::Busy => "busy",
+            Status::Invisible => "invisible",
+        }
+    }
+
+    /// Parses a client's choice.
+    pub fn parse(s: &str) -> Result<Self, UnknownStatus> {
+        match s {
+            "online" => Ok(Status::Online),
+            "away" => Ok(Status::Away),
+            "busy" => Ok(Status::Busy),
+            "invisible" => Ok(Status::Invisible),
+            other => Err(UnknownStatus(other.to_string())),
+        }
+    }
+}
+
+/// A status name that is not one of [`Status`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("status must be online, away, busy or invisible, not {0:?}")]
+pub struct UnknownStatus(pub String);
+
+/// Who may see one piece of a user's presence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Audience {
+    /// Anyone who can ask.
+    #[default]
+    Everyone,
+    /// Only the user's contacts.
+    Contacts,
+    /// No one but the user.
+    Nobody,
+}
+
+impl Audience {
+    /// Parses `everyone`, `contacts` or `nobody`.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "everyone" => Some(Audience::Everyone),
+            "contacts" => Some(Audience::Contacts),
+            "nobody" => Some(Audience::Nobody),
+            _ => None,
+        }
+    }
+
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Audience::Everyone => "everyone",
+            Audience::Contacts => "contacts",
+            Audience::Nobody => "nobody",
+        }
+    }
+}
+
+/// A user's true presence with what decides who may see it; what the
+/// scripts publish and `read.lua` returns.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct Presence {
+    /// The user.
+    pub user: String,
+    /// online, away, busy, invisible (while online) or offline.
+    pub status: String,
+    /// Live devices.
+    pub devices: u32,
+    /// Last time the user went offline, epoch ms.
+    pub last_seen: Option<i64>,
+    /// Status text.
+    pub text: Option<String>,
+    /// The status the user chose (kept while offline).
+    #[serde(default = "online")]
+    pub chosen: String,
+    /// When it was chosen, epoch ms.
+    #[serde(default)]
+    pub since: i64,
+    /// Who may see that the user is online.
+    #[serde(default)]
+    pub show_online: Audience,
+    /// Who may see when the user was last seen.
+    #[serde(default)]
+    pub show_last_seen: Audience,
+}
+
+fn online() -> String {
+    "online".into()
+}
+
+/// A user's chosen status and privacy settings as stored in Redis; what a
+/// session re-asserts if Redis loses them.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ChosenStatus {
+    /// online, away, busy or invisible ("" for none chosen).
+    pub status: String,
+    /// Free text, "" for none.
+    pub text: String,
+    /// When the status was chosen, epoch ms.
+    pub since: i64,
+    /// Who may see the user online ("" when unset).
+    pub show_online: String,
+    /// Who may see the user's last seen ("" when unset).
+    pub show_last_seen: String,
+}
+
+/// What a viewer sees of one user.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Record {
+    /// The user.
+    pub user: String,
+    /// online, away, busy or offline.
+    pub status: String,
+    /// Number of live devices.
+    pub devices: u32,
+    /// When the user was last online, epoch ms; null while online or never seen.
+    pub last_seen: Option<i64>,
+    /// Optional status text.
+    pub text: Option<String>,
+}
+
+/// A transition as published on the `presence-events` channel by the scripts.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct Event {
+    /// The user's true presence after the transition.
+    #[serde(flatten)]
+    pub presence: Presence,
+    /// Per-user sequence number, increasing with each transition; lets a
+    /// session drop an event its snapshot already reflects.
+    pub seq: u64,
+}

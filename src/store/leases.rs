@@ -1,0 +1,278 @@
+//! A device arriving (connect, refresh: `arrive.lua`) and departing
+//! (`depart.lua`), with the bucketless global indexes written beside the
+//! scripts: `presence-leases` (deadlines), `presence-online` and
+//! `presence-lastseen`.
+
+use std::borrow::Borrow;
+
+use redis::Pipeline;
+
+use super::scripts::{parse_arrival, parse_departure};
+use super::{now_ms, Store, StoreError, StoreResult};
+use crate::keys;
+use crate::model::ChosenStatus;
+
+/// How [`Store::arrive`] treats a lease held by another connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ArriveMode {
+    /// A new connection: take the lease over from any older one.
+    Connect,
+    /// A live connection: keep the lease only while it is still ours.
+    Refresh,
+}
+
+/// One device's lease to claim or refresh, for [`Store::arrive_batch`].
+#[derive(Debug, Clone)]
+pub struct Lease {
+    /// The user.
+    pub user: String,
+    /// The device.
+    pub device: String,
+    /// The connection's lease value.
+    pub owner: String,
+    /// The user's status as this connection last saw it, restored if Redis
+    /// lost it.
+    pub known: Option<ChosenStatus>,
+}
+
+/// Outcome of [`Store::arrive`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Arrival {
+    /// The lease belongs to this connection.
+    Held {
+        /// This call made the user's first device arrive (and published
+        /// `online`).
+        came_online: bool,
+        /// The user's chosen status and privacy settings now; `None` when
+        /// they are exactly what the call sent as known (a refresh only).
+        status: Option<ChosenStatus>,
+        /// The deadline written to `presence-leases`, epoch ms.
+        deadline: i64,
+    },
+    /// Another connection took this device over; this one should close.
+    Replaced,
+    /// The user has the most devices allowed (connect only); nothing changed.
+    TooManyDevices,
+}
+
+/// Outcome of the departure step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Departure {
+    /// A lease still exists (not lapsed, or another connection's); it has
+    /// this many ms left (`None`: no TTL).
+    Leased {
+        /// Remaining TTL in ms.
+        ttl_ms: Option<u64>,
+    },
+    /// This call removed the device; `last_seen` is set when it was the
+    /// user's last device (and `offline` was published).
+    Removed {
+        /// Last-seen time published with `offline`, epoch ms.
+        last_seen: Option<i64>,
+    },
+    /// The device had already been removed.
+    AlreadyGone,
+}
+
+/// The value of a lease: which node and connection own it, since when.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseOwner<'a> {
+    /// Node id.
+    pub node: &'a str,
+    /// Connection id, unique per node run.
+    pub conn: &'a str,
+    /// When the connection was made, epoch ms.
+    pub connected_at: Option<i64>,
+}
+
+impl<'a> LeaseOwner<'a> {
+    /// Formats a lease value.
+    pub fn format(node: &str, conn: &str, connected_at: i64) -> String {
+        format!("{node} {conn} {connected_at}")
+    }
+
+    /// Reads a lease value back; unknown shapes give an empty connection
+    /// (the value is shown, never trusted: a lease is compared whole).
+    pub fn parse(value: &'a str) -> Self {
+        let mut parts = value.splitn(3, ' ');
+        Self {
+            node: parts.next().unwrap_or(""),
+            conn: parts.next().unwrap_or(""),
+            connected_at: parts.next().and_then(|s| s.parse().ok()),
+        }
+    }
+}
+
+impl Store {
+    /// Claims (connect) or refreshes (refresh) a device lease, counting the
+    /// device if it is new; publishes `online` for the user's first device.
+    /// `owner` is the connection's lease value; `known` the user's status
+    /// as this connection last saw it, restored if Redis lost it. Sessions
+    /// refresh through the node's refresher (`src/refresh.rs`) instead,
+    /// which batches.
+    pub async fn arrive(
+        &self,
+        user: &str,
+        device: &str,
+        owner: &str,
+        mode: ArriveMode,
+        known: Option<&ChosenStatus>,
+    ) -> StoreResult<Arrival> {
+        let lease = Lease {
+            user: user.to_string(),
+            device: device.to_string(),
+            owner: owner.to_string(),
+            known: known.cloned(),
+        };
+        self.arrive_batch(mode, std::slice::from_ref(&lease))
+            .await?
+            .pop()
+            .unwrap_or_else(|| Err(StoreError::reply(&keys::lease(user, device), "empty reply")))
+    }
+
+    /// The arrival step for many leases at once, in two round trips
+    /// whatever their number: one pipeline of `arrive.lua` calls, then, for
+    /// the leases still held, one `ZADD GT` of all their deadlines into
+    /// `presence-leases` and one of their users into `presence-online`.
+    /// Returns one outcome per lease, in order; `Err` when the first round
+    /// trip failed as a whole. A failed second round trip fails the leases
+    /// that were held (as one refresh on its own would).
+    pub async fn arrive_batch<L: Borrow<Lease>>(
+        &self,
+        mode: ArriveMode,
+        leases: &[L],
+    ) -> StoreResult<Vec<StoreResult<Arrival>>> {
+        let now = now_ms();
+        let deadline = now + self.ttl_ms as i64;
+        let mut pipe = redis::pipe();
+        // One bad reply fails its own lease, not the batch.
+        pipe.ignore_errors();
+        for lease in leases {
+            self.scripts.arrive(
+                &mut pipe,
+                lease.borrow(),
+                mode,
+                self.ttl_ms,
+                now,
+                self.max_devices,
+            );
+        }
+        let reply = self.query(&pipe).await?;
+        if reply.len() != leases.len() {
+            return Err(StoreError::reply(
+                keys::LEASES,
+                format!("{} replies to {} arrivals", reply.len(), leases.len()),
+            ));
+        }
+        // Only a holder writes the indexes: a replaced connection's deadline
+        // must not stand for the new owner's lease. GT keeps the latest
+        // deadline when two writes cross.
+        let mut deadlines = redis::cmd("ZADD");
+        deadlines.arg(keys::LEASES).arg("GT");
+        let mut online = redis::cmd("ZADD");
+        online.arg(keys::ONLINE).arg("GT");
+        let mut held = 0;
+        let mut out = Vec::with_capacity(leases.len());
+        for (lease, value) in leases.iter().zip(&reply) {
+            let lease = lease.borrow();
+            let arrival = parse_arrival(value, &lease.user, deadline);
+            if let Ok(Arrival::Held { .. }) = arrival {
+                held += 1;
+                deadlines
+                    .arg(deadline)
+                    .arg(keys::lease_member(&lease.user, &lease.device));
+                online.arg(now).arg(&lease.user);
+            }
+            out.push(arrival);
+        }
+        if held > 0 {
+            let mut pipe = redis::pipe();
+            pipe.add_command(deadlines).ignore();
+            pipe.add_command(online).ignore();
+            if let Err(e) = self.query(&pipe).await {
+                for arrival in &mut out {
+                    if let Ok(Arrival::Held { .. }) = arrival {
+                        *arrival = Err(e.clone());
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The departure step for one device. `owner` is the closing
+    /// connection's lease value with the deadline it last wrote to
+    /// `presence-leases`; `None` when the lease lapsed (expired event).
+    pub async fn depart(
+        &self,
+        user: &str,
+        device: &str,
+        owner: Option<(&str, i64)>,
+    ) -> StoreResult<Departure> {
+        let mut pipe = redis::pipe();
+        self.scripts.depart(
+            &mut pipe,
+            user,
+            device,
+            owner.map_or("", |(o, _)| o),
+            now_ms(),
+        );
+        let reply = self.query(&pipe).await?;
+        let first = reply
+            .first()
+            .ok_or_else(|| StoreError::reply(&keys::count(user), "depart: empty reply"))?;
+        let departure = parse_departure(first, user)?;
+        let mut follow = redis::pipe();
+        if let Departure::Removed {
+            last_seen: Some(ts),
+        } = departure
+        {
+            record_offline(&mut follow, user, ts);
+        }
+        if let (Some((_, deadline)), Departure::Removed { .. } | Departure::AlreadyGone) =
+            (owner, departure)
+        {
+            // Our own deadline only: a newer connection's entry stays.
+            self.scripts
+                .zrem_if(
+                    &mut follow,
+                    keys::LEASES,
+                    &keys::lease_member(user, device),
+                    deadline,
+                )
+                .ignore();
+        }
+        if !follow.is_empty() {
+            // The departure itself is done; the indexes are repaired by the
+            // reconciliation pass if this fails.
+            if let Err(e) = self.query(&follow).await {
+                log::warn!("{user}/{device}: departed, but updating the indexes failed: {e}");
+            }
+        }
+        Ok(departure)
+    }
+}
+
+/// Adds the index updates that follow a user's last device leaving.
+pub(super) fn record_offline(pipe: &mut Pipeline, user: &str, last_seen: i64) {
+    pipe.cmd("ZADD")
+        .arg(keys::LAST_SEEN)
+        .arg("GT")
+        .arg(last_seen)
+        .arg(user)
+        .ignore();
+    pipe.zrem(keys::ONLINE, user).ignore();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lease_owner_round_trips() {
+        let v = LeaseOwner::format("n1", "c42", 1700);
+        let o = LeaseOwner::parse(&v);
+        assert_eq!((o.node, o.conn, o.connected_at), ("n1", "c42", Some(1700)));
+        assert_eq!(LeaseOwner::parse("junk").conn, "");
+    }
+}

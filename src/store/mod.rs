@@ -1,0 +1,188 @@
+//! Every Redis read and write of the server.
+//!
+//! # Layout
+//! - [`conn`]: [`RedisConn`], the one connection type the store calls Redis
+//!   through (timed into the metrics).
+//! - [`scripts`]: the atomic per-user steps (Lua files in `src/lua/`), each
+//!   called through one function, each reply parsed into a named type.
+//! - [`leases`]: a device arriving (connect, batched refresh) and departing.
+//! - [`records`]: reading users: one, a snapshot or a bulk query, and the
+//!   device detail.
+//! - [`lists`]: the online list and the last-seen retention.
+//! - [`status`]: chosen status, privacy settings and contacts.
+//! - [`passes`]: the node's periodic passes: deadline (timely expiry),
+//!   reconciliation, online-index pruning.
+//! - [`setup`]: what start-up checks in Redis.
+//!
+//! A reply that does not have the shape a step promises is a
+//! [`StoreError::Reply`] naming the key it came from; it never becomes a
+//! silent 0 or empty string.
+
+pub mod conn;
+pub mod leases;
+pub mod lists;
+pub mod passes;
+pub mod records;
+mod reply;
+mod scripts;
+pub mod setup;
+pub mod status;
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use redis::{Pipeline, RedisError, Value};
+
+pub use conn::RedisConn;
+pub use leases::{Arrival, ArriveMode, Departure, Lease, LeaseOwner};
+pub use lists::{Cursor, OnlinePage, OnlineUser};
+pub use records::{DeviceInfo, Observed};
+pub use setup::ensure_expired_events;
+
+use scripts::Scripts;
+
+/// A failed Redis operation.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum StoreError {
+    /// Redis refused the command or could not be reached.
+    #[error("redis: {0}")]
+    Redis(#[from] RedisError),
+    /// Redis answered with a shape the caller did not expect.
+    #[error("unexpected reply from redis: {0}")]
+    Parse(#[from] redis::ParsingError),
+    /// A reply, or a field of one, is not what the step promises.
+    #[error("unexpected reply from redis for {key}: {detail}")]
+    Reply {
+        /// The key (or step) the reply came from.
+        key: String,
+        /// What was wrong with it.
+        detail: String,
+    },
+    /// The node's lease refresher is gone (the node is stopping).
+    #[error("the lease refresher has stopped")]
+    RefresherStopped,
+}
+
+impl StoreError {
+    /// A reply from `key` that does not parse; logged here, once, with the
+    /// key, since it means Redis holds something our scripts never write.
+    pub(crate) fn reply(key: &str, detail: impl Into<String>) -> Self {
+        let detail = detail.into();
+        log::warn!("unexpected reply from redis for {key}: {detail}");
+        Self::Reply {
+            key: key.to_string(),
+            detail,
+        }
+    }
+}
+
+/// Result of a Redis operation.
+pub type StoreResult<T> = Result<T, StoreError>;
+
+/// Now, in epoch ms (the unit of every timestamp in Redis and on the wire).
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+fn is_noscript(v: &Value) -> bool {
+    matches!(v, Value::ServerError(e) if e.code() == "NOSCRIPT")
+}
+
+/// Handle on the shared Redis state; cheap to clone.
+#[derive(Clone)]
+pub struct Store {
+    /// The connection every command goes through.
+    conn: RedisConn,
+    /// The Lua steps, loaded once and called by SHA.
+    scripts: Arc<Scripts>,
+    /// The device lease TTL in ms.
+    ttl_ms: u64,
+    /// Devices one user may have at once.
+    max_devices: u32,
+}
+
+impl Store {
+    /// Wraps a connection; `ttl` is the device lease TTL.
+    pub fn new(conn: impl Into<RedisConn>, ttl: Duration) -> Self {
+        Self::with_limits(conn, ttl, crate::config::DEFAULT_MAX_DEVICES_PER_USER)
+    }
+
+    /// Wraps a connection; `ttl` is the device lease TTL, `max_devices` the
+    /// devices one user may have at once.
+    pub fn with_limits(conn: impl Into<RedisConn>, ttl: Duration, max_devices: u32) -> Self {
+        Self {
+            conn: conn.into(),
+            scripts: Arc::new(Scripts::new()),
+            ttl_ms: ttl.as_millis() as u64,
+            max_devices,
+        }
+    }
+
+    /// The lease TTL in ms.
+    pub fn ttl_ms(&self) -> u64 {
+        self.ttl_ms
+    }
+
+    /// A clone of the connection, for one command.
+    fn conn(&self) -> RedisConn {
+        self.conn.clone()
+    }
+
+    /// Runs `pipe`; when Redis has forgotten the scripts (restart, SCRIPT
+    /// FLUSH) loads them and runs it once more. That is safe because a
+    /// NOSCRIPT step did not run. With `ignore_errors`, per-command errors
+    /// come back as `Value::ServerError` for the caller to look at.
+    async fn query(&self, pipe: &Pipeline) -> StoreResult<Vec<Value>> {
+        let mut conn = self.conn();
+        let noscript = match pipe.query_async::<Vec<Value>>(&mut conn).await {
+            Err(e) if e.code() == Some("NOSCRIPT") => true,
+            Ok(values) if values.iter().any(is_noscript) => true,
+            other => return Ok(other?),
+        };
+        debug_assert!(noscript);
+        self.load_scripts().await?;
+        Ok(pipe.query_async(&mut conn).await?)
+    }
+
+    /// Loads every script into Redis's script cache.
+    pub async fn load_scripts(&self) -> StoreResult<()> {
+        let mut conn = self.conn();
+        for script in self.scripts.all() {
+            script.prepare_invoke().load_async(&mut conn).await?;
+        }
+        Ok(())
+    }
+
+    /// Up to `limit` members of the sorted set `key` whose score is at most
+    /// `max`, lowest first, each with its score as Redis wrote it (for
+    /// `zrem_if`, which compares it).
+    async fn scored_up_to(
+        &self,
+        key: &str,
+        max: i64,
+        limit: usize,
+    ) -> StoreResult<Vec<(String, String)>> {
+        let mut conn = self.conn();
+        Ok(redis::cmd("ZRANGE")
+            .arg(key)
+            .arg("-inf")
+            .arg(max)
+            .arg("BYSCORE")
+            .arg("LIMIT")
+            .arg(0)
+            .arg(limit)
+            .arg("WITHSCORES")
+            .query_async(&mut conn)
+            .await?)
+    }
+
+    /// PING, for `/healthz`.
+    pub async fn ping(&self) -> StoreResult<()> {
+        let mut conn = self.conn();
+        let _: String = redis::cmd("PING").query_async(&mut conn).await?;
+        Ok(())
+    }
+}

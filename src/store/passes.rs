@@ -1,0 +1,275 @@
+//! The node's periodic passes over Redis: the deadline pass that makes
+//! expiry timely (under a short lock, one node at a time), the
+//! reconciliation that repairs devices and counters after missed events,
+//! and the pruning of stale `presence-online` entries.
+
+use std::time::Duration;
+
+use super::leases::record_offline;
+use super::reply::int;
+use super::scripts::{parse_departure, parse_reconciled};
+use super::{now_ms, Departure, Store, StoreError, StoreResult};
+use crate::keys;
+
+/// Keys asked for per SCAN step of the reconciliation.
+const RECONCILE_SCAN_COUNT: usize = 500;
+
+/// What one step of the deadline pass did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reaped {
+    /// Due leases looked at.
+    pub looked_at: usize,
+    /// Devices the step removed.
+    pub removed: usize,
+}
+
+/// What one step of the reconciliation scan did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reconciliation {
+    /// SCAN cursor to continue from; 0 when the pass is over.
+    pub next_cursor: u64,
+    /// Users looked at.
+    pub looked_at: usize,
+    /// Users repaired.
+    pub repaired: usize,
+}
+
+/// What one step of the `presence-online` pruning did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pruned {
+    /// ZSCAN cursor to continue from; 0 when the pass is over.
+    pub next_cursor: u64,
+    /// Entries dropped.
+    pub dropped: usize,
+}
+
+impl Store {
+    /// Takes or keeps the deadline-pass lock for `hold`; true when this
+    /// node holds it.
+    pub async fn hold_reaper_lock(&self, node: &str, hold: Duration) -> StoreResult<bool> {
+        let mut conn = self.conn();
+        let ms = hold.as_millis() as u64;
+        let taken: Option<String> = redis::cmd("SET")
+            .arg(keys::REAPER_LOCK)
+            .arg(node)
+            .arg("NX")
+            .arg("PX")
+            .arg(ms)
+            .query_async(&mut conn)
+            .await?;
+        if taken.is_some() {
+            return Ok(true);
+        }
+        // Keep it only if it is still ours (it may have lapsed meanwhile).
+        let mut pipe = redis::pipe();
+        self.scripts
+            .lock_keep(&mut pipe, keys::REAPER_LOCK, node, ms);
+        let reply = self.query(&pipe).await?;
+        let kept = reply
+            .first()
+            .ok_or_else(|| StoreError::reply(keys::REAPER_LOCK, "lock_keep: empty reply"))?;
+        Ok(int(kept, keys::REAPER_LOCK)? == 1)
+    }
+
+    /// One step of the deadline pass: runs the departure step for up to
+    /// `max` leases whose deadline in `presence-leases` has passed. Reading
+    /// each lapsed lease makes Redis delete it and fire `expired` at once;
+    /// the step itself removes the device, so the pass is correct even when
+    /// no listener hears the event.
+    pub async fn reap_due(&self, max: usize) -> StoreResult<Reaped> {
+        let now = now_ms();
+        let due = self.scored_up_to(keys::LEASES, now, max).await?;
+        if due.is_empty() {
+            return Ok(Reaped {
+                looked_at: 0,
+                removed: 0,
+            });
+        }
+        let mut pipe = redis::pipe();
+        // One bad entry must not stall the pass for everyone.
+        pipe.ignore_errors();
+        for (member, _) in &due {
+            match keys::parse_lease_member(member) {
+                Some((user, device)) => {
+                    self.scripts.depart(&mut pipe, user, device, "", now);
+                }
+                None => {
+                    pipe.cmd("ECHO").arg("not a lease member");
+                }
+            }
+        }
+        let reply = self.query(&pipe).await?;
+        if reply.len() != due.len() {
+            return Err(StoreError::reply(
+                keys::LEASES,
+                format!("{} replies to {} departures", reply.len(), due.len()),
+            ));
+        }
+        let mut removed = 0;
+        let mut follow = redis::pipe();
+        for ((member, score), value) in due.iter().zip(&reply) {
+            let parsed = keys::parse_lease_member(member);
+            let departure = match parsed.map(|(user, _)| parse_departure(value, user)) {
+                Some(Ok(d)) => d,
+                None => {
+                    log::warn!(
+                        "dropping {member:?} from {}: not <user>:<device>",
+                        keys::LEASES
+                    );
+                    Departure::AlreadyGone
+                }
+                Some(Err(e)) => {
+                    log::warn!("dropping {member:?} from {}: {e}", keys::LEASES);
+                    Departure::AlreadyGone
+                }
+            };
+            match departure {
+                Departure::Leased { ttl_ms } => {
+                    let left = ttl_ms.unwrap_or(self.ttl_ms) as i64;
+                    follow
+                        .cmd("ZADD")
+                        .arg(keys::LEASES)
+                        .arg("XX")
+                        .arg("GT")
+                        .arg(now + left)
+                        .arg(member)
+                        .ignore();
+                }
+                Departure::Removed { .. } | Departure::AlreadyGone => {
+                    if let Departure::Removed { last_seen } = departure {
+                        removed += 1;
+                        if let (Some(ts), Some((user, _))) = (last_seen, parsed) {
+                            record_offline(&mut follow, user, ts);
+                        }
+                    }
+                    self.scripts
+                        .zrem_if(&mut follow, keys::LEASES, member, score)
+                        .ignore();
+                }
+            }
+        }
+        self.query(&follow).await?;
+        Ok(Reaped {
+            looked_at: due.len(),
+            removed,
+        })
+    }
+
+    /// One step of the reconciliation scan over the device sets: repairs
+    /// each user whose devices or counter disagree with the live leases and
+    /// publishes the transition that follows, once. `cursor` is the SCAN
+    /// cursor (0 starts a pass).
+    pub async fn reconcile_step(&self, cursor: u64) -> StoreResult<Reconciliation> {
+        let mut conn = self.conn();
+        let (next, found): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(keys::DEVICES_PATTERN)
+            .arg("COUNT")
+            .arg(RECONCILE_SCAN_COUNT)
+            .query_async(&mut conn)
+            .await?;
+        let users: Vec<&str> = found
+            .iter()
+            .filter_map(|k| keys::parse_devices(k))
+            .collect();
+        if users.is_empty() {
+            return Ok(Reconciliation {
+                next_cursor: next,
+                looked_at: 0,
+                repaired: 0,
+            });
+        }
+        let mut pipe = redis::pipe();
+        for user in &users {
+            pipe.smembers(keys::devices(user));
+        }
+        let members: Vec<Vec<String>> = pipe.query_async(&mut conn).await?;
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        let now = now_ms();
+        for (user, devices) in users.iter().zip(&members) {
+            self.scripts.reconcile(&mut pipe, user, devices, now);
+        }
+        let reply = self.query(&pipe).await?;
+        let mut repaired = 0;
+        let mut follow = redis::pipe();
+        for (user, value) in users.iter().zip(&reply) {
+            let r = match parse_reconciled(value, user) {
+                Ok(r) => r,
+                Err(e) => {
+                    log::warn!("reconciliation of {user} failed: {e}");
+                    continue;
+                }
+            };
+            if r.removed == 0 && r.old_count == r.new_count {
+                continue;
+            }
+            repaired += 1;
+            log::info!(
+                "reconciliation repaired {user}: {} device(s) without a lease removed, counter {} -> {}{}",
+                r.removed,
+                r.old_count,
+                r.new_count,
+                if r.transition { ", transition published" } else { "" }
+            );
+            if r.new_count == 0 {
+                follow.zrem(keys::ONLINE, *user).ignore();
+            }
+        }
+        if !follow.is_empty() {
+            self.query(&follow).await?;
+        }
+        Ok(Reconciliation {
+            next_cursor: next,
+            looked_at: users.len(),
+            repaired,
+        })
+    }
+
+    /// One step of the scan over `presence-online` that drops users no
+    /// longer online (an index entry left behind by a crash or a race).
+    pub async fn prune_online_step(&self, cursor: u64) -> StoreResult<Pruned> {
+        let mut conn = self.conn();
+        let (next, flat): (u64, Vec<String>) = redis::cmd("ZSCAN")
+            .arg(keys::ONLINE)
+            .arg(cursor)
+            .arg("COUNT")
+            .arg(RECONCILE_SCAN_COUNT)
+            .query_async(&mut conn)
+            .await?;
+        let entries: Vec<(&String, &String)> = flat
+            .chunks(2)
+            .filter_map(|c| Some((c.first()?, c.get(1)?)))
+            .collect();
+        if entries.is_empty() {
+            return Ok(Pruned {
+                next_cursor: next,
+                dropped: 0,
+            });
+        }
+        let mut pipe = redis::pipe();
+        for (user, _) in &entries {
+            pipe.exists(keys::count(user));
+        }
+        let online: Vec<bool> = pipe.query_async(&mut conn).await?;
+        let mut pipe = redis::pipe();
+        let mut dropped = 0;
+        for ((user, score), online) in entries.iter().zip(online) {
+            if !online {
+                dropped += 1;
+                // A user who came back meanwhile has a newer score and stays.
+                self.scripts
+                    .zrem_if(&mut pipe, keys::ONLINE, user, *score)
+                    .ignore();
+            }
+        }
+        if dropped > 0 {
+            self.query(&pipe).await?;
+        }
+        Ok(Pruned {
+            next_cursor: next,
+            dropped,
+        })
+    }
+}

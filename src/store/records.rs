@@ -1,0 +1,135 @@
+//! Reading users: the truth about one or many (`read.lua`, one atomic read
+//! per user), what a viewer may see of them, and a user's device detail.
+
+use super::scripts::parse_read;
+use super::{LeaseOwner, Store, StoreError, StoreResult};
+use crate::keys;
+use crate::model::{Presence, Record};
+use crate::privacy::{view, Relation};
+
+/// One user as read for a viewer: the truth, its sequence number, and
+/// whether the viewer is one of the user's contacts.
+#[derive(Debug, Clone)]
+pub struct Observed {
+    /// The user's true presence.
+    pub presence: Presence,
+    /// Its transition sequence number.
+    pub seq: u64,
+    /// The viewer is in the user's contacts.
+    pub is_contact: bool,
+}
+
+impl Observed {
+    /// How `viewer` stands to this user.
+    pub fn relation(&self, viewer: Option<&str>, contacts_only: bool) -> Relation {
+        Relation::of(viewer, &self.presence.user, self.is_contact, contacts_only)
+    }
+}
+
+/// One live device of a user, as shown by `GET /api/presence/{user}`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct DeviceInfo {
+    /// Device id.
+    pub device: String,
+    /// Node holding the connection.
+    pub node: Option<String>,
+    /// When the connection was made, epoch ms.
+    pub connected_at: Option<i64>,
+    /// Remaining lease TTL in ms.
+    pub expires_in_ms: Option<i64>,
+}
+
+impl Store {
+    /// The true presence of `users`, in order, each with its transition
+    /// sequence number (for dropping events a snapshot already reflects)
+    /// and whether `viewer` is one of the user's contacts. Each user is read
+    /// atomically, so state and sequence number belong together.
+    pub async fn presences(
+        &self,
+        users: &[String],
+        viewer: Option<&str>,
+    ) -> StoreResult<Vec<Observed>> {
+        if users.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pipe = redis::pipe();
+        for user in users {
+            self.scripts.read(&mut pipe, user, viewer);
+        }
+        let reply = self.query(&pipe).await?;
+        if reply.len() != users.len() {
+            return Err(StoreError::reply(
+                "read",
+                format!("{} replies to {} reads", reply.len(), users.len()),
+            ));
+        }
+        users
+            .iter()
+            .zip(&reply)
+            .map(|(user, value)| parse_read(value, user))
+            .collect()
+    }
+
+    /// What `viewer` may see of `users`, in order (see [`crate::privacy`]).
+    pub async fn records(
+        &self,
+        users: &[String],
+        viewer: Option<&str>,
+        contacts_only: bool,
+    ) -> StoreResult<Vec<Record>> {
+        Ok(self
+            .presences(users, viewer)
+            .await?
+            .iter()
+            .map(|o| view(&o.presence, o.relation(viewer, contacts_only)))
+            .collect())
+    }
+
+    /// The members of a set, sorted.
+    pub(super) async fn sorted_members(&self, key: &str) -> StoreResult<Vec<String>> {
+        let mut conn = self.conn();
+        let mut out: Vec<String> = redis::cmd("SMEMBERS")
+            .arg(key)
+            .query_async(&mut conn)
+            .await?;
+        out.sort();
+        Ok(out)
+    }
+
+    /// The live devices of `user`, sorted by device id.
+    pub async fn devices(&self, user: &str) -> StoreResult<Vec<DeviceInfo>> {
+        let ids = self.sorted_members(&keys::devices(user)).await?;
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pipe = redis::pipe();
+        for device in &ids {
+            pipe.get(keys::lease(user, device));
+            pipe.pttl(keys::lease(user, device));
+        }
+        let reply = self.query(&pipe).await?;
+        if reply.len() != 2 * ids.len() {
+            return Err(StoreError::reply(
+                &keys::devices(user),
+                format!("{} replies for {} devices", reply.len(), ids.len()),
+            ));
+        }
+        let mut out = Vec::with_capacity(ids.len());
+        for (device, chunk) in ids.into_iter().zip(reply.chunks(2)) {
+            let owner: Option<String> = redis::from_redis_value_ref(&chunk[0])?;
+            let pttl: i64 = redis::from_redis_value_ref(&chunk[1])?;
+            let Some(owner) = owner else {
+                // Counted but lapsed a moment ago: on its way out.
+                continue;
+            };
+            let lease = LeaseOwner::parse(&owner);
+            out.push(DeviceInfo {
+                device,
+                node: Some(lease.node.to_string()),
+                connected_at: lease.connected_at,
+                expires_in_ms: (pttl >= 0).then_some(pttl),
+            });
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,402 @@
+//! The Lua steps of `src/lua/`, loaded once and called by SHA inside
+//! pipelines. Each script has exactly one function here that adds its call
+//! to a pipeline (the only place that knows its KEYS and ARGV order), and
+//! each reply is parsed into a named type by one function beside it.
+
+use redis::{Pipeline, Script, Value};
+
+use super::leases::{Arrival, ArriveMode, Departure, Lease};
+use super::records::Observed;
+use super::reply::{array, at, int, opt_int, text};
+use super::StoreResult;
+use crate::keys;
+use crate::model::{Audience, ChosenStatus, Presence, Status};
+
+/// A script that publishes transitions, with the shared event code
+/// (`lua/event.lua`) in front of it.
+macro_rules! with_events {
+    ($file:literal) => {
+        concat!(include_str!("../lua/event.lua"), "\n", include_str!($file))
+    };
+}
+
+/// Every script of the store.
+pub(super) struct Scripts {
+    arrive: Script,
+    depart: Script,
+    status: Script,
+    read: Script,
+    reconcile: Script,
+    privacy: Script,
+    zrem_if: Script,
+    lock_keep: Script,
+    forget_offline: Script,
+}
+
+/// Adds an EVALSHA of `script` to `pipe`; the caller chains the arguments.
+fn eval<'p>(pipe: &'p mut Pipeline, script: &Script, keys: &[&str]) -> &'p mut Pipeline {
+    pipe.cmd("EVALSHA")
+        .arg(script.get_hash())
+        .arg(keys.len())
+        .arg(keys)
+}
+
+/// What `status.lua` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct StatusSet {
+    /// A `presence` event was published (the user is online and something
+    /// visible changed).
+    pub published: bool,
+    /// When the current status was chosen, epoch ms.
+    pub since: i64,
+}
+
+/// What `reconcile.lua` did for one user.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Reconciled {
+    /// Devices removed for want of a lease.
+    pub removed: i64,
+    /// The counter before.
+    pub old_count: i64,
+    /// The counter after.
+    pub new_count: i64,
+    /// `online` or `offline` was published.
+    pub transition: bool,
+}
+
+impl Scripts {
+    /// Compiles the scripts (hashes them) and names them for the metrics.
+    pub(super) fn new() -> Self {
+        let scripts = Self {
+            arrive: Script::new(with_events!("../lua/arrive.lua")),
+            depart: Script::new(with_events!("../lua/depart.lua")),
+            status: Script::new(with_events!("../lua/status.lua")),
+            read: Script::new(include_str!("../lua/read.lua")),
+            reconcile: Script::new(with_events!("../lua/reconcile.lua")),
+            privacy: Script::new(with_events!("../lua/privacy.lua")),
+            zrem_if: Script::new(include_str!("../lua/zrem_if.lua")),
+            lock_keep: Script::new(include_str!("../lua/lock_keep.lua")),
+            forget_offline: Script::new(include_str!("../lua/forget_offline.lua")),
+        };
+        super::conn::name_scripts(scripts.named());
+        scripts
+    }
+
+    fn named(&self) -> [(&Script, &'static str); 9] {
+        [
+            (&self.arrive, "arrive"),
+            (&self.depart, "depart"),
+            (&self.status, "status"),
+            (&self.read, "read"),
+            (&self.reconcile, "reconcile"),
+            (&self.privacy, "privacy"),
+            (&self.zrem_if, "zrem_if"),
+            (&self.lock_keep, "lock_keep"),
+            (&self.forget_offline, "forget_offline"),
+        ]
+    }
+
+    /// Every script, for loading into Redis.
+    pub(super) fn all(&self) -> impl Iterator<Item = &Script> {
+        self.named().into_iter().map(|(s, _)| s)
+    }
+
+    /// `arrive.lua` for one lease; parse the reply with [`parse_arrival`].
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn arrive<'p>(
+        &self,
+        pipe: &'p mut Pipeline,
+        lease: &Lease,
+        mode: ArriveMode,
+        ttl_ms: u64,
+        now: i64,
+        max_devices: u32,
+    ) -> &'p mut Pipeline {
+        let default = ChosenStatus::default();
+        let known = lease.known.as_ref().unwrap_or(&default);
+        let [key, count, devices, status] = keys::device_keys(&lease.user, &lease.device);
+        let mode = match mode {
+            ArriveMode::Connect => "connect",
+            ArriveMode::Refresh => "refresh",
+        };
+        eval(pipe, &self.arrive, &[&key, &count, &devices, &status])
+            .arg(&lease.owner)
+            .arg(ttl_ms)
+            .arg(&lease.device)
+            .arg(now)
+            .arg(mode)
+            .arg(&lease.user)
+            .arg(keys::EVENTS)
+            .arg(&known.status)
+            .arg(&known.text)
+            .arg(known.since)
+            .arg(max_devices)
+            .arg(&known.show_online)
+            .arg(&known.show_last_seen)
+    }
+
+    /// `depart.lua` for one device; `owner` is "" for a lapsed lease. Parse
+    /// the reply with [`parse_departure`].
+    pub(super) fn depart<'p>(
+        &self,
+        pipe: &'p mut Pipeline,
+        user: &str,
+        device: &str,
+        owner: &str,
+        now: i64,
+    ) -> &'p mut Pipeline {
+        let [lease, count, devices, status] = keys::device_keys(user, device);
+        eval(pipe, &self.depart, &[&lease, &count, &devices, &status])
+            .arg(owner)
+            .arg(device)
+            .arg(now)
+            .arg(user)
+            .arg(keys::EVENTS)
+    }
+
+    /// `status.lua`; parse the reply with [`parse_status_set`].
+    pub(super) fn status<'p>(
+        &self,
+        pipe: &'p mut Pipeline,
+        user: &str,
+        status: Status,
+        text: &str,
+        now: i64,
+    ) -> &'p mut Pipeline {
+        eval(
+            pipe,
+            &self.status,
+            &[&keys::status(user), &keys::count(user)],
+        )
+        .arg(status.as_str())
+        .arg(text)
+        .arg(now)
+        .arg(user)
+        .arg(keys::EVENTS)
+    }
+
+    /// `read.lua` for one user as `viewer`; parse the reply with
+    /// [`parse_read`].
+    pub(super) fn read<'p>(
+        &self,
+        pipe: &'p mut Pipeline,
+        user: &str,
+        viewer: Option<&str>,
+    ) -> &'p mut Pipeline {
+        let keys = [keys::count(user), keys::status(user), keys::contacts(user)];
+        eval(pipe, &self.read, &[&keys[0], &keys[1], &keys[2]]).arg(viewer.unwrap_or(""))
+    }
+
+    /// `reconcile.lua` for one user and the devices found in its set; parse
+    /// the reply with [`parse_reconciled`].
+    pub(super) fn reconcile<'p>(
+        &self,
+        pipe: &'p mut Pipeline,
+        user: &str,
+        devices: &[String],
+        now: i64,
+    ) -> &'p mut Pipeline {
+        let mut keys = vec![keys::count(user), keys::devices(user), keys::status(user)];
+        keys.extend(devices.iter().map(|d| keys::lease(user, d)));
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        eval(pipe, &self.reconcile, &keys)
+            .arg(user)
+            .arg(now)
+            .arg(keys::EVENTS)
+            .arg(devices)
+    }
+
+    /// `privacy.lua`; the reply is 1 when a setting changed ([`int`]).
+    pub(super) fn privacy<'p>(
+        &self,
+        pipe: &'p mut Pipeline,
+        user: &str,
+        show_online: Option<Audience>,
+        show_last_seen: Option<Audience>,
+        now: i64,
+    ) -> &'p mut Pipeline {
+        eval(
+            pipe,
+            &self.privacy,
+            &[&keys::status(user), &keys::count(user)],
+        )
+        .arg(show_online.map_or("", Audience::as_str))
+        .arg(show_last_seen.map_or("", Audience::as_str))
+        .arg(now)
+        .arg(user)
+        .arg(keys::EVENTS)
+    }
+
+    /// `zrem_if.lua`: removes `member` from the sorted set `key` while its
+    /// score is still `score`; the reply is 1 when removed.
+    pub(super) fn zrem_if<'p>(
+        &self,
+        pipe: &'p mut Pipeline,
+        key: &str,
+        member: &str,
+        score: impl redis::ToRedisArgs,
+    ) -> &'p mut Pipeline {
+        eval(pipe, &self.zrem_if, &[key]).arg(member).arg(score)
+    }
+
+    /// `lock_keep.lua`: extends the lock `key` by `hold_ms` while it holds
+    /// `value`; the reply is 1 when extended.
+    pub(super) fn lock_keep<'p>(
+        &self,
+        pipe: &'p mut Pipeline,
+        key: &str,
+        value: &str,
+        hold_ms: u64,
+    ) -> &'p mut Pipeline {
+        eval(pipe, &self.lock_keep, &[key]).arg(value).arg(hold_ms)
+    }
+
+    /// `forget_offline.lua`: forgets an offline user's last seen, text and
+    /// activity; the reply is the number of fields removed.
+    pub(super) fn forget_offline<'p>(
+        &self,
+        pipe: &'p mut Pipeline,
+        user: &str,
+    ) -> &'p mut Pipeline {
+        eval(
+            pipe,
+            &self.forget_offline,
+            &[&keys::status(user), &keys::count(user)],
+        )
+    }
+}
+
+/// One reply of `arrive.lua` for `user`'s lease. A short one
+/// (`{1, came_online}`) confirms the status the call sent as known:
+/// `status: None`.
+pub(super) fn parse_arrival(value: &Value, user: &str, deadline: i64) -> StoreResult<Arrival> {
+    let key = keys::status(user);
+    let v = array(value, &key)?;
+    let held = int(at(v, 0, &key)?, &key)?;
+    let came_online = int(at(v, 1, &key)?, &key)? == 1;
+    let status = match v.len() {
+        2 => None,
+        7 => Some(ChosenStatus {
+            status: text(&v[2], &key)?,
+            text: text(&v[3], &key)?,
+            since: int(&v[4], &key)?,
+            show_online: text(&v[5], &key)?,
+            show_last_seen: text(&v[6], &key)?,
+        }),
+        n => {
+            return Err(super::StoreError::reply(
+                &key,
+                format!("arrive: {n} fields"),
+            ))
+        }
+    };
+    Ok(match held {
+        1 => Arrival::Held {
+            came_online,
+            status,
+            deadline,
+        },
+        -1 => Arrival::TooManyDevices,
+        0 => Arrival::Replaced,
+        other => {
+            return Err(super::StoreError::reply(
+                &key,
+                format!("arrive: held = {other}"),
+            ))
+        }
+    })
+}
+
+/// One reply of `depart.lua` for `user`'s device.
+pub(super) fn parse_departure(value: &Value, user: &str) -> StoreResult<Departure> {
+    let key = keys::count(user);
+    let v = array(value, &key)?;
+    let outcome = int(at(v, 0, &key)?, &key)?;
+    let went_offline = int(at(v, 1, &key)?, &key)? == 1;
+    let value = int(at(v, 2, &key)?, &key)?;
+    Ok(match outcome {
+        0 => Departure::Leased {
+            ttl_ms: (value >= 0).then_some(value as u64),
+        },
+        1 => Departure::Removed {
+            last_seen: went_offline.then_some(value),
+        },
+        2 => Departure::AlreadyGone,
+        other => {
+            return Err(super::StoreError::reply(
+                &key,
+                format!("depart: outcome = {other}"),
+            ))
+        }
+    })
+}
+
+/// The reply of `status.lua` for `user`.
+pub(super) fn parse_status_set(value: &Value, user: &str) -> StoreResult<StatusSet> {
+    let key = keys::status(user);
+    let v = array(value, &key)?;
+    Ok(StatusSet {
+        published: int(at(v, 0, &key)?, &key)? == 1,
+        since: int(at(v, 1, &key)?, &key)?,
+    })
+}
+
+/// The reply of `read.lua` for `user`: its truth, sequence number and
+/// whether the viewer is a contact.
+pub(super) fn parse_read(value: &Value, user: &str) -> StoreResult<Observed> {
+    let key = keys::status(user);
+    let v = array(value, &key)?;
+    if v.len() != 9 {
+        return Err(super::StoreError::reply(
+            &key,
+            format!("read: {} fields", v.len()),
+        ));
+    }
+    let devices = int(&v[0], &keys::count(user))?.max(0) as u32;
+    let status = text(&v[1], &key)?;
+    let chosen = if status.is_empty() {
+        "online".to_string()
+    } else {
+        status
+    };
+    let text_ = text(&v[2], &key)?;
+    let audience = |i: usize| -> StoreResult<Audience> {
+        let s = text(&v[i], &key)?;
+        if s.is_empty() {
+            return Ok(Audience::default());
+        }
+        Audience::parse(&s).ok_or_else(|| super::StoreError::reply(&key, format!("audience {s:?}")))
+    };
+    let presence = Presence {
+        user: user.to_string(),
+        status: if devices > 0 {
+            chosen.clone()
+        } else {
+            "offline".into()
+        },
+        devices,
+        last_seen: opt_int(&v[4], &key)?,
+        text: (!text_.is_empty()).then_some(text_),
+        chosen,
+        since: int(&v[5], &key)?,
+        show_online: audience(6)?,
+        show_last_seen: audience(7)?,
+    };
+    Ok(Observed {
+        presence,
+        seq: int(&v[3], &key)? as u64,
+        is_contact: int(&v[8], &keys::contacts(user))? == 1,
+    })
+}
+
+/// The reply of `reconcile.lua` for `user`.
+pub(super) fn parse_reconciled(value: &Value, user: &str) -> StoreResult<Reconciled> {
+    let key = keys::devices(user);
+    let v = array(value, &key)?;
+    Ok(Reconciled {
+        removed: int(at(v, 0, &key)?, &key)?,
+        old_count: int(at(v, 1, &key)?, &key)?,
+        new_count: int(at(v, 2, &key)?, &key)?,
+        transition: int(at(v, 3, &key)?, &key)? == 1,
+    })
+}
