@@ -3,7 +3,8 @@
 
 use std::time::Duration;
 
-use super::reply::int;
+use super::reply::{at, int};
+use super::scripts::{parse_online_page, OnlineFrom};
 use super::{now_ms, Store, StoreError, StoreResult};
 use crate::keys;
 use crate::model::Record;
@@ -27,28 +28,63 @@ pub struct OnlineUser {
     pub active_at: i64,
 }
 
-/// Position in `GET /api/online`: the last user of the previous page.
+/// Most index entries one `GET /api/online` examines per user it may
+/// list: a viewer who may see few of the online users costs a bounded
+/// amount of Redis work per request, and pages on with the cursor.
+pub const EXAMINED_PER_LISTED: usize = 4;
+/// Most index entries one `GET /api/online` examines, whatever its limit.
+pub const MAX_EXAMINED: usize = 2_000;
+
+/// Position in `GET /api/online`: where the previous page stopped.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Cursor {
-    /// That user's score (last refresh, epoch ms).
-    pub active_at: i64,
-    /// That user.
-    pub user: String,
+pub enum Cursor {
+    /// After this user, the last the previous page examined, which its
+    /// viewer was shown: `<active_at>.<user>`.
+    After {
+        /// That user's score (last refresh, epoch ms).
+        active_at: i64,
+        /// That user.
+        user: String,
+    },
+    /// After the first `skip` entries whose score is `active_at`: the last
+    /// entry examined was one the viewer may not see, so the cursor does
+    /// not name it: `<active_at>~<skip>`.
+    Ties {
+        /// The score.
+        active_at: i64,
+        /// Entries with that score already examined.
+        skip: u64,
+    },
 }
 
 impl Cursor {
-    /// The opaque string handed to clients: `<active_at>.<user>`.
+    /// The opaque string handed to clients.
     pub fn encode(&self) -> String {
-        format!("{}.{}", self.active_at, self.user)
+        match self {
+            Cursor::After { active_at, user } => format!("{active_at}.{user}"),
+            Cursor::Ties { active_at, skip } => format!("{active_at}~{skip}"),
+        }
     }
 
     /// Reads a cursor back; `None` when it is not one of ours.
     pub fn decode(s: &str) -> Option<Self> {
-        let (at, user) = s.split_once('.')?;
-        crate::ids::validate("user", user).ok()?;
-        Some(Self {
-            active_at: at.parse().ok()?,
-            user: user.to_string(),
+        let digits = s.bytes().take_while(u8::is_ascii_digit).count();
+        let (at, rest) = s.split_at(digits);
+        let active_at = at.parse().ok()?;
+        if let Some(user) = rest.strip_prefix('.') {
+            crate::ids::validate("user", user).ok()?;
+            return Some(Cursor::After {
+                active_at,
+                user: user.to_string(),
+            });
+        }
+        let skip = rest.strip_prefix('~')?;
+        if !skip.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        Some(Cursor::Ties {
+            active_at,
+            skip: skip.parse().ok()?,
         })
     }
 }
@@ -59,7 +95,12 @@ impl Store {
     /// refresh, so a user who becomes active while a client pages may show
     /// up on an earlier page than the one being read: the list is a view of
     /// "now", not a snapshot.
-    /// Only users `viewer` may see online are listed.
+    ///
+    /// Only users `viewer` may see online are listed, and one request
+    /// examines at most `limit` x [`EXAMINED_PER_LISTED`] index entries
+    /// (at most [`MAX_EXAMINED`]): a page may be short, even empty, with a
+    /// `next_cursor` to go on. `next_cursor` is `None` only when the index
+    /// has no entry left.
     pub async fn online(
         &self,
         limit: usize,
@@ -67,59 +108,83 @@ impl Store {
         viewer: Option<&str>,
         contacts_only: bool,
     ) -> StoreResult<OnlinePage> {
-        let mut conn = self.conn();
-        let mut users: Vec<(Record, i64)> = Vec::with_capacity(limit + 1);
-        let max = cursor.map_or("+inf".to_string(), |c| c.active_at.to_string());
-        let mut offset = 0usize;
-        let batch = limit + 1;
-        // Entries tied with the cursor's score that come before it in the
-        // (descending) order are skipped; entries of users no longer online
-        // (the index is repaired lazily) are dropped by the record check.
-        loop {
-            let page: Vec<(String, f64)> = redis::cmd("ZRANGE")
-                .arg(keys::ONLINE)
-                .arg(&max)
-                .arg("-inf")
-                .arg("BYSCORE")
-                .arg("REV")
-                .arg("LIMIT")
-                .arg(offset)
-                .arg(batch)
-                .arg("WITHSCORES")
-                .query_async(&mut conn)
-                .await?;
-            let exhausted = page.len() < batch;
-            offset += page.len();
-            let candidates: Vec<(String, i64)> = page
-                .into_iter()
-                .map(|(u, s)| (u, s as i64))
-                .filter(|(u, s)| match cursor {
-                    Some(c) => *s < c.active_at || (*s == c.active_at && *u < c.user),
-                    None => true,
-                })
-                .collect();
-            let names: Vec<String> = candidates.iter().map(|(u, _)| u.clone()).collect();
+        let budget = (limit * EXAMINED_PER_LISTED)
+            .min(MAX_EXAMINED)
+            .max(limit + 1);
+        let mut from = match cursor {
+            None => OnlineFrom::Top,
+            Some(Cursor::After { active_at, user }) => OnlineFrom::After {
+                score: *active_at,
+                member: user.clone(),
+            },
+            Some(Cursor::Ties { active_at, skip }) => OnlineFrom::Ties {
+                score: *active_at,
+                skip: *skip,
+            },
+        };
+        let mut users: Vec<(Record, i64)> = Vec::with_capacity(limit);
+        let mut examined = 0usize;
+        // The last entry examined: score, member, position, shown.
+        let mut last: Option<(i64, String, u64, bool)> = None;
+        let mut more = true;
+        'read: while examined < budget {
+            let want = (budget - examined).min(limit + 1);
+            let mut pipe = redis::pipe();
+            self.scripts.online_page(&mut pipe, &from, want);
+            let reply = self.query(&pipe).await?;
+            let (start, page) = parse_online_page(at(&reply, 0, keys::ONLINE)?)?;
+            let exhausted = page.len() < want;
+            let names: Vec<String> = page.iter().map(|(u, _)| u.clone()).collect();
+            // Entries of users no longer online (the index is repaired
+            // lazily) are dropped by the record check, as hidden ones are.
             let records = self.records(&names, viewer, contacts_only).await?;
-            for ((_, score), record) in candidates.into_iter().zip(records) {
-                if record.devices > 0 {
+            let n = page.len();
+            for (i, ((user, score), record)) in page.into_iter().zip(records).enumerate() {
+                examined += 1;
+                let shown = record.devices > 0;
+                last = Some((score, user, start + i as u64, shown));
+                if shown {
                     users.push((record, score));
+                    if users.len() == limit {
+                        more = !(exhausted && i + 1 == n);
+                        break 'read;
+                    }
                 }
             }
-            if users.len() > limit || exhausted {
+            if exhausted {
+                more = false;
                 break;
             }
+            if let Some((score, member, _, _)) = &last {
+                from = OnlineFrom::After {
+                    score: *score,
+                    member: member.clone(),
+                };
+            }
         }
-        let next_cursor = if users.len() > limit {
-            users.truncate(limit);
-            users.last().map(|(r, s)| {
-                Cursor {
-                    active_at: *s,
-                    user: r.user.clone(),
-                }
-                .encode()
-            })
-        } else {
-            None
+        let next_cursor = match last {
+            Some((active_at, user, _, true)) if more => {
+                Some(Cursor::After { active_at, user }.encode())
+            }
+            Some((active_at, _, position, false)) if more => {
+                // Never name a user the viewer may not see: say how far
+                // into the entries with that score the page got instead.
+                let mut conn = self.conn();
+                let above: u64 = redis::cmd("ZCOUNT")
+                    .arg(keys::ONLINE)
+                    .arg(format!("({active_at}"))
+                    .arg("+inf")
+                    .query_async(&mut conn)
+                    .await?;
+                Some(
+                    Cursor::Ties {
+                        active_at,
+                        skip: (position + 1).saturating_sub(above),
+                    }
+                    .encode(),
+                )
+            }
+            _ => None,
         };
         let users = users
             .into_iter()
@@ -170,13 +235,24 @@ mod tests {
 
     #[test]
     fn cursor_round_trips_and_refuses_junk() {
-        let c = Cursor {
-            active_at: 17,
-            user: "a.b@c".into(),
-        };
-        assert_eq!(Cursor::decode(&c.encode()), Some(c));
-        assert_eq!(Cursor::decode("x.y"), None);
-        assert_eq!(Cursor::decode("12.b:ad"), None);
-        assert_eq!(Cursor::decode("nodot"), None);
+        for c in [
+            Cursor::After {
+                active_at: 17,
+                user: "a.b@c".into(),
+            },
+            Cursor::After {
+                active_at: 17,
+                user: "auth0|x~1.2".into(),
+            },
+            Cursor::Ties {
+                active_at: 1795475817456,
+                skip: 3,
+            },
+        ] {
+            assert_eq!(Cursor::decode(&c.encode()), Some(c));
+        }
+        for junk in ["x.y", "12.b:ad", "nodot", "12~", "12~x", "~3", "12~3.4", ""] {
+            assert_eq!(Cursor::decode(junk), None, "{junk:?}");
+        }
     }
 }
