@@ -68,3 +68,8 @@ async fn expiry() {
 async fn fanout() {
     bench(&["fanout", "--watchers", "200", "--transitions", "4"]).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn online() {
+    bench(&["online", "--online", "500", "--requests", "20"]).await;
+}
