@@ -14,8 +14,6 @@ pub const LAST_SEEN: &str = "presence-lastseen";
 pub const ONLINE: &str = "presence-online";
 /// Sorted set: `<user>:<device>` -> lease deadline epoch ms; drives timely expiry.
 pub const LEASES: &str = "presence-leases";
-/// Pub/sub channel carrying every presence transition to every node.
-pub const EVENTS: &str = "presence-events";
 /// Short lock that lets one node at a time run the deadline pass.
 pub const REAPER_LOCK: &str = "presence-reaper-lock";
 
@@ -37,6 +35,18 @@ pub fn devices(user: &str) -> String {
 /// The status hash of a user (status, text, since, active, seq).
 pub fn status(user: &str) -> String {
     ["presence-status:{", user, "}"].concat()
+}
+
+/// The sharded pub/sub channel of one user's transitions (SPUBLISH from
+/// the scripts; a node SSUBSCRIBEs while one of its sessions watches the
+/// user). Its hash tag puts it in the user's slot.
+pub fn events(user: &str) -> String {
+    ["presence-events:{", user, "}"].concat()
+}
+
+/// The user of an events channel; `None` for any other channel.
+pub fn parse_events(channel: &str) -> Option<&str> {
+    channel.strip_prefix("presence-events:{")?.strip_suffix('}')
 }
 
 /// The users who count as a user's contacts (for its privacy settings).

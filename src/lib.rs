@@ -18,3 +18,4 @@ pub mod registry;
 pub mod server;
 pub mod session;
 pub mod store;
+pub mod subscriber;

@@ -1,11 +1,15 @@
 //! The registry actor, one per node: which local sessions watch which users.
 //!
-//! It subscribes to `presence-events` (every transition of every user, from
-//! every node) and delivers each event only to the local sessions that watch
-//! that user. The frame is serialized once per event and shared by all of
-//! its watchers.
+//! It holds a sharded subscription to `presence-events:{<user>}` exactly
+//! while one of its sessions watches that user (through
+//! [`crate::subscriber`]): subscribed before the watcher's snapshot is read,
+//! unsubscribed a short [`LINGER`] after the last local watcher left. So a
+//! node hears only about users its sessions watch, and a fleet of many nodes
+//! costs no more per event than one. Each event is delivered only to the
+//! local sessions that watch that user; the frame is serialized once per
+//! event and shared by all of its watchers.
 //!
-//! Pub/sub is fire-and-forget: whatever is published while the subscription
+//! Pub/sub is fire-and-forget: whatever is published while a subscription
 //! is down is gone. So after every resubscription the registry re-reads the
 //! watched users and hands their current records to the sessions, which pass
 //! on only what differs from what they last told their client. The re-read
@@ -16,7 +20,7 @@ use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use bytestring::ByteString;
@@ -28,12 +32,17 @@ use crate::model::{Audience, Event, Presence, Record};
 use crate::privacy::{self, Relation};
 use crate::protocol;
 use crate::store::{Observed, Store};
+use crate::subscriber::{Notice, Subscriptions};
 
 /// Identifies one session within this node.
 pub type SessionId = u64;
 
 /// Users re-read per round trip during a resync.
 const RESYNC_BATCH: usize = 1_000;
+/// How long a node keeps a user's subscription after its last local
+/// watcher left: a watcher that comes back (a page reload, a reconnect)
+/// finds it still in place.
+pub const LINGER: Duration = Duration::from_secs(2);
 
 /// One viewer class's view of a transition, ready to send.
 #[derive(Debug, Clone)]
@@ -98,9 +107,11 @@ pub fn fingerprint(record: &Record) -> u64 {
     h.finish()
 }
 
-/// Adds `users` to what `session` watches.
+/// Adds `users` to what `session` watches; answers once the node is
+/// subscribed to each of their events, so that a snapshot read after it
+/// misses nothing. `Err` when Redis could not confirm the subscription.
 #[derive(Message)]
-#[rtype(result = "()")]
+#[rtype(result = "Result<(), String>")]
 pub struct Watch {
     /// The watching session.
     pub session: SessionId,
@@ -154,18 +165,10 @@ pub struct Disconnect {
     pub session: SessionId,
 }
 
-/// A payload published on `presence-events`.
+/// What the subscription task reported.
 #[derive(Message)]
 #[rtype(result = "()")]
-struct Published {
-    /// JSON written by the Lua scripts.
-    payload: String,
-}
-
-/// The subscription to `presence-events` is (again) in place.
-#[derive(Message)]
-#[rtype(result = "()")]
-struct Subscribed;
+struct FromSubscriptions(Notice);
 
 /// Records re-read after a resubscription.
 #[derive(Message)]
@@ -229,6 +232,13 @@ struct Watcher {
 pub struct Registry {
     /// Source of the dedicated pub/sub connection.
     client: redis::Client,
+    /// The node's sharded subscriptions (set once started).
+    subscriptions: Option<Subscriptions>,
+    /// Users whose events channel Redis has confirmed subscribed.
+    subscribed: HashSet<String>,
+    /// Users no local session watches any more, with when their
+    /// subscription is to be dropped (see [`LINGER`]).
+    lingering: HashMap<String, Instant>,
     /// Reads records for resyncs.
     store: Store,
     /// How long a resync waits for live sessions to re-assert.
@@ -273,6 +283,9 @@ impl Registry {
     ) -> Self {
         Self {
             client,
+            subscriptions: None,
+            subscribed: HashSet::new(),
+            lingering: HashMap::new(),
             store,
             resync_delay,
             contacts_only,
@@ -293,8 +306,38 @@ impl Registry {
             sessions.remove(&session);
             if sessions.is_empty() {
                 self.by_user.remove(user);
+                self.lingering
+                    .insert(user.to_string(), Instant::now() + LINGER);
             }
         }
+    }
+
+    /// Drops the subscriptions of users unwatched for [`LINGER`].
+    fn drop_lingering(&mut self) {
+        let now = Instant::now();
+        let due: Vec<String> = self
+            .lingering
+            .iter()
+            .filter(|(_, at)| **at <= now)
+            .map(|(u, _)| u.clone())
+            .collect();
+        if due.is_empty() {
+            return;
+        }
+        let mut channels = Vec::with_capacity(due.len());
+        for user in due {
+            self.lingering.remove(&user);
+            if !self.by_user.contains_key(&user) && self.subscribed.remove(&user) {
+                channels.push(keys::events(&user));
+            }
+        }
+        if let Some(subs) = &self.subscriptions {
+            if !channels.is_empty() {
+                subs.unsubscribe(channels);
+            }
+        }
+        self.lingering.shrink_to_fit();
+        self.subscribed.shrink_to_fit();
     }
 
     /// Hands `deliver` to every local watcher of its user. A session whose
@@ -416,32 +459,44 @@ impl Actor for Registry {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         ctx.run_interval(self.stall_after / 2, |act, _| act.cut_frozen());
+        ctx.run_interval(LINGER / 4, |act, _| act.drop_lingering());
         let addr = ctx.address();
-        let on_subscribed = addr.clone();
-        actix::spawn(crate::pubsub::run(
-            self.client.clone(),
-            keys::EVENTS.to_string(),
-            move || on_subscribed.do_send(Subscribed),
-            move |payload| {
-                if !addr.connected() {
-                    return false;
-                }
-                addr.do_send(Published { payload });
-                true
-            },
-        ));
+        let started = Subscriptions::start(&self.client, move |notice| {
+            if !addr.connected() {
+                return false;
+            }
+            addr.do_send(FromSubscriptions(notice));
+            true
+        });
+        match started {
+            Ok(subs) => self.subscriptions = Some(subs),
+            Err(e) => {
+                log::error!("cannot start the event subscriptions: {e}");
+                ctx.stop();
+            }
+        }
     }
 }
 
-impl Handler<Subscribed> for Registry {
+impl Handler<FromSubscriptions> for Registry {
     type Result = ();
 
-    fn handle(&mut self, _: Subscribed, ctx: &mut Self::Context) {
-        match self.ready.take() {
-            Some(ready) => {
-                let _ = ready.send(());
+    fn handle(&mut self, FromSubscriptions(notice): FromSubscriptions, ctx: &mut Self::Context) {
+        match notice {
+            Notice::Ready { .. } => match self.ready.take() {
+                Some(ready) => {
+                    let _ = ready.send(());
+                }
+                None => self.resync(ctx),
+            },
+            Notice::Message { channel, payload } => self.published(&channel, &payload),
+            Notice::Dropped { channels } => {
+                log::info!(
+                    "{} subscription(s) dropped by redis and renewed; re-reading the watched users",
+                    channels.len()
+                );
+                self.resync(ctx);
             }
-            None => self.resync(ctx),
         }
     }
 }
@@ -479,21 +534,42 @@ impl Handler<Resynced> for Registry {
 }
 
 impl Handler<Watch> for Registry {
-    type Result = ();
+    type Result = ResponseActFuture<Self, Result<(), String>>;
 
-    fn handle(&mut self, msg: Watch, _: &mut Self::Context) {
+    fn handle(&mut self, msg: Watch, _: &mut Self::Context) -> Self::Result {
         let watcher = self.watchers.entry(msg.session).or_insert_with(|| Watcher {
             addr: msg.addr,
             recheck: msg.recheck,
             users: HashSet::new(),
         });
+        let mut unsubscribed = Vec::new();
         for user in msg.users {
+            self.lingering.remove(&user);
+            if !self.subscribed.contains(&user) {
+                unsubscribed.push(user.clone());
+            }
             self.by_user
                 .entry(user.clone())
                 .or_default()
                 .insert(msg.session);
             watcher.users.insert(user);
         }
+        let subs = self.subscriptions.clone();
+        let channels: Vec<String> = unsubscribed.iter().map(|u| keys::events(u)).collect();
+        let subscribe = async move {
+            match subs {
+                _ if channels.is_empty() => Ok(()),
+                Some(subs) => subs.subscribe(channels).await.map_err(|e| e.to_string()),
+                None => Err("the event subscriptions are not running".to_string()),
+            }
+        };
+        Box::pin(subscribe.into_actor(self).map(move |res, act, _| {
+            if res.is_ok() {
+                // Confirmed; a user unwatched meanwhile lingers as usual.
+                act.subscribed.extend(unsubscribed);
+            }
+            res
+        }))
     }
 }
 
@@ -554,17 +630,27 @@ impl Handler<Disconnect> for Registry {
     }
 }
 
-impl Handler<Published> for Registry {
-    type Result = ();
-
-    fn handle(&mut self, msg: Published, _: &mut Self::Context) {
-        let wire: Wire = match serde_json::from_str(&msg.payload) {
+impl Registry {
+    /// A payload on a user's events channel: a transition, or word that its
+    /// contacts changed.
+    fn published(&mut self, channel: &str, payload: &str) {
+        let wire: Wire = match serde_json::from_str(payload) {
             Ok(w) => w,
             Err(e) => {
-                log::warn!("ignoring malformed presence event ({e}): {}", msg.payload);
+                log::warn!("ignoring malformed presence event on {channel} ({e}): {payload}");
                 return;
             }
         };
+        let user = match &wire {
+            Wire::ContactsChanged { user, .. } => user,
+            Wire::Event(event) => &event.presence.user,
+        };
+        // The channel names its user; a payload about someone else is not
+        // ours to trust.
+        if keys::parse_events(channel) != Some(user.as_str()) {
+            log::warn!("ignoring an event about {user} on {channel}");
+            return;
+        }
         match wire {
             Wire::ContactsChanged { user, .. } => self.recheck(&user),
             Wire::Event(event) => {
@@ -581,7 +667,7 @@ impl Handler<Published> for Registry {
     }
 }
 
-/// What travels on `presence-events`.
+/// What travels on `presence-events:{<user>}`.
 #[derive(serde::Deserialize)]
 #[serde(untagged)]
 enum Wire {

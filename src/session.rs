@@ -589,8 +589,10 @@ impl Session {
         self.next_request(ctx);
     }
 
-    /// Registers the watch, then reads the snapshot: subscribed first, so
-    /// that no transition falls between the read and the subscription.
+    /// Registers the watch (the registry answers once the node is
+    /// subscribed to the new users' events), then reads the snapshot:
+    /// subscribed first, so that no transition falls between the read and
+    /// the subscription.
     fn start_watch(
         &mut self,
         users: Vec<String>,
@@ -617,9 +619,20 @@ impl Session {
         };
         let viewer = self.me.user.clone();
         let fut = async move {
-            if let Err(e) = registry.send(watch).await {
-                log::error!("registry unreachable: {e}");
-                return Err(new);
+            match registry.send(watch).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    log::warn!("cannot subscribe to watched users' events: {e}");
+                    registry.do_send(registry::Unwatch {
+                        session,
+                        users: new.clone(),
+                    });
+                    return Err(new);
+                }
+                Err(e) => {
+                    log::error!("registry unreachable: {e}");
+                    return Err(new);
+                }
             }
             match store.presences(&users, Some(&viewer)).await {
                 Ok(records) => Ok(records),

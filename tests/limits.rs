@@ -61,8 +61,8 @@ async fn stalled_watcher_is_disconnected_without_affecting_others() {
     for seq in 1..=events {
         let status = if seq % 2 == 0 { "away" } else { "busy" };
         let ev = json!({"user":"bob","status":status,"devices":1,"last_seen":null,"text":text,"seq":seq});
-        pipe.cmd("PUBLISH")
-            .arg("presence-events")
+        pipe.cmd("SPUBLISH")
+            .arg("presence-events:{bob}")
             .arg(ev.to_string())
             .ignore();
     }

@@ -13,7 +13,7 @@
 -- ARGV[5] mode: "connect" takes the lease from any older connection;
 --         "refresh" keeps it only while this connection still owns it
 -- ARGV[6] user id
--- ARGV[7] pub/sub channel for transitions
+-- ARGV[7] the user's events channel, presence-events:{<user>} (SPUBLISH)
 -- ARGV[8] status this connection last knew for its user ("" when none)
 -- ARGV[9] that status's text ("" when none)
 -- ARGV[10] that status's `since`, epoch ms

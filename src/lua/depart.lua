@@ -12,7 +12,7 @@
 -- ARGV[2] device id
 -- ARGV[3] now, epoch ms
 -- ARGV[4] user id
--- ARGV[5] pub/sub channel for transitions
+-- ARGV[5] the user's events channel, presence-events:{<user>} (SPUBLISH)
 --
 -- Returns {outcome, went_offline, value}:
 --   outcome 0  a lease still exists (another connection's, or not yet lapsed);

@@ -22,7 +22,7 @@ local function publish_event(channel, status_key, user, devices, last_seen, seq)
   if last_seen == nil then last_seen = tonumber(h[6]) end
   local status = 'offline'
   if devices > 0 then status = h[1] or 'online' end
-  redis.call('PUBLISH', channel, cjson.encode({
+  redis.call('SPUBLISH', channel, cjson.encode({
     user = user,
     status = status,
     devices = devices,

@@ -7,7 +7,7 @@
 -- ARGV[2] show_last_seen: everyone, contacts or nobody ("" leaves it)
 -- ARGV[3] now, epoch ms
 -- ARGV[4] user id
--- ARGV[5] pub/sub channel for transitions
+-- ARGV[5] the user's events channel, presence-events:{<user>} (SPUBLISH)
 --
 -- Returns 1 when a setting changed (and the record was published), else 0.
 local old = redis.call('HMGET', KEYS[1], 'show_online', 'show_last_seen')

@@ -9,7 +9,7 @@
 -- KEYS[4..] presence:{<user>}:<device> the lease of each device named in ARGV[4..]
 -- ARGV[1] user id
 -- ARGV[2] now, epoch ms
--- ARGV[3] pub/sub channel for transitions
+-- ARGV[3] the user's events channel, presence-events:{<user>} (SPUBLISH)
 -- ARGV[4..] device ids the caller found in the set
 --
 -- Returns {removed, old_count, new_count, transition}: devices removed for

@@ -7,7 +7,7 @@
 -- ARGV[2] text, "" for none
 -- ARGV[3] now, epoch ms
 -- ARGV[4] user id
--- ARGV[5] pub/sub channel for transitions
+-- ARGV[5] the user's events channel, presence-events:{<user>} (SPUBLISH)
 --
 -- Returns {published, since}: 1 when a `presence` event was published, and
 -- when the current status was chosen (a change of text alone keeps it, so

@@ -169,7 +169,7 @@ impl Scripts {
             .arg(now)
             .arg(mode)
             .arg(&lease.user)
-            .arg(keys::EVENTS)
+            .arg(keys::events(&lease.user))
             .arg(&known.status)
             .arg(&known.text)
             .arg(known.since)
@@ -194,7 +194,7 @@ impl Scripts {
             .arg(device)
             .arg(now)
             .arg(user)
-            .arg(keys::EVENTS)
+            .arg(keys::events(user))
     }
 
     /// `status.lua`; parse the reply with [`parse_status_set`].
@@ -215,7 +215,7 @@ impl Scripts {
         .arg(text)
         .arg(now)
         .arg(user)
-        .arg(keys::EVENTS)
+        .arg(keys::events(user))
     }
 
     /// `online_page.lua`: up to `count` entries of the online index from
@@ -262,7 +262,7 @@ impl Scripts {
         eval(pipe, &self.reconcile, &keys)
             .arg(user)
             .arg(now)
-            .arg(keys::EVENTS)
+            .arg(keys::events(user))
             .arg(devices)
     }
 
@@ -284,7 +284,7 @@ impl Scripts {
         .arg(show_last_seen.map_or("", Audience::as_str))
         .arg(now)
         .arg(user)
-        .arg(keys::EVENTS)
+        .arg(keys::events(user))
     }
 
     /// `zrem_if.lua`: removes `member` from the sorted set `key` while its

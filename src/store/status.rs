@@ -54,11 +54,10 @@ impl Store {
         if !contacts.is_empty() {
             pipe.sadd(keys::contacts(user), contacts).ignore();
         }
-        pipe.publish(
-            keys::EVENTS,
-            serde_json::json!({"user": user, "contacts_changed": true}).to_string(),
-        )
-        .ignore();
+        pipe.cmd("SPUBLISH")
+            .arg(keys::events(user))
+            .arg(serde_json::json!({"user": user, "contacts_changed": true}).to_string())
+            .ignore();
         self.query(&pipe).await?;
         Ok(())
     }

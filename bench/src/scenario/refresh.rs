@@ -277,7 +277,7 @@ pub async fn run(common: &Common, args: &RefreshArgs) -> anyhow::Result<()> {
                         .arg(now)
                         .arg("refresh")
                         .arg(&user)
-                        .arg("presence-events")
+                        .arg(format!("presence-events:{{{user}}}"))
                         // The status and privacy a session knows after its
                         // connect: none chosen, as the bench's devices.
                         .arg("")

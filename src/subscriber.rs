@@ -1,0 +1,285 @@
+//! The node's sharded subscriptions: `SSUBSCRIBE presence-events:{<user>}`
+//! for exactly the users its sessions watch.
+//!
+//! One task owns a dedicated RESP3 connection (pushes arrive out of band)
+//! and the set of channels the registry wants. It subscribes on request and
+//! answers once Redis has confirmed, so that a watcher's snapshot is read
+//! only after its events can no longer be missed. When the connection
+//! drops it reconnects with backoff and subscribes to every wanted channel
+//! again; when Redis drops one channel on its own (a `sunsubscribe` push:
+//! the slot moved, a failover) it subscribes again. Either way the registry
+//! is told, so that it re-reads what may have changed meanwhile.
+//!
+//! The redis crate offers SSUBSCRIBE on its cluster connection only. On one
+//! server the task sends it in a pipeline closed by a PING: in RESP3 every
+//! subscription confirmation is a push, not a reply, so the PING's reply is
+//! the one reply the pipeline waits for, and it comes after Redis has
+//! processed every SSUBSCRIBE before it.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::{AsyncConnectionConfig, ProtocolVersion, PushInfo, PushKind, RedisResult, Value};
+use tokio::sync::{mpsc, oneshot};
+
+/// First wait before reconnecting after the connection broke.
+const BACKOFF_MIN: Duration = Duration::from_millis(100);
+/// Longest wait between reconnection attempts.
+const BACKOFF_MAX: Duration = Duration::from_secs(1);
+/// How long one subscribe round trip may take.
+const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What the subscription task reports.
+#[derive(Debug)]
+pub enum Notice {
+    /// The connection is (again) up and every wanted channel subscribed;
+    /// `first` on the first time.
+    Ready {
+        /// The first connection since start.
+        first: bool,
+    },
+    /// A message on one of the channels.
+    Message {
+        /// Its channel.
+        channel: String,
+        /// Its payload.
+        payload: String,
+    },
+    /// Redis dropped these channels on its own; they are subscribed again,
+    /// and what they carried meanwhile is lost.
+    Dropped {
+        /// The channels.
+        channels: Vec<String>,
+    },
+}
+
+/// A request to the subscription task.
+enum Request {
+    /// Subscribe; answer once confirmed.
+    Subscribe {
+        channels: Vec<String>,
+        done: oneshot::Sender<RedisResult<()>>,
+    },
+    /// Unsubscribe (no answer).
+    Unsubscribe { channels: Vec<String> },
+}
+
+/// Handle on the node's subscription task; cheap to clone. The task ends
+/// when the last handle is dropped or `on_notice` returns false.
+#[derive(Clone)]
+pub struct Subscriptions {
+    tx: mpsc::UnboundedSender<Request>,
+}
+
+impl Subscriptions {
+    /// Starts the task on the current runtime: it connects through `client`
+    /// (as RESP3, whatever the URL says) and hands every [`Notice`] to
+    /// `on_notice`.
+    pub fn start(
+        client: &redis::Client,
+        on_notice: impl FnMut(Notice) -> bool + Send + 'static,
+    ) -> RedisResult<Self> {
+        let info = client.get_connection_info().clone();
+        let settings = info
+            .redis_settings()
+            .clone()
+            .set_protocol(ProtocolVersion::RESP3);
+        let client = redis::Client::open(info.set_redis_settings(settings))?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(run(client, rx, on_notice));
+        Ok(Self { tx })
+    }
+
+    /// Subscribes to `channels`; returns once Redis has confirmed.
+    pub async fn subscribe(&self, channels: Vec<String>) -> RedisResult<()> {
+        let (done, answer) = oneshot::channel();
+        let gone = || redis::RedisError::from(std::io::Error::other("subscription task stopped"));
+        self.tx
+            .send(Request::Subscribe { channels, done })
+            .map_err(|_| gone())?;
+        answer.await.map_err(|_| gone())?
+    }
+
+    /// Unsubscribes from `channels`.
+    pub fn unsubscribe(&self, channels: Vec<String>) {
+        let _ = self.tx.send(Request::Unsubscribe { channels });
+    }
+}
+
+/// Sends `command` for each of `channels` and waits until Redis has
+/// processed them (see the module docs).
+async fn send_all(
+    conn: &mut MultiplexedConnection,
+    command: &str,
+    channels: &[String],
+) -> RedisResult<()> {
+    if channels.is_empty() {
+        return Ok(());
+    }
+    let mut pipe = redis::pipe();
+    for channel in channels {
+        pipe.cmd(command).arg(channel);
+    }
+    pipe.cmd("PING");
+    let replies = conn.req_packed_commands(&pipe, 0, 1).await?;
+    match replies.first() {
+        Some(Value::ServerError(e)) => Err(e.clone().into()),
+        _ => Ok(()),
+    }
+}
+
+/// The subscription task.
+async fn run(
+    client: redis::Client,
+    mut requests: mpsc::UnboundedReceiver<Request>,
+    mut on_notice: impl FnMut(Notice) -> bool,
+) {
+    let mut wanted: HashSet<String> = HashSet::new();
+    // Our own SUNSUBSCRIBEs whose confirmation has not come yet: those
+    // pushes are not Redis dropping a channel.
+    let mut leaving: HashMap<String, u32> = HashMap::new();
+    let mut first = true;
+    let mut backoff = BACKOFF_MIN;
+    loop {
+        let (push_tx, mut pushes) = mpsc::unbounded_channel::<PushInfo>();
+        let config = AsyncConnectionConfig::new()
+            .set_push_sender(push_tx)
+            .set_response_timeout(Some(RESPONSE_TIMEOUT));
+        let mut conn = match client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+        {
+            Ok(conn) => conn,
+            Err(e) => {
+                log::warn!("cannot connect for the event subscriptions: {e}");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(BACKOFF_MAX);
+                continue;
+            }
+        };
+        let all: Vec<String> = wanted.iter().cloned().collect();
+        if let Err(e) = send_all(&mut conn, "SSUBSCRIBE", &all).await {
+            log::warn!("cannot subscribe to the watched users' events: {e}");
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(BACKOFF_MAX);
+            continue;
+        }
+        leaving.clear();
+        backoff = BACKOFF_MIN;
+        log::info!("subscribed to the events of {} watched users", all.len());
+        if !on_notice(Notice::Ready { first }) {
+            return;
+        }
+        first = false;
+        loop {
+            tokio::select! {
+                request = requests.recv() => match request {
+                    None => return,
+                    Some(first_request) => {
+                        // Take every request queued meanwhile, in order;
+                        // consecutive subscribes share one round trip.
+                        let mut queued = vec![first_request];
+                        while let Ok(more) = requests.try_recv() {
+                            queued.push(more);
+                        }
+                        let mut batch: Vec<(Vec<String>, oneshot::Sender<RedisResult<()>>)> = Vec::new();
+                        let mut failed = false;
+                        for request in queued {
+                            match request {
+                                Request::Subscribe { channels, done } => batch.push((channels, done)),
+                                Request::Unsubscribe { channels } => {
+                                    failed |= !join(&mut conn, &mut wanted, std::mem::take(&mut batch)).await;
+                                    leave(&mut conn, &mut wanted, &mut leaving, channels).await;
+                                }
+                            }
+                        }
+                        failed |= !join(&mut conn, &mut wanted, batch).await;
+                        if failed {
+                            break;
+                        }
+                    }
+                },
+                push = pushes.recv() => match push {
+                    None => break,
+                    Some(push) => match push.kind {
+                        PushKind::SMessage => {
+                            let mut data = push.data.into_iter();
+                            let channel = data.next().and_then(|v| redis::from_redis_value::<String>(v).ok());
+                            let payload = data.next().and_then(|v| redis::from_redis_value::<String>(v).ok());
+                            if let (Some(channel), Some(payload)) = (channel, payload) {
+                                if !on_notice(Notice::Message { channel, payload }) {
+                                    return;
+                                }
+                            }
+                        }
+                        PushKind::SUnsubscribe => {
+                            let Some(channel) = push.data.into_iter().next()
+                                .and_then(|v| redis::from_redis_value::<String>(v).ok()) else { continue };
+                            if let Some(n) = leaving.get_mut(&channel) {
+                                *n -= 1;
+                                if *n == 0 {
+                                    leaving.remove(&channel);
+                                }
+                                continue;
+                            }
+                            if !wanted.contains(&channel) {
+                                continue;
+                            }
+                            log::info!("redis dropped the subscription to {channel}; subscribing again");
+                            let channels = vec![channel];
+                            if send_all(&mut conn, "SSUBSCRIBE", &channels).await.is_err() {
+                                break;
+                            }
+                            if !on_notice(Notice::Dropped { channels }) {
+                                return;
+                            }
+                        }
+                        PushKind::Disconnection => break,
+                        _ => {}
+                    },
+                },
+            }
+        }
+        log::warn!("event subscriptions lost; reconnecting");
+        tokio::time::sleep(backoff).await;
+    }
+}
+
+/// Subscribes to every channel of `batch` in one round trip and answers
+/// each request; false when the round trip failed (the connection is then
+/// replaced, and the channels stay wanted for the next one).
+async fn join(
+    conn: &mut MultiplexedConnection,
+    wanted: &mut HashSet<String>,
+    batch: Vec<(Vec<String>, oneshot::Sender<RedisResult<()>>)>,
+) -> bool {
+    if batch.is_empty() {
+        return true;
+    }
+    let channels: Vec<String> = batch.iter().flat_map(|(c, _)| c.iter().cloned()).collect();
+    wanted.extend(channels.iter().cloned());
+    let result = send_all(conn, "SSUBSCRIBE", &channels).await;
+    let ok = result.is_ok();
+    for (_, done) in batch {
+        let _ = done.send(result.clone());
+    }
+    ok
+}
+
+/// Unsubscribes from `channels`, remembering the confirmations to expect.
+async fn leave(
+    conn: &mut MultiplexedConnection,
+    wanted: &mut HashSet<String>,
+    leaving: &mut HashMap<String, u32>,
+    channels: Vec<String>,
+) {
+    let channels: Vec<String> = channels.into_iter().filter(|c| wanted.remove(c)).collect();
+    for channel in &channels {
+        *leaving.entry(channel.clone()).or_default() += 1;
+    }
+    if let Err(e) = send_all(conn, "SUNSUBSCRIBE", &channels).await {
+        // The connection is going; a new one subscribes only to `wanted`.
+        log::debug!("unsubscribe failed: {e}");
+    }
+}
