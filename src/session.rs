@@ -829,6 +829,9 @@ impl Session {
                     config.ttl.as_millis() as u64,
                 );
                 self.send(ctx, hello);
+                // After `hello`, so that a token already close to its
+                // expiry is warned about after the greeting, not before.
+                self.schedule_expiry(ctx);
                 self.requests.ready = true;
                 self.next_request(ctx);
             }
@@ -923,9 +926,8 @@ impl Actor for Session {
 
 impl Session {
     /// The session proper, once the user is known: join the registry,
-    /// ping, claim the lease, and watch the token's expiry.
+    /// ping, claim the lease (then greet, and watch the token's expiry).
     fn begin(&mut self, ctx: &mut ws::WebsocketContext<Self>) {
-        self.schedule_expiry(ctx);
         self.node.registry.do_send(registry::Join {
             session: self.me.id,
             addr: ctx.address().recipient(),

@@ -619,6 +619,16 @@ async fn sessions_close_when_their_token_expires_unless_refreshed() {
     assert_eq!(closed, Some((4401, "token expired".to_string())));
     watcher.expect_presence("alice", "offline").await;
 
+    // A token already inside the warning window: hello first, then the
+    // warning, then the close.
+    let mut carol = bare(&node, "device=c").await;
+    carol
+        .send(json!({"type": "auth", "token": token_for("carol", 1)}))
+        .await;
+    carol.expect("hello").await;
+    carol.expect("auth_expiring").await;
+    assert_eq!(carol.expect_closed().await.map(|c| c.0), Some(4401));
+
     // bob sends a fresh token when warned and stays; a token for someone
     // else is refused without ending the session.
     let exp = now() + 3;
