@@ -6,10 +6,11 @@
 //! transition comes out:
 //! - Redis's `expired` keyspace events, on a dedicated pub/sub connection;
 //! - the deadline pass: Redis only fires `expired` when it deletes a key,
-//!   and beside many live leases its sampler finds the dead ones late, so one
-//!   node at a time (under a short lock) reads the due members of
-//!   `presence-leases` every few hundred ms and runs the step for them,
-//!   which also makes Redis delete and announce each lapsed key.
+//!   and beside many live leases its sampler finds the dead ones late, so
+//!   every few hundred ms the due members of each bucket of
+//!   `presence-leases` are read and departed, which also makes Redis delete
+//!   and announce each lapsed key. Each bucket has its own short lock: one
+//!   node at a time runs a bucket, and the nodes of a fleet share them.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -91,29 +92,54 @@ impl ExpiryListener {
         if trim.is_some() {
             self.last_trim = Instant::now();
         }
+        let buckets = store.buckets();
         let pass = async move {
-            if !store.hold_reaper_lock(&node, interval * 4).await? {
-                return Ok::<_, StoreError>(false);
-            }
-            let started = Instant::now();
-            loop {
-                let reaped = store.reap_due(REAP_BATCH).await?;
-                let (seen, removed) = (reaped.looked_at, reaped.removed);
-                if removed > 0 {
-                    METRICS.devices_reaped.inc_by(removed as u64);
-                    log::debug!("deadline pass removed {removed} lapsed devices");
+            // The buckets side by side, each under its own lock; the node
+            // holding bucket 0 also runs the reconciliation when due.
+            let passes = buckets.all().map(|bucket| {
+                let (store, node) = (&store, &node);
+                async move {
+                    if !store.hold_reaper_lock(bucket, node, interval * 4).await? {
+                        return Ok::<_, StoreError>(false);
+                    }
+                    let started = Instant::now();
+                    loop {
+                        let reaped = store.reap_due(bucket, REAP_BATCH).await?;
+                        let (seen, removed) = (reaped.looked_at, reaped.removed);
+                        if removed > 0 {
+                            METRICS.devices_reaped.inc_by(removed as u64);
+                            log::debug!("deadline pass removed {removed} lapsed devices");
+                        }
+                        if seen < REAP_BATCH || started.elapsed() > interval {
+                            break;
+                        }
+                    }
+                    if let Some(retention) = trim {
+                        let forgotten = store
+                            .trim_last_seen_bucket(bucket, retention, TRIM_BATCH)
+                            .await?;
+                        if forgotten > 0 {
+                            log::info!(
+                                "forgot {forgotten} users offline for longer than the retention"
+                            );
+                        }
+                    }
+                    Ok(true)
                 }
-                if seen < REAP_BATCH || started.elapsed() > interval {
-                    break;
+            });
+            let held = futures_util::future::join_all(passes).await;
+            let mut first_error = None;
+            let mut holds_first = false;
+            for (bucket, result) in held.into_iter().enumerate() {
+                match result {
+                    Ok(held) => holds_first |= held && bucket == 0,
+                    Err(e) => first_error = first_error.or(Some(e)),
                 }
             }
-            if let Some(retention) = trim {
-                let forgotten = store.trim_last_seen(retention, TRIM_BATCH).await?;
-                if forgotten > 0 {
-                    log::info!("forgot {forgotten} users offline for longer than the retention");
-                }
+            match first_error {
+                Some(e) => Err(e),
+                None => Ok(holds_first),
             }
-            Ok(true)
         };
         ctx.spawn(pass.into_actor(self).map(|res, act, ctx| {
             act.reaping = false;
@@ -147,14 +173,16 @@ impl ExpiryListener {
                 }
             }
             let mut pruned = 0;
-            loop {
-                let step = store.prune_online_step(cursor).await?;
-                let (next, dropped) = (step.next_cursor, step.dropped);
-                pruned += dropped;
-                METRICS.online_pruned.inc_by(dropped as u64);
-                cursor = next;
-                if cursor == 0 {
-                    break;
+            for bucket in store.buckets().all() {
+                loop {
+                    let step = store.prune_online_step(bucket, cursor).await?;
+                    let (next, dropped) = (step.next_cursor, step.dropped);
+                    pruned += dropped;
+                    METRICS.online_pruned.inc_by(dropped as u64);
+                    cursor = next;
+                    if cursor == 0 {
+                        break;
+                    }
                 }
             }
             Ok::<_, StoreError>((users, repaired, pruned))

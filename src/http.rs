@@ -419,7 +419,7 @@ async fn online(
     }
     let cursor = match query.cursor.as_deref() {
         None | Some("") => None,
-        Some(c) => Some(Cursor::decode(c).ok_or_else(|| {
+        Some(c) => Some(Cursor::decode(c, state.store.buckets()).ok_or_else(|| {
             ApiError::new(
                 StatusCode::BAD_REQUEST,
                 ErrorCode::BadRequest,

@@ -1,21 +1,91 @@
 //! The Redis key schema, in one place (the README's "Key schema" table).
 //!
 //! Per-user keys carry the `{<user>}` hash tag so that the atomic per-user
-//! scripts touch a single Redis Cluster slot; the global sorted sets beside
-//! them are updated idempotently outside the scripts.
+//! scripts touch a single Redis Cluster slot. The indexes over all users
+//! (online, last seen, lease deadlines) are split into [`Buckets`], each
+//! with its own hash tag (`{b00}`..), so that no single key takes every
+//! refresh and a cluster spreads them over its slots; they are updated
+//! idempotently beside the scripts.
 //!
 //! Keys are built by concatenation rather than `format!`: the device keys
 //! are made for every lease refresh, and the formatting machinery was a
 //! visible share of the node's time there.
 
-/// Sorted set: user -> last-seen epoch ms, kept after the user goes offline.
-pub const LAST_SEEN: &str = "presence-lastseen";
-/// Sorted set: user -> last refresh epoch ms, for users online now.
-pub const ONLINE: &str = "presence-online";
-/// Sorted set: `<user>:<device>` -> lease deadline epoch ms; drives timely expiry.
-pub const LEASES: &str = "presence-leases";
-/// Short lock that lets one node at a time run the deadline pass.
-pub const REAPER_LOCK: &str = "presence-reaper-lock";
+/// Hash of deployment constants every node must agree on: `buckets` (B)
+/// and `schema` (the key schema's version).
+pub const META: &str = "presence-meta";
+/// Version of this key schema, written to [`META`].
+pub const SCHEMA_VERSION: u32 = 2;
+/// B for a new deployment.
+pub const DEFAULT_BUCKETS: u32 = 16;
+/// Most buckets a deployment may have (two digits in the key).
+pub const MAX_BUCKETS: u32 = 100;
+/// The unbucketed indexes of schema version 1, moved into buckets at start.
+pub const V1_INDEXES: [&str; 3] = ["presence-lastseen", "presence-online", "presence-leases"];
+
+/// How the indexes over all users are split: B buckets, a user's bucket a
+/// stable hash of its id modulo B. B is fixed per deployment (stored in
+/// [`META`]): changing it would strand every entry in the wrong bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Buckets(u32);
+
+impl Buckets {
+    /// `n` buckets, 1 to [`MAX_BUCKETS`].
+    pub fn new(n: u32) -> Option<Self> {
+        (1..=MAX_BUCKETS).contains(&n).then_some(Self(n))
+    }
+
+    /// How many there are.
+    pub fn count(self) -> u32 {
+        self.0
+    }
+
+    /// Every bucket.
+    pub fn all(self) -> std::ops::Range<u32> {
+        0..self.0
+    }
+
+    /// The bucket of `user`: FNV-1a (64 bit) of its bytes, modulo B. Fixed
+    /// forever: every node and every version must place a user alike.
+    pub fn of(self, user: &str) -> u32 {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in user.bytes() {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        (h % u64::from(self.0)) as u32
+    }
+}
+
+impl Default for Buckets {
+    fn default() -> Self {
+        Self(DEFAULT_BUCKETS)
+    }
+}
+
+/// Sorted set of one bucket: user -> last-seen epoch ms, kept after the
+/// user goes offline.
+pub fn last_seen(bucket: u32) -> String {
+    format!("presence-lastseen:{{b{bucket:02}}}")
+}
+
+/// Sorted set of one bucket: user -> last refresh epoch ms, for users
+/// online now.
+pub fn online(bucket: u32) -> String {
+    format!("presence-online:{{b{bucket:02}}}")
+}
+
+/// Sorted set of one bucket: `<user>:<device>` -> lease deadline epoch ms;
+/// drives timely expiry.
+pub fn leases(bucket: u32) -> String {
+    format!("presence-leases:{{b{bucket:02}}}")
+}
+
+/// Short lock that lets one node at a time run the deadline pass over one
+/// bucket.
+pub fn reaper_lock(bucket: u32) -> String {
+    format!("presence-reaper-lock:{{b{bucket:02}}}")
+}
 
 /// The device lease: a string with a TTL whose value names the owning connection.
 pub fn lease(user: &str, device: &str) -> String {
@@ -97,6 +167,22 @@ pub fn expired_channel(db: i64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn buckets_are_stable_and_spread() {
+        let b = Buckets::default();
+        // Fixed forever: these values are in every deployment's Redis
+        // (FNV-1a 64 of "alice" is 5803779529149266183).
+        assert_eq!(b.of("alice"), 7);
+        let mut seen = [0u32; 16];
+        for i in 0..16_000 {
+            seen[b.of(&format!("user{i}")) as usize] += 1;
+        }
+        assert!(seen.iter().all(|&n| (800..1200).contains(&n)), "{seen:?}");
+        assert_eq!(leases(3), "presence-leases:{b03}");
+        assert!(Buckets::new(0).is_none() && Buckets::new(101).is_none());
+        assert_eq!(Buckets::new(1).unwrap().of("anyone"), 0);
+    }
 
     #[test]
     fn lease_keys_parse_back() {

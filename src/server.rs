@@ -73,6 +73,10 @@ pub async fn run(
         config.max_devices_per_user,
     );
     store.load_scripts().await.context("cannot load scripts")?;
+    let store = store
+        .load_deployment()
+        .await
+        .context("cannot read the deployment's settings (presence-meta)")?;
     // Every session's lease refreshes go through one refresher task, which
     // sends them to Redis in batches.
     let refresher = Refresher::spawn(store.clone());

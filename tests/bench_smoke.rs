@@ -73,3 +73,21 @@ async fn fanout() {
 async fn online() {
     bench(&["online", "--online", "500", "--requests", "20"]).await;
 }
+
+#[test]
+fn the_bench_places_users_in_the_servers_buckets() {
+    let buckets = presence_server::keys::Buckets::default();
+    assert_eq!(
+        buckets.count(),
+        presence_bench::fixture::BUCKETS,
+        "the bench assumes the default number of buckets"
+    );
+    for i in 0..2_000 {
+        let user = format!("user-{i}|x");
+        assert_eq!(
+            presence_bench::fixture::bucket_of(&user, buckets.count()),
+            buckets.of(&user),
+            "{user}"
+        );
+    }
+}

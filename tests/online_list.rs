@@ -1,7 +1,6 @@
-//! `GET /api/online` for a viewer who may see few of the online users:
-//! each request examines a bounded number of index entries and hands back
-//! a cursor to go on, even on a short or empty page, without ever naming a
-//! user the viewer may not see.
+//! `GET /api/online` over the bucketed `presence-online` index: a k-way
+//! merge newest first, a cursor that survives shared scores, bounded work
+//! per request; and the move of schema-1 indexes into buckets at start.
 
 mod common;
 
@@ -9,149 +8,135 @@ use std::collections::HashSet;
 
 use common::*;
 
-/// `n` users online as a node writes them (lease, device set, counter,
-/// index entry with `score`), hidden from everyone but themselves when
-/// `hidden` (`show_online = nobody`).
-async fn online_users(
-    redis: &Redis,
-    prefix: &str,
-    n: usize,
-    score: i64,
-    hidden: bool,
-) -> Vec<String> {
-    let mut conn = redis.aconn().await;
-    let mut pipe = redis::pipe();
-    let mut users = Vec::new();
-    for i in 0..n {
-        let u = format!("{prefix}{i:03}");
-        pipe.cmd("SET")
-            .arg(format!("presence:{{{u}}}:d"))
-            .arg("elsewhere 1 0")
-            .arg("PX")
-            .arg(600_000)
-            .ignore();
-        pipe.cmd("SADD")
-            .arg(format!("presence-devices:{{{u}}}"))
-            .arg("d")
-            .ignore();
-        pipe.cmd("SET")
-            .arg(format!("presence-count:{{{u}}}"))
-            .arg(1)
-            .ignore();
-        if hidden {
-            pipe.cmd("HSET")
-                .arg(format!("presence-status:{{{u}}}"))
-                .arg("show_online")
-                .arg("nobody")
-                .ignore();
-        }
-        pipe.cmd("ZADD")
-            .arg("presence-online")
-            .arg(score)
-            .arg(&u)
-            .ignore();
-        users.push(u);
-    }
-    pipe.query_async::<()>(&mut conn).await.unwrap();
-    users
-}
-
-/// One page as `viewer`: the users listed and the next cursor.
-async fn page(node: &Node, limit: usize, cursor: Option<&str>) -> (Vec<String>, Option<String>) {
-    let mut url = reqwest::Url::parse(&format!("{}/api/online", node.http())).unwrap();
-    url.query_pairs_mut()
-        .append_pair("limit", &limit.to_string())
-        .append_pair("viewer", "stranger");
-    if let Some(c) = cursor {
-        url.query_pairs_mut().append_pair("cursor", c);
-    }
-    let (status, body) = get(url.as_str()).await;
-    assert_eq!(status, 200, "{body}");
-    let users = body["users"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|u| u["user"].as_str().unwrap().to_string())
-        .collect();
-    (users, body["next_cursor"].as_str().map(str::to_string))
-}
-
-/// Pages to the end; returns every user listed and the number of requests.
-async fn walk(node: &Node, limit: usize, hidden: &[String]) -> (Vec<String>, usize) {
-    let (mut all, mut requests, mut cursor) = (Vec::new(), 0, None::<String>);
-    loop {
-        let (users, next) = page(node, limit, cursor.as_deref()).await;
-        requests += 1;
-        assert!(users.len() <= limit);
-        all.extend(users);
-        let Some(next) = next else {
-            return (all, requests);
-        };
-        for h in hidden {
-            assert!(
-                !next.contains(h.as_str()),
-                "cursor {next:?} names hidden {h}"
-            );
-        }
-        assert!(requests < 1_000, "the cursor does not advance: {next}");
-        cursor = Some(next);
-    }
-}
-
-#[tokio::test]
-async fn an_empty_page_still_hands_back_a_cursor() {
-    let redis = Redis::start();
-    let node = Node::start_with(&redis, "n1", &["--heartbeat-ms", "30000"]);
-    let hidden = online_users(&redis, "h", 30, 1_000_000, true).await;
-    // limit 2: at most 8 entries examined per request, so the first page
-    // of 30 hidden users is empty, and not the last.
-    let (users, next) = page(&node, 2, None).await;
-    assert!(users.is_empty(), "{users:?}");
-    let next = next.expect("a cursor while entries remain");
-    assert!(hidden.iter().all(|h| !next.contains(h.as_str())), "{next}");
-    let (all, requests) = walk(&node, 2, &hidden).await;
-    assert!(all.is_empty(), "{all:?}");
-    assert!(requests >= 30 / 8, "{requests} requests for 30 entries");
-}
-
-#[tokio::test]
-async fn paging_lists_each_visible_user_once_across_ties() {
-    let redis = Redis::start();
-    let node = Node::start_with(&redis, "n1", &["--heartbeat-ms", "30000"]);
-    // Ties: one refresh batch stamps many users with the same time.
-    let mut hidden = online_users(&redis, "h", 40, 5_000, true).await;
-    let shown_a = online_users(&redis, "s", 20, 5_000, false).await;
-    let shown_b = online_users(&redis, "t", 7, 4_000, false).await;
-    hidden.extend(online_users(&redis, "x", 25, 3_000, true).await);
-    let want: HashSet<String> = shown_a.iter().chain(&shown_b).cloned().collect();
-    for limit in [1, 3, 50] {
-        let (all, _) = walk(&node, limit, &hidden).await;
-        let unique: HashSet<String> = all.iter().cloned().collect();
-        assert_eq!(unique.len(), all.len(), "limit {limit}: repeats in {all:?}");
-        assert_eq!(unique, want, "limit {limit}");
-    }
-
-    // The user a cursor names moves (it refreshed) before the next page:
-    // the next page goes on after its old place, without repeats.
-    let (first, next) = page(&node, 3, None).await;
-    let next = next.unwrap();
-    let moved = first.last().unwrap();
-    let mut conn = redis.aconn().await;
-    let _: i64 = redis::cmd("ZADD")
-        .arg("presence-online")
-        .arg(9_000)
-        .arg(moved)
-        .query_async(&mut conn)
+/// Makes `n` users `<prefix>0..` online (lease, device set, counter) and
+/// lists them in `presence-online` with `score` each.
+async fn online_users(redis: &Redis, prefix: &str, n: usize, score: impl Fn(usize) -> i64) {
+    let mut c = redis.aconn().await;
+    presence_bench::fixture::live_leases(&mut c, prefix, n, "elsewhere 1 0", true)
         .await
         .unwrap();
-    let mut seen: Vec<String> = first.clone();
-    let mut cursor = Some(next);
-    while let Some(c) = cursor {
-        let (users, n) = page(&node, 3, Some(&c)).await;
-        seen.extend(users);
-        cursor = n;
+    let mut pipe = redis::pipe();
+    for i in 0..n {
+        let user = format!("{prefix}{i}");
+        pipe.cmd("ZADD")
+            .arg(index_key("presence-online", &user))
+            .arg(score(i))
+            .arg(&user)
+            .ignore();
     }
-    let unique: HashSet<&String> = seen.iter().collect();
-    assert_eq!(unique.len(), seen.len(), "repeats after a move: {seen:?}");
-    assert_eq!(seen.len(), want.len());
+    pipe.query_async::<()>(&mut c).await.unwrap();
+}
+
+/// Every page of the online list from `base` with `limit`: (users, pages).
+async fn walk(base: &str, limit: usize) -> (Vec<(String, i64)>, usize) {
+    let mut seen = Vec::new();
+    let mut cursor: Option<String> = None;
+    let mut pages = 0;
+    loop {
+        let url = match &cursor {
+            Some(c) => format!("{base}/api/online?limit={limit}&cursor={c}"),
+            None => format!("{base}/api/online?limit={limit}"),
+        };
+        let (status, page) = get(&url).await;
+        assert_eq!(status, 200, "{page}");
+        pages += 1;
+        let users = page["users"].as_array().unwrap();
+        assert!(users.len() <= limit);
+        for u in users {
+            seen.push((
+                u["user"].as_str().unwrap().to_string(),
+                u["active_at"].as_i64().unwrap(),
+            ));
+        }
+        match page["next_cursor"].as_str() {
+            Some(c) => cursor = Some(c.to_string()),
+            None => return (seen, pages),
+        }
+        assert!(pages < 10_000, "the list never ends");
+    }
+}
+
+#[tokio::test]
+async fn pages_cover_every_user_once_even_when_scores_are_shared() {
+    let redis = Redis::start();
+    // 300 users, in runs of 50 sharing one score (a batch of refreshes
+    // writes one time), spread over every bucket.
+    online_users(&redis, "tie", 300, |i| 1_000_000 + (i / 50) as i64).await;
+    let node = Node::start(&redis, "n1");
+    for limit in [1, 7, 50, 1000] {
+        let (seen, _) = walk(&node.http(), limit).await;
+        let names: HashSet<&str> = seen.iter().map(|(u, _)| u.as_str()).collect();
+        assert_eq!(seen.len(), 300, "limit {limit}: {} listed", seen.len());
+        assert_eq!(names.len(), 300, "limit {limit}: a user listed twice");
+        assert!(
+            seen.windows(2).all(|w| w[0].1 >= w[1].1),
+            "limit {limit}: not newest first"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_viewer_who_sees_nobody_gets_short_pages_with_a_cursor() {
+    let redis = Redis::start();
+    online_users(&redis, "hidden", 1_000, |i| 2_000_000 + i as i64).await;
+    // Watch policy `contacts`: an anonymous reader sees no one online.
+    let node = Node::start_with(&redis, "n1", &["--watch-policy", "contacts"]);
+    let (seen, pages) = walk(&node.http(), 10).await;
+    assert!(seen.is_empty(), "{seen:?}");
+    // Each request examines at most 4 x limit entries, and hands back a
+    // cursor to go on from even when its page is empty.
+    assert_eq!(pages, 1_000 / 40, "pages walked");
+}
+
+#[tokio::test]
+async fn schema_1_indexes_move_into_buckets_at_start() {
+    let redis = Redis::start();
+    let mut c = redis.aconn().await;
+    presence_bench::fixture::live_leases(&mut c, "old", 50, "elsewhere 1 0", false)
+        .await
+        .unwrap();
+    let mut pipe = redis::pipe();
+    for i in 0..50 {
+        let user = format!("old{i}");
+        pipe.cmd("ZADD")
+            .arg("presence-online")
+            .arg(3_000_000 + i)
+            .arg(&user)
+            .ignore();
+        pipe.cmd("ZADD")
+            .arg("presence-leases")
+            .arg(4_000_000_000_000i64)
+            .arg(format!("{user}:d"))
+            .ignore();
+        pipe.cmd("ZADD")
+            .arg("presence-lastseen")
+            .arg(1_000 + i)
+            .arg(format!("gone{i}"))
+            .ignore();
+    }
+    pipe.query_async::<()>(&mut c).await.unwrap();
+
+    let node = Node::start(&redis, "n1");
+    for old in ["presence-online", "presence-leases", "presence-lastseen"] {
+        let exists: i64 = redis::cmd("EXISTS")
+            .arg(old)
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        assert_eq!(exists, 0, "{old} still there");
+    }
+    assert_eq!(index_members(&redis, "presence-online").await.len(), 50);
+    assert_eq!(index_members(&redis, "presence-leases").await.len(), 50);
+    assert_eq!(index_members(&redis, "presence-lastseen").await.len(), 50);
+    let meta: Vec<String> = redis::cmd("HMGET")
+        .arg("presence-meta")
+        .arg("buckets")
+        .arg("schema")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(meta, ["16", "2"]);
+    let (seen, _) = walk(&node.http(), 20).await;
+    assert_eq!(seen.len(), 50);
+    assert_eq!(seen[0].0, "old49");
 }

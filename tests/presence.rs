@@ -63,7 +63,7 @@ async fn multi_device_on_one_node() {
     wait_until("last seen indexed", DEADLINE, || async {
         let mut c = redis.aconn().await;
         let seen: Option<i64> = redis::cmd("ZSCORE")
-            .arg("presence-lastseen")
+            .arg(index_key("presence-lastseen", "alice"))
             .arg("alice")
             .query_async(&mut c)
             .await

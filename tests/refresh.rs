@@ -28,8 +28,9 @@ async fn lease_owner(redis: &Redis, user: &str, device: &str) -> Option<String> 
 
 async fn leases_index_score(redis: &Redis, member: &str) -> Option<i64> {
     let mut c = redis.aconn().await;
+    let user = member.split(':').next().unwrap();
     redis::cmd("ZSCORE")
-        .arg("presence-leases")
+        .arg(index_key("presence-leases", user))
         .arg(member)
         .query_async(&mut c)
         .await
@@ -83,7 +84,7 @@ async fn concurrent_refreshes_keep_every_lease_and_close_the_replaced() {
     // earliest: it sends nothing before the loop below).
     let mut c = redis.aconn().await;
     let _: i64 = redis::cmd("ZADD")
-        .arg("presence-leases")
+        .arg(index_key("presence-leases", "victim"))
         .arg("XX")
         .arg(now_ms() + 3 * SHORT_HEARTBEAT_MS as i64)
         .arg("victim:phone")

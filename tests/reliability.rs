@@ -119,7 +119,7 @@ async fn missed_expired_events_are_repaired_by_reconciliation() {
         .unwrap();
     a.kill();
     let _: i64 = redis::cmd("ZREM")
-        .arg("presence-leases")
+        .arg(index_key("presence-leases", "alice"))
         .arg("alice:phone")
         .query_async(&mut c)
         .await

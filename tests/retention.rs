@@ -17,7 +17,7 @@ async fn trims_last_seen_older_than_the_retention() {
     let mut pipe = redis::pipe();
     for (user, age_days) in [("old", 100), ("recent", 1), ("back", 120)] {
         pipe.cmd("ZADD")
-            .arg("presence-lastseen")
+            .arg(index_key("presence-lastseen", user))
             .arg(now - age_days * DAY_MS)
             .arg(user)
             .ignore();
@@ -49,13 +49,7 @@ async fn trims_last_seen_older_than_the_retention() {
         .unwrap();
     assert_eq!(forgotten, 2);
 
-    let left: Vec<String> = redis::cmd("ZRANGE")
-        .arg("presence-lastseen")
-        .arg(0)
-        .arg(-1)
-        .query_async(&mut c)
-        .await
-        .unwrap();
+    let left = index_members(&redis, "presence-lastseen").await;
     assert_eq!(left, ["recent"]);
     // Last seen and text are forgotten; the chosen status and privacy
     // settings stay, or an invisible user would show online when back.

@@ -69,14 +69,9 @@ async fn thousand_devices_of_a_killed_node_expire_on_time_beside_100k_live_lease
 
     // Counters at rest: the dead devices are gone, the live leases untouched.
     wait_until("the index holds only live leases", DEADLINE, || async {
-        let mut c = redis.aconn().await;
-        let leases: i64 = redis::cmd("ZCARD")
-            .arg("presence-leases")
-            .query_async(&mut c)
-            .await
-            .unwrap();
+        let leases = index_members(&redis, "presence-leases").await.len();
         // The live leases and the watcher's.
-        leases as usize == LIVE_LEASES + 1
+        leases == LIVE_LEASES + 1
     })
     .await;
     for u in users.iter().step_by(97) {

@@ -1,9 +1,43 @@
 //! Device state written straight into Redis, the way a node writes it, for
 //! runs and tests that need many live leases without many connections.
 
+/// Buckets of the indexes in a deployment the bench starts (the server's
+/// default).
+pub const BUCKETS: u32 = 16;
+
+/// The bucket of `user`, as the server computes it (`keys::Buckets::of`:
+/// FNV-1a of the id modulo B); `tests/bench_smoke.rs` checks they agree.
+pub fn bucket_of(user: &str, buckets: u32) -> u32 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in user.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    (h % u64::from(buckets)) as u32
+}
+
+/// The bucket of `index` (`presence-leases`, `presence-online`,
+/// `presence-lastseen`) holding `user`'s entries.
+pub fn index_key(index: &str, user: &str) -> String {
+    format!("{index}:{{b{:02}}}", bucket_of(user, BUCKETS))
+}
+
+/// Entries of `index` across all its buckets.
+pub async fn index_len(
+    conn: &mut redis::aio::MultiplexedConnection,
+    index: &str,
+) -> redis::RedisResult<u64> {
+    let mut pipe = redis::pipe();
+    for b in 0..BUCKETS {
+        pipe.cmd("ZCARD").arg(format!("{index}:{{b{b:02}}}"));
+    }
+    let cards: Vec<u64> = pipe.query_async(conn).await?;
+    Ok(cards.iter().sum())
+}
+
 /// Writes a live lease for device `d` of users `<prefix>0` .. `<prefix>{n-1}`
 /// (lease owned by `owner`, device set, counter and, with `index`, the
-/// deadline in `presence-leases`), with a TTL of ten minutes.
+/// deadline in its bucket of `presence-leases`), with a TTL of ten minutes.
 pub async fn live_leases(
     conn: &mut redis::aio::MultiplexedConnection,
     prefix: &str,
@@ -33,7 +67,7 @@ pub async fn live_leases(
                 .ignore();
             if index {
                 pipe.cmd("ZADD")
-                    .arg("presence-leases")
+                    .arg(index_key("presence-leases", &user))
                     .arg(deadline)
                     .arg(format!("{user}:d"))
                     .ignore();
@@ -44,7 +78,8 @@ pub async fn live_leases(
     Ok(())
 }
 
-/// Adds users `<prefix>0` .. `<prefix>{n-1}` to `presence-online`, newest
+/// Adds users `<prefix>0` .. `<prefix>{n-1}` to their buckets of
+/// `presence-online`, newest
 /// first in order, each with its own score; with `show_online`, each
 /// user's privacy setting (e.g. `contacts`: hidden from non-contacts).
 pub async fn online_index(
@@ -59,7 +94,7 @@ pub async fn online_index(
         for i in start..(start + 10_000).min(n) {
             let user = format!("{prefix}{i}");
             pipe.cmd("ZADD")
-                .arg("presence-online")
+                .arg(index_key("presence-online", &user))
                 .arg(now - i as i64)
                 .arg(&user)
                 .ignore();

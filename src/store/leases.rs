@@ -1,15 +1,16 @@
 //! A device arriving (connect, refresh: `arrive.lua`) and departing
-//! (`depart.lua`), with the bucketless global indexes written beside the
-//! scripts: `presence-leases` (deadlines), `presence-online` and
-//! `presence-lastseen`.
+//! (`depart.lua`), with the bucketed indexes written beside the scripts:
+//! `presence-leases:{b<k>}` (deadlines), `presence-online:{b<k>}` and
+//! `presence-lastseen:{b<k>}`.
 
 use std::borrow::Borrow;
+use std::collections::BTreeMap;
 
 use redis::Pipeline;
 
 use super::scripts::{parse_arrival, parse_departure};
 use super::{now_ms, Store, StoreError, StoreResult};
-use crate::keys;
+use crate::keys::{self, Buckets};
 use crate::model::ChosenStatus;
 
 /// How [`Store::arrive`] treats a lease held by another connection.
@@ -132,8 +133,9 @@ impl Store {
 
     /// The arrival step for many leases at once, in two round trips
     /// whatever their number: one pipeline of `arrive.lua` calls, then, for
-    /// the leases still held, one `ZADD GT` of all their deadlines into
-    /// `presence-leases` and one of their users into `presence-online`.
+    /// the leases still held, per bucket one `ZADD GT` of their deadlines
+    /// into `presence-leases:{b<k>}` and one of their users into
+    /// `presence-online:{b<k>}`.
     /// Returns one outcome per lease, in order; `Err` when the first round
     /// trip failed as a whole. A failed second round trip fails the leases
     /// that were held (as one refresh on its own would).
@@ -160,24 +162,23 @@ impl Store {
         let reply = self.query(&pipe).await?;
         if reply.len() != leases.len() {
             return Err(StoreError::reply(
-                keys::LEASES,
+                "arrive",
                 format!("{} replies to {} arrivals", reply.len(), leases.len()),
             ));
         }
         // Only a holder writes the indexes: a replaced connection's deadline
         // must not stand for the new owner's lease. GT keeps the latest
         // deadline when two writes cross.
-        let mut deadlines = redis::cmd("ZADD");
-        deadlines.arg(keys::LEASES).arg("GT");
-        let mut online = redis::cmd("ZADD");
-        online.arg(keys::ONLINE).arg("GT");
-        let mut held = 0;
+        let mut by_bucket: BTreeMap<u32, (redis::Cmd, redis::Cmd)> = BTreeMap::new();
         let mut out = Vec::with_capacity(leases.len());
         for (lease, value) in leases.iter().zip(&reply) {
             let lease = lease.borrow();
             let arrival = parse_arrival(value, &lease.user, deadline);
             if let Ok(Arrival::Held { .. }) = arrival {
-                held += 1;
+                let bucket = self.buckets.of(&lease.user);
+                let (deadlines, online) = by_bucket
+                    .entry(bucket)
+                    .or_insert_with(|| index_writes(bucket));
                 deadlines
                     .arg(deadline)
                     .arg(keys::lease_member(&lease.user, &lease.device));
@@ -185,10 +186,12 @@ impl Store {
             }
             out.push(arrival);
         }
-        if held > 0 {
+        if !by_bucket.is_empty() {
             let mut pipe = redis::pipe();
-            pipe.add_command(deadlines).ignore();
-            pipe.add_command(online).ignore();
+            for (deadlines, online) in by_bucket.into_values() {
+                pipe.add_command(deadlines).ignore();
+                pipe.add_command(online).ignore();
+            }
             if let Err(e) = self.query(&pipe).await {
                 for arrival in &mut out {
                     if let Ok(Arrival::Held { .. }) = arrival {
@@ -227,7 +230,7 @@ impl Store {
             last_seen: Some(ts),
         } = departure
         {
-            record_offline(&mut follow, user, ts);
+            record_offline(&mut follow, self.buckets, user, ts);
         }
         if let (Some((_, deadline)), Departure::Removed { .. } | Departure::AlreadyGone) =
             (owner, departure)
@@ -236,7 +239,7 @@ impl Store {
             self.scripts
                 .zrem_if(
                     &mut follow,
-                    keys::LEASES,
+                    &keys::leases(self.buckets.of(user)),
                     &keys::lease_member(user, device),
                     deadline,
                 )
@@ -253,15 +256,26 @@ impl Store {
     }
 }
 
+/// The two `ZADD GT` commands of one bucket's index writes (deadlines,
+/// online), for the caller to add members to.
+fn index_writes(bucket: u32) -> (redis::Cmd, redis::Cmd) {
+    let mut deadlines = redis::cmd("ZADD");
+    deadlines.arg(keys::leases(bucket)).arg("GT");
+    let mut online = redis::cmd("ZADD");
+    online.arg(keys::online(bucket)).arg("GT");
+    (deadlines, online)
+}
+
 /// Adds the index updates that follow a user's last device leaving.
-pub(super) fn record_offline(pipe: &mut Pipeline, user: &str, last_seen: i64) {
+pub(super) fn record_offline(pipe: &mut Pipeline, buckets: Buckets, user: &str, last_seen: i64) {
+    let bucket = buckets.of(user);
     pipe.cmd("ZADD")
-        .arg(keys::LAST_SEEN)
+        .arg(keys::last_seen(bucket))
         .arg("GT")
         .arg(last_seen)
         .arg(user)
         .ignore();
-    pipe.zrem(keys::ONLINE, user).ignore();
+    pipe.zrem(keys::online(bucket), user).ignore();
 }
 
 #[cfg(test)]

@@ -1,12 +1,12 @@
-//! Lists over many users: who is online now (`presence-online`, paged), and
+//! Lists over many users: who is online now (the buckets of
+//! `presence-online`, merged newest first and paged with bounded work), and
 //! the retention of last-seen times (`presence-lastseen`).
 
 use std::time::Duration;
 
-use super::reply::{at, int};
-use super::scripts::{parse_online_page, OnlineFrom};
+use super::reply::int;
 use super::{now_ms, Store, StoreError, StoreResult};
-use crate::keys;
+use crate::keys::{self, Buckets};
 use crate::model::Record;
 
 /// One page of `GET /api/online`.
@@ -28,79 +28,77 @@ pub struct OnlineUser {
     pub active_at: i64,
 }
 
-/// Most index entries one `GET /api/online` examines per user it may
-/// list: a viewer who may see few of the online users costs a bounded
-/// amount of Redis work per request, and pages on with the cursor.
-pub const EXAMINED_PER_LISTED: usize = 4;
-/// Most index entries one `GET /api/online` examines, whatever its limit.
-pub const MAX_EXAMINED: usize = 2_000;
-
-/// Position in `GET /api/online`: where the previous page stopped.
+/// Position in `GET /api/online`: the score reached (last refresh, epoch
+/// ms) and, per bucket, how many entries with exactly that score were
+/// already examined. Scores are shared (a batch of refreshes writes one
+/// time), so a score alone cannot say where a page ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Cursor {
-    /// After this user, the last the previous page examined, which its
-    /// viewer was shown: `<active_at>.<user>`.
-    After {
-        /// That user's score (last refresh, epoch ms).
-        active_at: i64,
-        /// That user.
-        user: String,
-    },
-    /// After the first `skip` entries whose score is `active_at`: the last
-    /// entry examined was one the viewer may not see, so the cursor does
-    /// not name it: `<active_at>~<skip>`.
-    Ties {
-        /// The score.
-        active_at: i64,
-        /// Entries with that score already examined.
-        skip: u64,
-    },
+pub struct Cursor {
+    /// The score reached.
+    pub active_at: i64,
+    /// Per bucket, the entries at `active_at` already examined.
+    pub ties: Vec<u32>,
 }
 
 impl Cursor {
-    /// The opaque string handed to clients.
+    /// The opaque string handed to clients: `<active_at>~<t0>,<t1>,...`.
     pub fn encode(&self) -> String {
-        match self {
-            Cursor::After { active_at, user } => format!("{active_at}.{user}"),
-            Cursor::Ties { active_at, skip } => format!("{active_at}~{skip}"),
-        }
+        let ties: Vec<String> = self.ties.iter().map(u32::to_string).collect();
+        format!("{}~{}", self.active_at, ties.join(","))
     }
 
-    /// Reads a cursor back; `None` when it is not one of ours.
-    pub fn decode(s: &str) -> Option<Self> {
-        let digits = s.bytes().take_while(u8::is_ascii_digit).count();
-        let (at, rest) = s.split_at(digits);
-        let active_at = at.parse().ok()?;
-        if let Some(user) = rest.strip_prefix('.') {
-            crate::ids::validate("user", user).ok()?;
-            return Some(Cursor::After {
-                active_at,
-                user: user.to_string(),
-            });
-        }
-        let skip = rest.strip_prefix('~')?;
-        if !skip.bytes().all(|b| b.is_ascii_digit()) {
+    /// Reads a cursor back for `buckets`; `None` when it is not one of ours.
+    pub fn decode(s: &str, buckets: Buckets) -> Option<Self> {
+        let (at, ties) = s.split_once('~')?;
+        let ties: Vec<u32> = ties
+            .split(',')
+            .map(|t| t.parse().ok())
+            .collect::<Option<_>>()?;
+        if ties.len() != buckets.count() as usize {
             return None;
         }
-        Some(Cursor::Ties {
-            active_at,
-            skip: skip.parse().ok()?,
+        Some(Self {
+            active_at: at.parse().ok()?,
+            ties,
         })
     }
 }
 
+/// Entries one request of the online list may examine, as a multiple of
+/// its `limit`: a viewer who may see few of the online users gets a short
+/// page and a cursor rather than an unbounded scan.
+const EXAMINE_PER_LIMIT: usize = 4;
+/// Entries one request may examine at most, whatever its limit.
+const MAX_EXAMINED: usize = 2_000;
+
+/// Where a walk over the merged buckets stands.
+struct Walk {
+    /// Score reached; `None` before the first entry (`+inf`).
+    at: Option<i64>,
+    /// Per bucket, entries at `at` examined.
+    ties: Vec<u32>,
+}
+
+impl Walk {
+    /// Steps past one entry of `bucket` with `score` (entries come in
+    /// descending order).
+    fn pass(&mut self, bucket: usize, score: i64) {
+        if self.at != Some(score) {
+            self.at = Some(score);
+            self.ties.iter_mut().for_each(|t| *t = 0);
+        }
+        self.ties[bucket] += 1;
+    }
+}
+
 impl Store {
-    /// One page of users online now, most recently active first. `cursor` is
-    /// the `next_cursor` of the previous page. Scores move as devices
-    /// refresh, so a user who becomes active while a client pages may show
-    /// up on an earlier page than the one being read: the list is a view of
-    /// "now", not a snapshot.
-    ///
-    /// Only users `viewer` may see online are listed, and one request
-    /// examines at most `limit` x [`EXAMINED_PER_LISTED`] index entries
-    /// (at most [`MAX_EXAMINED`]): a page may be short, even empty, with a
-    /// `next_cursor` to go on. `next_cursor` is `None` only when the index
-    /// has no entry left.
+    /// One page of users online now, most recently active first, merged
+    /// from the buckets of `presence-online`. `cursor` is the
+    /// `next_cursor` of the previous page. Only users `viewer` may see
+    /// online are listed, and one request examines at most
+    /// 4 x `limit` entries (2,000 at most): a page may be short, or empty,
+    /// with a `next_cursor` to go on from. Scores move as devices refresh,
+    /// so the list is a view of "now", not a snapshot.
     pub async fn online(
         &self,
         limit: usize,
@@ -108,117 +106,127 @@ impl Store {
         viewer: Option<&str>,
         contacts_only: bool,
     ) -> StoreResult<OnlinePage> {
-        let budget = (limit * EXAMINED_PER_LISTED)
-            .min(MAX_EXAMINED)
-            .max(limit + 1);
-        let mut from = match cursor {
-            None => OnlineFrom::Top,
-            Some(Cursor::After { active_at, user }) => OnlineFrom::After {
-                score: *active_at,
-                member: user.clone(),
+        let limit = limit.max(1);
+        let budget = (EXAMINE_PER_LIMIT * limit).min(MAX_EXAMINED).max(limit);
+        let buckets = self.buckets.count() as usize;
+        let mut walk = match cursor {
+            Some(c) => Walk {
+                at: Some(c.active_at),
+                ties: c.ties.clone(),
             },
-            Some(Cursor::Ties { active_at, skip }) => OnlineFrom::Ties {
-                score: *active_at,
-                skip: *skip,
+            None => Walk {
+                at: None,
+                ties: vec![0; buckets],
             },
         };
-        let mut users: Vec<(Record, i64)> = Vec::with_capacity(limit);
-        let mut examined = 0usize;
-        // The last entry examined: score, member, position, shown.
-        let mut last: Option<(i64, String, u64, bool)> = None;
-        let mut more = true;
-        'read: while examined < budget {
-            let want = (budget - examined).min(limit + 1);
+        let mut users: Vec<OnlineUser> = Vec::with_capacity(limit);
+        let mut examined = 0;
+        let mut exhausted = false;
+        while users.len() < limit && examined < budget {
+            let n = (limit - users.len()).min(budget - examined);
+            // From each bucket, the next `n` entries after the walk's
+            // position: everything up to its score, less the entries at
+            // that score already examined.
             let mut pipe = redis::pipe();
-            self.scripts.online_page(&mut pipe, &from, want);
+            let max = walk.at.map_or("+inf".to_string(), |s| s.to_string());
+            for b in self.buckets.all() {
+                pipe.cmd("ZRANGE")
+                    .arg(keys::online(b))
+                    .arg(&max)
+                    .arg("-inf")
+                    .arg("BYSCORE")
+                    .arg("REV")
+                    .arg("LIMIT")
+                    .arg(walk.ties[b as usize])
+                    .arg(n)
+                    .arg("WITHSCORES");
+            }
             let reply = self.query(&pipe).await?;
-            let (start, page) = parse_online_page(at(&reply, 0, keys::ONLINE)?)?;
-            let exhausted = page.len() < want;
-            let names: Vec<String> = page.iter().map(|(u, _)| u.clone()).collect();
-            // Entries of users no longer online (the index is repaired
-            // lazily) are dropped by the record check, as hidden ones are.
+            let mut candidates: Vec<(i64, String, usize)> = Vec::new();
+            let mut full = false;
+            for (b, value) in reply.iter().enumerate() {
+                let entries: Vec<(String, f64)> = redis::from_redis_value_ref(value)?;
+                full |= entries.len() == n;
+                candidates.extend(entries.into_iter().map(|(u, s)| (s as i64, u, b)));
+            }
+            // The buckets' own order: score, then member, descending.
+            candidates.sort_unstable_by(|x, y| (y.0, &y.1).cmp(&(x.0, &x.1)));
+            let more = full || candidates.len() > n;
+            candidates.truncate(n);
+            examined += candidates.len();
+            for (score, _, b) in &candidates {
+                walk.pass(*b, *score);
+            }
+            let names: Vec<String> = candidates.iter().map(|(_, u, _)| u.clone()).collect();
             let records = self.records(&names, viewer, contacts_only).await?;
-            let n = page.len();
-            for (i, ((user, score), record)) in page.into_iter().zip(records).enumerate() {
-                examined += 1;
-                let shown = record.devices > 0;
-                last = Some((score, user, start + i as u64, shown));
-                if shown {
-                    users.push((record, score));
-                    if users.len() == limit {
-                        more = !(exhausted && i + 1 == n);
-                        break 'read;
-                    }
+            for ((score, _, _), record) in candidates.into_iter().zip(records) {
+                // Entries of users no longer online (the index is repaired
+                // lazily) and users hidden from this viewer are skipped.
+                if record.devices > 0 {
+                    users.push(OnlineUser {
+                        record,
+                        active_at: score,
+                    });
                 }
             }
-            if exhausted {
-                more = false;
+            if !more {
+                exhausted = true;
                 break;
             }
-            if let Some((score, member, _, _)) = &last {
-                from = OnlineFrom::After {
-                    score: *score,
-                    member: member.clone(),
-                };
-            }
         }
-        let next_cursor = match last {
-            Some((active_at, user, _, true)) if more => {
-                Some(Cursor::After { active_at, user }.encode())
-            }
-            Some((active_at, _, position, false)) if more => {
-                // Never name a user the viewer may not see: say how far
-                // into the entries with that score the page got instead.
-                let mut conn = self.conn();
-                let above: u64 = redis::cmd("ZCOUNT")
-                    .arg(keys::ONLINE)
-                    .arg(format!("({active_at}"))
-                    .arg("+inf")
-                    .query_async(&mut conn)
-                    .await?;
-                Some(
-                    Cursor::Ties {
-                        active_at,
-                        skip: (position + 1).saturating_sub(above),
-                    }
-                    .encode(),
-                )
-            }
+        let next_cursor = match (exhausted, walk.at) {
+            (false, Some(active_at)) => Some(
+                Cursor {
+                    active_at,
+                    ties: walk.ties,
+                }
+                .encode(),
+            ),
             _ => None,
         };
-        let users = users
-            .into_iter()
-            .map(|(record, active_at)| OnlineUser { record, active_at })
-            .collect();
         Ok(OnlinePage { users, next_cursor })
     }
 
     /// Forgets users offline for longer than `retention`: their last seen
     /// (index entry and field) and status text, when no device came back.
-    /// Returns how many were forgotten (at most `max` per call).
+    /// Returns how many were forgotten (at most `max` per bucket and call).
     pub async fn trim_last_seen(&self, retention: Duration, max: usize) -> StoreResult<usize> {
+        let mut forgotten = 0;
+        for bucket in self.buckets.all() {
+            forgotten += self.trim_last_seen_bucket(bucket, retention, max).await?;
+        }
+        Ok(forgotten)
+    }
+
+    /// [`Store::trim_last_seen`] for one bucket; at most `max` users.
+    pub async fn trim_last_seen_bucket(
+        &self,
+        bucket: u32,
+        retention: Duration,
+        max: usize,
+    ) -> StoreResult<usize> {
+        let index = keys::last_seen(bucket);
         let retention_ms = i64::try_from(retention.as_millis()).unwrap_or(i64::MAX);
         let cutoff = now_ms().saturating_sub(retention_ms);
-        let old = self.scored_up_to(keys::LAST_SEEN, cutoff, max).await?;
+        let old = self.scored_up_to(&index, cutoff, max).await?;
         if old.is_empty() {
             return Ok(0);
         }
         let mut pipe = redis::pipe();
         for (user, score) in &old {
-            self.scripts
-                .zrem_if(&mut pipe, keys::LAST_SEEN, user, score);
+            self.scripts.zrem_if(&mut pipe, &index, user, score);
         }
         let reply = self.query(&pipe).await?;
         if reply.len() != old.len() {
             return Err(StoreError::reply(
-                keys::LAST_SEEN,
+                &index,
                 format!("{} replies to {} removals", reply.len(), old.len()),
             ));
         }
         let mut forget = redis::pipe();
         let mut forgotten = 0;
         for ((user, _), removed) in old.iter().zip(&reply) {
-            if int(removed, keys::LAST_SEEN)? == 1 {
+            if int(removed, &index)? == 1 {
                 forgotten += 1;
                 // Only when offline: a user online again keeps all of it.
                 self.scripts.forget_offline(&mut forget, user).ignore();
@@ -235,24 +243,29 @@ mod tests {
 
     #[test]
     fn cursor_round_trips_and_refuses_junk() {
-        for c in [
-            Cursor::After {
-                active_at: 17,
-                user: "a.b@c".into(),
-            },
-            Cursor::After {
-                active_at: 17,
-                user: "auth0|x~1.2".into(),
-            },
-            Cursor::Ties {
-                active_at: 1795475817456,
-                skip: 3,
-            },
-        ] {
-            assert_eq!(Cursor::decode(&c.encode()), Some(c));
-        }
-        for junk in ["x.y", "12.b:ad", "nodot", "12~", "12~x", "~3", "12~3.4", ""] {
-            assert_eq!(Cursor::decode(junk), None, "{junk:?}");
-        }
+        let b = Buckets::new(3).unwrap();
+        let c = Cursor {
+            active_at: 17,
+            ties: vec![0, 2, 1],
+        };
+        assert_eq!(Cursor::decode(&c.encode(), b), Some(c));
+        assert_eq!(Cursor::decode("17~0,2", b), None);
+        assert_eq!(Cursor::decode("x~0,0,0", b), None);
+        assert_eq!(Cursor::decode("17~0,-1,0", b), None);
+        assert_eq!(Cursor::decode("nodot", b), None);
+    }
+
+    #[test]
+    fn a_walk_counts_ties_per_bucket() {
+        let mut w = Walk {
+            at: None,
+            ties: vec![0; 2],
+        };
+        w.pass(0, 10);
+        w.pass(1, 10);
+        w.pass(1, 10);
+        assert_eq!((w.at, w.ties.clone()), (Some(10), vec![1, 2]));
+        w.pass(0, 9);
+        assert_eq!((w.at, w.ties), (Some(9), vec![1, 0]));
     }
 }

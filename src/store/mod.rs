@@ -39,6 +39,7 @@ pub use lists::{Cursor, OnlinePage, OnlineUser};
 pub use records::{DeviceInfo, Observed};
 pub use setup::ensure_expired_events;
 
+use crate::keys::Buckets;
 use scripts::Scripts;
 
 /// A failed Redis operation.
@@ -102,6 +103,8 @@ pub struct Store {
     ttl_ms: u64,
     /// Devices one user may have at once.
     max_devices: u32,
+    /// How the indexes over all users are split (from `presence-meta`).
+    buckets: Buckets,
 }
 
 impl Store {
@@ -118,7 +121,19 @@ impl Store {
             scripts: Arc::new(Scripts::new()),
             ttl_ms: ttl.as_millis() as u64,
             max_devices,
+            buckets: Buckets::default(),
         }
+    }
+
+    /// This store with the deployment's buckets (see
+    /// [`Store::load_deployment`]).
+    pub fn with_buckets(self, buckets: Buckets) -> Self {
+        Self { buckets, ..self }
+    }
+
+    /// How the indexes over all users are split.
+    pub fn buckets(&self) -> Buckets {
+        self.buckets
     }
 
     /// The lease TTL in ms.

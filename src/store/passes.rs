@@ -1,7 +1,8 @@
 //! The node's periodic passes over Redis: the deadline pass that makes
-//! expiry timely (under a short lock, one node at a time), the
+//! expiry timely (per bucket, each under its own short lock, so that the
+//! nodes of a fleet share the buckets and no two run the same one), the
 //! reconciliation that repairs devices and counters after missed events,
-//! and the pruning of stale `presence-online` entries.
+//! and the pruning of stale `presence-online:{b<k>}` entries.
 
 use std::time::Duration;
 
@@ -44,13 +45,19 @@ pub struct Pruned {
 }
 
 impl Store {
-    /// Takes or keeps the deadline-pass lock for `hold`; true when this
-    /// node holds it.
-    pub async fn hold_reaper_lock(&self, node: &str, hold: Duration) -> StoreResult<bool> {
+    /// Takes or keeps the deadline-pass lock of `bucket` for `hold`; true
+    /// when this node holds it.
+    pub async fn hold_reaper_lock(
+        &self,
+        bucket: u32,
+        node: &str,
+        hold: Duration,
+    ) -> StoreResult<bool> {
         let mut conn = self.conn();
         let ms = hold.as_millis() as u64;
+        let lock = keys::reaper_lock(bucket);
         let taken: Option<String> = redis::cmd("SET")
-            .arg(keys::REAPER_LOCK)
+            .arg(&lock)
             .arg(node)
             .arg("NX")
             .arg("PX")
@@ -62,23 +69,24 @@ impl Store {
         }
         // Keep it only if it is still ours (it may have lapsed meanwhile).
         let mut pipe = redis::pipe();
-        self.scripts
-            .lock_keep(&mut pipe, keys::REAPER_LOCK, node, ms);
+        self.scripts.lock_keep(&mut pipe, &lock, node, ms);
         let reply = self.query(&pipe).await?;
         let kept = reply
             .first()
-            .ok_or_else(|| StoreError::reply(keys::REAPER_LOCK, "lock_keep: empty reply"))?;
-        Ok(int(kept, keys::REAPER_LOCK)? == 1)
+            .ok_or_else(|| StoreError::reply(&lock, "lock_keep: empty reply"))?;
+        Ok(int(kept, &lock)? == 1)
     }
 
-    /// One step of the deadline pass: runs the departure step for up to
-    /// `max` leases whose deadline in `presence-leases` has passed. Reading
-    /// each lapsed lease makes Redis delete it and fire `expired` at once;
-    /// the step itself removes the device, so the pass is correct even when
-    /// no listener hears the event.
-    pub async fn reap_due(&self, max: usize) -> StoreResult<Reaped> {
+    /// One step of the deadline pass over `bucket`: runs the departure
+    /// step for up to `max` leases whose deadline in
+    /// `presence-leases:{b<k>}` has passed. Reading each lapsed lease makes
+    /// Redis delete it and fire `expired` at once; the step itself removes
+    /// the device, so the pass is correct even when no listener hears the
+    /// event.
+    pub async fn reap_due(&self, bucket: u32, max: usize) -> StoreResult<Reaped> {
         let now = now_ms();
-        let due = self.scored_up_to(keys::LEASES, now, max).await?;
+        let index = keys::leases(bucket);
+        let due = self.scored_up_to(&index, now, max).await?;
         if due.is_empty() {
             return Ok(Reaped {
                 looked_at: 0,
@@ -101,7 +109,7 @@ impl Store {
         let reply = self.query(&pipe).await?;
         if reply.len() != due.len() {
             return Err(StoreError::reply(
-                keys::LEASES,
+                &index,
                 format!("{} replies to {} departures", reply.len(), due.len()),
             ));
         }
@@ -112,14 +120,11 @@ impl Store {
             let departure = match parsed.map(|(user, _)| parse_departure(value, user)) {
                 Some(Ok(d)) => d,
                 None => {
-                    log::warn!(
-                        "dropping {member:?} from {}: not <user>:<device>",
-                        keys::LEASES
-                    );
+                    log::warn!("dropping {member:?} from {index}: not <user>:<device>");
                     Departure::AlreadyGone
                 }
                 Some(Err(e)) => {
-                    log::warn!("dropping {member:?} from {}: {e}", keys::LEASES);
+                    log::warn!("dropping {member:?} from {index}: {e}");
                     Departure::AlreadyGone
                 }
             };
@@ -128,7 +133,7 @@ impl Store {
                     let left = ttl_ms.unwrap_or(self.ttl_ms) as i64;
                     follow
                         .cmd("ZADD")
-                        .arg(keys::LEASES)
+                        .arg(&index)
                         .arg("XX")
                         .arg("GT")
                         .arg(now + left)
@@ -139,11 +144,11 @@ impl Store {
                     if let Departure::Removed { last_seen } = departure {
                         removed += 1;
                         if let (Some(ts), Some((user, _))) = (last_seen, parsed) {
-                            record_offline(&mut follow, user, ts);
+                            record_offline(&mut follow, self.buckets, user, ts);
                         }
                     }
                     self.scripts
-                        .zrem_if(&mut follow, keys::LEASES, member, score)
+                        .zrem_if(&mut follow, &index, member, score)
                         .ignore();
                 }
             }
@@ -214,7 +219,9 @@ impl Store {
                 if r.transition { ", transition published" } else { "" }
             );
             if r.new_count == 0 {
-                follow.zrem(keys::ONLINE, *user).ignore();
+                follow
+                    .zrem(keys::online(self.buckets.of(user)), *user)
+                    .ignore();
             }
         }
         if !follow.is_empty() {
@@ -227,12 +234,14 @@ impl Store {
         })
     }
 
-    /// One step of the scan over `presence-online` that drops users no
-    /// longer online (an index entry left behind by a crash or a race).
-    pub async fn prune_online_step(&self, cursor: u64) -> StoreResult<Pruned> {
+    /// One step of the scan over `presence-online:{b<k>}` of `bucket` that
+    /// drops users no longer online (an index entry left behind by a crash
+    /// or a race).
+    pub async fn prune_online_step(&self, bucket: u32, cursor: u64) -> StoreResult<Pruned> {
         let mut conn = self.conn();
+        let index = keys::online(bucket);
         let (next, flat): (u64, Vec<String>) = redis::cmd("ZSCAN")
-            .arg(keys::ONLINE)
+            .arg(&index)
             .arg(cursor)
             .arg("COUNT")
             .arg(RECONCILE_SCAN_COUNT)
@@ -260,7 +269,7 @@ impl Store {
                 dropped += 1;
                 // A user who came back meanwhile has a newer score and stays.
                 self.scripts
-                    .zrem_if(&mut pipe, keys::ONLINE, user, *score)
+                    .zrem_if(&mut pipe, &index, user, *score)
                     .ignore();
             }
         }

@@ -31,7 +31,6 @@ pub(super) struct Scripts {
     zrem_if: Script,
     lock_keep: Script,
     forget_offline: Script,
-    online_page: Script,
 }
 
 /// Adds an EVALSHA of `script` to `pipe`; the caller chains the arguments.
@@ -50,46 +49,6 @@ pub(super) struct StatusSet {
     pub published: bool,
     /// When the current status was chosen, epoch ms.
     pub since: i64,
-}
-
-/// Where `online_page.lua` starts reading.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum OnlineFrom {
-    /// The newest entry.
-    Top,
-    /// After this entry (which may have moved or left since).
-    After {
-        /// Its score when it was read.
-        score: i64,
-        /// It.
-        member: String,
-    },
-    /// After the first `skip` entries with this score.
-    Ties {
-        /// The score.
-        score: i64,
-        /// Entries with it to pass over.
-        skip: u64,
-    },
-}
-
-/// The reply of `online_page.lua`: the position of the first entry, then
-/// the entries (member, score), newest first.
-pub(super) fn parse_online_page(v: &Value) -> StoreResult<(u64, Vec<(String, i64)>)> {
-    let items = array(v, "online_page")?;
-    let start = int(at(items, 0, "online_page")?, "online_page")?;
-    let mut out = Vec::with_capacity(items.len() / 2);
-    for pair in items[1..].chunks(2) {
-        let [member, score] = pair else {
-            return Err(super::StoreError::reply("online_page", "odd reply"));
-        };
-        let score = text(score, "online_page")?;
-        let score = score
-            .parse::<f64>()
-            .map_err(|_| super::StoreError::reply("online_page", "score is not a number"))?;
-        out.push((text(member, "online_page")?, score as i64));
-    }
-    Ok((u64::try_from(start).unwrap_or(0), out))
 }
 
 /// What `reconcile.lua` did for one user.
@@ -118,13 +77,12 @@ impl Scripts {
             zrem_if: Script::new(include_str!("../lua/zrem_if.lua")),
             lock_keep: Script::new(include_str!("../lua/lock_keep.lua")),
             forget_offline: Script::new(include_str!("../lua/forget_offline.lua")),
-            online_page: Script::new(include_str!("../lua/online_page.lua")),
         };
         super::conn::name_scripts(scripts.named());
         scripts
     }
 
-    fn named(&self) -> [(&Script, &'static str); 10] {
+    fn named(&self) -> [(&Script, &'static str); 9] {
         [
             (&self.arrive, "arrive"),
             (&self.depart, "depart"),
@@ -135,7 +93,6 @@ impl Scripts {
             (&self.zrem_if, "zrem_if"),
             (&self.lock_keep, "lock_keep"),
             (&self.forget_offline, "forget_offline"),
-            (&self.online_page, "online_page"),
         ]
     }
 
@@ -216,23 +173,6 @@ impl Scripts {
         .arg(now)
         .arg(user)
         .arg(keys::events(user))
-    }
-
-    /// `online_page.lua`: up to `count` entries of the online index from
-    /// `from`; parse the reply with [`parse_online_page`].
-    pub(super) fn online_page<'p>(
-        &self,
-        pipe: &'p mut Pipeline,
-        from: &OnlineFrom,
-        count: usize,
-    ) -> &'p mut Pipeline {
-        let p = eval(pipe, &self.online_page, &[keys::ONLINE]);
-        match from {
-            OnlineFrom::Top => p.arg("top").arg(0).arg(""),
-            OnlineFrom::After { score, member } => p.arg("after").arg(*score).arg(member),
-            OnlineFrom::Ties { score, skip } => p.arg("ties").arg(*score).arg(*skip),
-        }
-        .arg(count)
     }
 
     /// `read.lua` for one user as `viewer`; parse the reply with

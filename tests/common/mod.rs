@@ -605,3 +605,29 @@ pub async fn count(redis: &Redis, user: &str) -> i64 {
         .unwrap();
     v.unwrap_or(0)
 }
+
+/// The bucket of `index` (`presence-leases`, `presence-online` or
+/// `presence-lastseen`) that holds `user`'s entries, in a deployment with
+/// the default number of buckets.
+pub fn index_key(index: &str, user: &str) -> String {
+    let bucket = presence_server::keys::Buckets::default().of(user);
+    format!("{index}:{{b{bucket:02}}}")
+}
+
+/// Every member of `index` across its buckets, sorted.
+pub async fn index_members(redis: &Redis, index: &str) -> Vec<String> {
+    let mut c = redis.aconn().await;
+    let mut out = Vec::new();
+    for bucket in presence_server::keys::Buckets::default().all() {
+        let members: Vec<String> = redis::cmd("ZRANGE")
+            .arg(format!("{index}:{{b{bucket:02}}}"))
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        out.extend(members);
+    }
+    out.sort();
+    out
+}

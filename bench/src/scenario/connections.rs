@@ -133,10 +133,7 @@ pub async fn run(common: &Common, args: &ConnectionsArgs) -> anyhow::Result<()> 
     eprintln!("connections: holding {n} devices for {} s", args.hold_secs);
     tokio::time::sleep(Duration::from_secs(args.hold_secs)).await;
     let open = held.iter().filter(|h| h.is_open()).count();
-    let leases: u64 = redis::cmd("ZCARD")
-        .arg("presence-leases")
-        .query_async(&mut redis)
-        .await?;
+    let leases = crate::fixture::index_len(&mut redis, "presence-leases").await?;
     report.figure(
         "held_after_hold",
         open as f64,

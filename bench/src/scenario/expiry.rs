@@ -1,7 +1,7 @@
 //! `expiry`: many live leases written straight into Redis (as a node
 //! writes them), plus devices on node A that is SIGKILLed; a watcher on
 //! node B. Time from each dead lease's deadline (its score in
-//! `presence-leases`, read right after the kill) to the watcher's `offline`.
+//! `presence-leases:{b<k>}`, read right after the kill) to the watcher's `offline`.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -82,7 +82,7 @@ pub async fn run(common: &Common, args: &ExpiryArgs) -> anyhow::Result<()> {
     let mut pipe = redis::pipe();
     for u in &users {
         pipe.cmd("ZSCORE")
-            .arg("presence-leases")
+            .arg(crate::fixture::index_key("presence-leases", u))
             .arg(format!("{u}:d"));
     }
     let deadlines: Vec<Option<f64>> = pipe.query_async(&mut redis).await?;
