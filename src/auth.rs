@@ -99,6 +99,10 @@ pub enum AuthError {
     /// The browser page comes from an origin not allowed to connect.
     #[error("origin {0:?} is not allowed to connect")]
     Origin(String),
+    /// Development auth reached under a host name that is not loopback or
+    /// allowed with `--allowed-host` (DNS rebinding).
+    #[error("host {0:?} is not allowed with --auth dev: use localhost, 127.0.0.1, [::1] or a name given with --allowed-host")]
+    Host(String),
 }
 
 impl JwtVerifier {
@@ -655,5 +659,72 @@ impl Origins {
         } else {
             Err(AuthError::Origin(origin))
         }
+    }
+}
+
+/// Which `Host` names may reach the WebSocket and the HTTP API under
+/// development auth. Dev auth trusts the query string, so a page on any
+/// domain that resolves to 127.0.0.1 (DNS rebinding) could otherwise act as
+/// anyone: its requests carry its own name as `Host`.
+#[derive(Debug, Clone)]
+pub struct DevHosts {
+    allowed: HashSet<String>,
+}
+
+impl DevHosts {
+    /// Loopback names plus `extra` (`--allowed-host`), ports ignored.
+    pub fn new<I: IntoIterator<Item = String>>(extra: I) -> Self {
+        let mut allowed: HashSet<String> = ["localhost", "127.0.0.1", "[::1]"]
+            .into_iter()
+            .map(str::to_string)
+            .collect();
+        allowed.extend(
+            extra
+                .into_iter()
+                .map(|h| host_name(&h))
+                .filter(|h| !h.is_empty()),
+        );
+        Self { allowed }
+    }
+
+    /// Ok when the request's `Host` names an allowed host.
+    pub fn check(&self, req: &HttpRequest) -> Result<(), AuthError> {
+        let host = req
+            .headers()
+            .get(header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .unwrap_or("");
+        if self.allowed.contains(&host_name(host)) {
+            Ok(())
+        } else {
+            Err(AuthError::Host(host.to_string()))
+        }
+    }
+}
+
+/// The name of a `Host` value, without port or trailing dot, lowercased:
+/// `LocalHost.:8080` -> `localhost`, `[::1]:80` -> `[::1]`.
+fn host_name(host: &str) -> String {
+    let host = host.trim().to_ascii_lowercase();
+    let name = match host.strip_prefix('[') {
+        Some(rest) => rest
+            .split_once(']')
+            .map_or(host.clone(), |(ip, _)| format!("[{ip}]")),
+        None => host.split(':').next().unwrap_or("").to_string(),
+    };
+    name.trim_end_matches('.').to_string()
+}
+
+#[cfg(test)]
+mod host_tests {
+    use super::host_name;
+
+    #[test]
+    fn host_names_drop_port_dot_and_case() {
+        assert_eq!(host_name("LocalHost.:8080"), "localhost");
+        assert_eq!(host_name("127.0.0.1"), "127.0.0.1");
+        assert_eq!(host_name("[::1]:9000"), "[::1]");
+        assert_eq!(host_name("evil.example:80"), "evil.example");
+        assert_eq!(host_name(""), "");
     }
 }

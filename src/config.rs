@@ -18,6 +18,10 @@ pub const DEFAULT_MAX_QUEUED_EVENTS: usize = 4 * DEFAULT_MAX_WATCHES;
 /// Default client frames per second a session may send (sustained; twice as
 /// many in a burst).
 pub const DEFAULT_MAX_FRAMES_PER_SEC: u32 = 30;
+/// Default users one session may have read from Redis per second by its
+/// watches (sustained; a burst of `max(this, max_watches)` passes, so that a
+/// new session can watch its fill at once).
+pub const DEFAULT_MAX_USER_READS_PER_SEC: u32 = 1_000;
 /// Default devices one user may have connected at once.
 pub const DEFAULT_MAX_DEVICES_PER_USER: u32 = 32;
 /// Most users one bulk query (`POST /api/presence/query`) may name.
@@ -61,6 +65,8 @@ pub struct Config {
     pub max_frames_per_sec: u32,
     /// Devices one user may have connected at once.
     pub max_devices_per_user: u32,
+    /// Users one session's watches may read from Redis per second.
+    pub max_user_reads_per_sec: u32,
     /// Watch policy `contacts`: a watch on a user who does not list the
     /// watcher as a contact shows only `offline`, with no last seen.
     pub contacts_only: bool,
@@ -86,6 +92,7 @@ impl Config {
             max_queued_events: DEFAULT_MAX_QUEUED_EVENTS,
             max_frames_per_sec: DEFAULT_MAX_FRAMES_PER_SEC,
             max_devices_per_user: DEFAULT_MAX_DEVICES_PER_USER,
+            max_user_reads_per_sec: DEFAULT_MAX_USER_READS_PER_SEC,
             contacts_only: false,
             auth_timeout: DEFAULT_AUTH_TIMEOUT,
             auth_expiring: DEFAULT_AUTH_EXPIRING,
@@ -109,6 +116,13 @@ impl Config {
     /// tenth of the TTL, between 50 ms and 250 ms.
     pub fn reaper_interval(&self) -> Duration {
         (self.ttl / 10).clamp(Duration::from_millis(50), Duration::from_millis(250))
+    }
+
+    /// Burst of the per-session read bucket: a session may always watch
+    /// `max_watches` users at once.
+    pub fn user_reads_burst(&self) -> u32 {
+        self.max_user_reads_per_sec
+            .max(u32::try_from(self.max_watches).unwrap_or(u32::MAX))
     }
 
     /// Period of the last-seen retention trim.

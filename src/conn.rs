@@ -55,6 +55,53 @@ impl ConnHandle {
     }
 }
 
+impl ConnHandle {
+    /// Bytes the kernel still holds unsent on this connection; `None` when
+    /// unknown or no longer the same socket. Zero means the client reads
+    /// what it is sent: a session that fell behind with an empty send queue
+    /// is held up on the server's side (e.g. waiting on Redis), not by its
+    /// client.
+    pub fn unsent(&self) -> Option<usize> {
+        if inode(self.fd) != Some(self.inode) {
+            return None;
+        }
+        let mut n: libc::c_int = 0;
+        // SAFETY: TIOCOUTQ writes one int; the descriptor was checked above
+        // to be the same live socket.
+        let rc = unsafe { libc::ioctl(self.fd, libc::TIOCOUTQ, &mut n) };
+        (rc == 0).then(|| usize::try_from(n).unwrap_or(0))
+    }
+
+    /// Ends the connection with a WebSocket close frame (`code`, `reason`)
+    /// written from outside the session, which cannot run. Only for a
+    /// connection whose send queue is empty ([`ConnHandle::unsent`]), so the
+    /// frame does not land inside another; if it cannot be written whole,
+    /// the connection is cut as by [`ConnHandle::cut`].
+    pub fn close(&self, code: u16, reason: &str) {
+        if inode(self.fd) != Some(self.inode) {
+            return;
+        }
+        let reason = &reason.as_bytes()[..reason.len().min(123)];
+        let mut frame = vec![0x88, (2 + reason.len()) as u8];
+        frame.extend_from_slice(&code.to_be_bytes());
+        frame.extend_from_slice(reason);
+        // SAFETY: a non-blocking send of a local buffer on the socket checked
+        // above; MSG_DONTWAIT so the registry never blocks on a client.
+        let sent = unsafe {
+            libc::send(
+                self.fd,
+                frame.as_ptr().cast(),
+                frame.len(),
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+        };
+        if sent != frame.len() as isize {
+            log::debug!("could not write a close frame on fd {}; cutting", self.fd);
+        }
+        self.cut();
+    }
+}
+
 /// `HttpServer::on_connect` hook: keeps a handle on every TCP connection in
 /// its extensions, for [`actix_web::HttpRequest::conn_data`].
 pub fn on_connect(io: &dyn Any, ext: &mut Extensions) {

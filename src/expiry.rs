@@ -22,6 +22,68 @@ use crate::keys;
 use crate::metrics::METRICS;
 use crate::store::{Departure, Store, StoreError};
 
+/// A deadline-pass lock is held for this many ticks of the pass; its holder
+/// renews it once half of that has gone, and a node that found it taken
+/// asks again after as long. So a dead holder's buckets are taken over
+/// within one hold (4 ticks, at most 1 s), and a fleet's lock traffic is a
+/// few commands per bucket and second, not one per bucket and tick.
+const LOCK_HOLD_TICKS: u32 = 4;
+
+/// What a node knows of one bucket's deadline-pass lock.
+#[derive(Debug, Clone, Copy, Default)]
+struct LockView {
+    /// This node holds it until then (as of its last take or renewal).
+    held_until: Option<Instant>,
+    /// Another node held it: ask again no sooner than then.
+    next_ask: Option<Instant>,
+}
+
+/// What one tick does about one bucket's lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LockStep {
+    /// Held with time to spare: run the bucket without asking Redis.
+    Held,
+    /// Take it, or renew it: held by nobody, or by us but half spent.
+    Ask,
+    /// Another node holds it: leave the bucket to it.
+    Wait,
+}
+
+impl LockView {
+    fn step(&self, now: Instant, hold: std::time::Duration) -> LockStep {
+        match (self.held_until, self.next_ask) {
+            (Some(until), _) if until > now + hold / 2 => LockStep::Held,
+            (Some(_), _) => LockStep::Ask,
+            (None, Some(at)) if at > now => LockStep::Wait,
+            _ => LockStep::Ask,
+        }
+    }
+
+    /// Takes in the outcome of a tick that started at `started`.
+    fn settle(&mut self, step: LockStep, held: bool, started: Instant, hold: std::time::Duration) {
+        match (step, held) {
+            (LockStep::Ask, true) => {
+                *self = Self {
+                    held_until: Some(started + hold),
+                    next_ask: None,
+                }
+            }
+            (LockStep::Ask, false) => {
+                *self = Self {
+                    held_until: None,
+                    next_ask: Some(started + hold / 2),
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Buckets of `store`'s indexes, as a count.
+fn store_buckets(store: &Store) -> usize {
+    store.buckets().count() as usize
+}
+
 /// Most due leases one round trip of the deadline pass handles.
 const REAP_BATCH: usize = 1_000;
 /// Most offline users forgotten per retention round trip.
@@ -51,6 +113,8 @@ pub struct ExpiryListener {
     last_reconcile: Instant,
     /// When the last-seen retention trim last ran.
     last_trim: Instant,
+    /// Per bucket, what this node knows of the bucket's deadline-pass lock.
+    locks: Vec<LockView>,
     /// Told once the first subscription is in place.
     ready: Option<tokio::sync::oneshot::Sender<()>>,
 }
@@ -64,6 +128,7 @@ impl ExpiryListener {
         config: Arc<Config>,
         ready: tokio::sync::oneshot::Sender<()>,
     ) -> Self {
+        let buckets = store_buckets(&store);
         Self {
             client,
             store,
@@ -72,6 +137,7 @@ impl ExpiryListener {
             reconciling: false,
             last_reconcile: Instant::now(),
             last_trim: Instant::now(),
+            locks: vec![LockView::default(); buckets],
             ready: Some(ready),
         }
     }
@@ -87,20 +153,28 @@ impl ExpiryListener {
         let store = self.store.clone();
         let node = self.config.node_id.clone();
         let interval = self.config.reaper_interval();
+        let hold = interval * LOCK_HOLD_TICKS;
         let trim = (self.last_trim.elapsed() >= self.config.retention_interval())
             .then_some(self.config.last_seen_retention);
         if trim.is_some() {
             self.last_trim = Instant::now();
         }
-        let buckets = store.buckets();
+        let now = Instant::now();
+        let plan: Vec<LockStep> = self.locks.iter().map(|l| l.step(now, hold)).collect();
         let pass = async move {
             // The buckets side by side, each under its own lock; the node
             // holding bucket 0 also runs the reconciliation when due.
-            let passes = buckets.all().map(|bucket| {
+            let passes = plan.into_iter().enumerate().map(|(bucket, step)| {
                 let (store, node) = (&store, &node);
+                let bucket = bucket as u32;
                 async move {
-                    if !store.hold_reaper_lock(bucket, node, interval * 4).await? {
-                        return Ok::<_, StoreError>(false);
+                    let held = match step {
+                        LockStep::Held => true,
+                        LockStep::Wait => false,
+                        LockStep::Ask => store.hold_reaper_lock(bucket, node, hold).await?,
+                    };
+                    if !held {
+                        return Ok::<_, StoreError>((step, false));
                     }
                     let started = Instant::now();
                     loop {
@@ -124,29 +198,30 @@ impl ExpiryListener {
                             );
                         }
                     }
-                    Ok(true)
+                    Ok((step, true))
                 }
             });
-            let held = futures_util::future::join_all(passes).await;
+            futures_util::future::join_all(passes).await
+        };
+        ctx.spawn(pass.into_actor(self).map(move |results, act, ctx| {
+            act.reaping = false;
             let mut first_error = None;
-            let mut holds_first = false;
-            for (bucket, result) in held.into_iter().enumerate() {
+            for (lock, result) in act.locks.iter_mut().zip(results) {
                 match result {
-                    Ok(held) => holds_first |= held && bucket == 0,
-                    Err(e) => first_error = first_error.or(Some(e)),
+                    Ok((step, held)) => lock.settle(step, held, now, hold),
+                    Err(e) => {
+                        // Unknown: ask again next tick.
+                        *lock = LockView::default();
+                        first_error = first_error.or(Some(e));
+                    }
                 }
             }
             match first_error {
-                Some(e) => Err(e),
-                None => Ok(holds_first),
-            }
-        };
-        ctx.spawn(pass.into_actor(self).map(|res, act, ctx| {
-            act.reaping = false;
-            match res {
-                Ok(true) => act.maybe_reconcile(ctx),
-                Ok(false) => {}
-                Err(e) => log::warn!("deadline pass failed: {e}"),
+                Some(e) => log::warn!("deadline pass failed: {e}"),
+                None if act.locks.first().is_some_and(|l| l.held_until.is_some()) => {
+                    act.maybe_reconcile(ctx)
+                }
+                None => {}
             }
         }));
     }
@@ -254,5 +329,29 @@ impl Handler<Expired> for ExpiryListener {
             }
         };
         ctx.spawn(step.into_actor(self));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn a_lock_is_asked_for_only_to_take_or_renew_it() {
+        let hold = Duration::from_millis(1000);
+        let t0 = Instant::now();
+        let mut lock = LockView::default();
+        assert_eq!(lock.step(t0, hold), LockStep::Ask);
+        lock.settle(LockStep::Ask, true, t0, hold);
+        // Held with more than half its hold left: no round trip.
+        assert_eq!(lock.step(t0 + hold / 4, hold), LockStep::Held);
+        // Half spent: renew.
+        assert_eq!(lock.step(t0 + hold * 3 / 4, hold), LockStep::Ask);
+        // Lost to another node: wait half a hold before asking again.
+        let t1 = t0 + hold;
+        lock.settle(LockStep::Ask, false, t1, hold);
+        assert_eq!(lock.step(t1 + hold / 4, hold), LockStep::Wait);
+        assert_eq!(lock.step(t1 + hold, hold), LockStep::Ask);
     }
 }

@@ -9,7 +9,7 @@ use actix_web::{web, HttpRequest, HttpResponse, ResponseError};
 use actix_web_actors::ws;
 use serde::{Deserialize, Serialize};
 
-use crate::auth::{Auth, AuthError, Handshake, Origins};
+use crate::auth::{Auth, AuthError, DevHosts, Handshake, Origins};
 use crate::config::{Config, MAX_QUERY_USERS};
 use crate::conn::ConnHandle;
 use crate::ids;
@@ -49,6 +49,8 @@ pub struct AppState {
     pub origins: Origins,
     /// Bearer key of the admin API (contacts); `None` turns it off.
     pub admin_key: Option<String>,
+    /// With development auth, the `Host` names `/ws` and `/api/*` answer to.
+    pub dev_hosts: Option<DevHosts>,
 }
 
 /// An HTTP error: a status and the same `{code, message}` as an error frame.
@@ -113,6 +115,24 @@ impl ResponseError for ApiError {
     fn error_response(&self) -> HttpResponse {
         HttpResponse::build(self.status).json(&self.error)
     }
+}
+
+/// Middleware: with development auth, `/ws` and `/api/*` answer 403 to a
+/// `Host` that is not loopback or allowed (DNS rebinding, issue 12).
+pub async fn dev_host_guard(
+    req: actix_web::dev::ServiceRequest,
+    next: actix_web::middleware::Next<impl actix_web::body::MessageBody>,
+) -> Result<actix_web::dev::ServiceResponse<impl actix_web::body::MessageBody>, actix_web::Error> {
+    let path = req.path();
+    if path == "/ws" || path.starts_with("/api/") {
+        if let Some(hosts) = req
+            .app_data::<web::Data<AppState>>()
+            .and_then(|s| s.dev_hosts.as_ref())
+        {
+            hosts.check(req.request()).map_err(ApiError::from)?;
+        }
+    }
+    next.call(req).await
 }
 
 /// Registers every route on one listener (no `--internal-listen`).
@@ -211,7 +231,7 @@ impl From<AuthError> for ApiError {
             AuthError::Missing | AuthError::Invalid(_) => {
                 (StatusCode::UNAUTHORIZED, ErrorCode::Unauthorized)
             }
-            AuthError::Mismatch { .. } | AuthError::Origin(_) => {
+            AuthError::Mismatch { .. } | AuthError::Origin(_) | AuthError::Host(_) => {
                 (StatusCode::FORBIDDEN, ErrorCode::Forbidden)
             }
         };

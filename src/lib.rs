@@ -1,8 +1,11 @@
 pub mod auth;
+pub mod bucket;
+pub mod clock;
 pub mod config;
 pub mod config_file;
 pub mod conn;
 pub mod expiry;
+pub mod frames;
 pub mod http;
 pub mod ids;
 pub mod keys;

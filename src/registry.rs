@@ -198,6 +198,10 @@ pub struct RegistryStats {
     pub resynced: u64,
 }
 
+/// Close code for a session the node gives up on while its client is
+/// fine: 1013, try again later.
+const CLOSE_TRY_AGAIN: u16 = 1013;
+
 impl From<RegistryStats> for crate::metrics::NodeGauges {
     fn from(s: RegistryStats) -> Self {
         Self {
@@ -308,6 +312,8 @@ impl Registry {
                 self.by_user.remove(user);
                 self.lingering
                     .insert(user.to_string(), Instant::now() + LINGER);
+            } else if sessions.capacity() > 64 && sessions.len() * 4 < sessions.capacity() {
+                sessions.shrink_to_fit();
             }
         }
     }
@@ -366,10 +372,14 @@ impl Registry {
     /// (whose own heartbeat then cannot run) even when no event is queued.
     fn cut_frozen(&mut self) {
         let limit = crate::store::now_ms() - self.stall_after.as_millis() as i64;
+        // A session whose client reads everything it was sent (empty send
+        // queue) is not frozen by its client but held up on the server
+        // (e.g. waiting on Redis): it stays, and resumes by itself.
         let frozen: Vec<SessionId> = self
             .sessions
             .iter()
             .filter(|(_, s)| s.alive.load(Ordering::Relaxed) < limit)
+            .filter(|(_, s)| s.conn.is_none_or(|c| c.unsent() != Some(0)))
             .map(|(id, _)| *id)
             .collect();
         for session in frozen {
@@ -406,14 +416,22 @@ impl Registry {
 
     /// Disconnects a session that cannot keep up; its close releases its
     /// device like any other.
+    /// A session whose client reads (its send queue is empty) fell behind
+    /// because the server held it up (waiting on Redis): it gets a close
+    /// frame, 1013 "try again later", not a bare cut.
     fn cut_off(&mut self, session: SessionId) {
-        log::warn!("session {session} reads too slowly: its queue is full, disconnecting");
-        crate::metrics::slow_consumer_dropped();
         if let Some(Joined {
             conn: Some(conn), ..
         }) = self.sessions.get(&session)
         {
-            conn.cut();
+            if conn.unsent() == Some(0) {
+                log::warn!("session {session} is held up on the server: its queue is full, closing with 1013");
+                conn.close(CLOSE_TRY_AGAIN, "server overloaded, reconnect");
+            } else {
+                log::warn!("session {session} reads too slowly: its queue is full, disconnecting");
+                crate::metrics::slow_consumer_dropped();
+                conn.cut();
+            }
         }
         if let Some(w) = self.watchers.remove(&session) {
             for user in &w.users {
@@ -458,7 +476,25 @@ impl Actor for Registry {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Self::Context) {
-        ctx.run_interval(self.stall_after / 2, |act, _| act.cut_frozen());
+        // After a freeze of the node (its clock jumped) every session looks
+        // silent: skip judging for one stall period, so that each session's
+        // own heartbeat gets its client heard first.
+        let mut ticks = crate::clock::Ticks::new(self.stall_after / 2);
+        let mut grace_until = None;
+        ctx.run_interval(self.stall_after / 2, move |act, _| {
+            let now = std::time::Instant::now();
+            if ticks.jumped() {
+                log::info!(
+                    "the node was frozen; frozen-client checks resume in {:?}",
+                    act.stall_after
+                );
+                grace_until = Some(now + act.stall_after);
+            }
+            if grace_until.is_some_and(|t| now < t) {
+                return;
+            }
+            act.cut_frozen();
+        });
         ctx.run_interval(LINGER / 4, |act, _| act.drop_lingering());
         let addr = ctx.address();
         let started = Subscriptions::start(&self.client, move |notice| {
@@ -627,6 +663,18 @@ impl Handler<Disconnect> for Registry {
                 self.unwatch(msg.session, user);
             }
         }
+        // Maps keep their largest size: give it back once they are mostly
+        // empty, so that memory taken by a crowd that left is returned.
+        shrink(&mut self.sessions);
+        shrink(&mut self.watchers);
+        shrink(&mut self.by_user);
+    }
+}
+
+/// Shrinks a map that holds less than a quarter of its capacity.
+fn shrink<K: std::hash::Hash + Eq, V>(map: &mut HashMap<K, V>) {
+    if map.capacity() > 64 && map.len() * 4 < map.capacity() {
+        map.shrink_to_fit();
     }
 }
 

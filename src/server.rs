@@ -42,6 +42,9 @@ pub struct Security {
     pub origins: Origins,
     /// Bearer key of the admin API; `None` turns it off.
     pub admin_key: Option<String>,
+    /// Host names besides loopback that `/ws` and `/api/*` answer to under
+    /// development auth (`--allowed-host`).
+    pub allowed_hosts: Vec<String>,
 }
 
 /// Runs a node on an already bound `listener` until SIGINT or SIGTERM;
@@ -104,6 +107,8 @@ pub async fn run(
         format!("could not subscribe to redis pub/sub within {SUBSCRIBE_TIMEOUT:?}")
     })?;
 
+    let dev_hosts = matches!(security.auth, Auth::Dev)
+        .then(|| crate::auth::DevHosts::new(security.allowed_hosts.iter().cloned()));
     let state = web::Data::new(AppState {
         store,
         refresher,
@@ -113,6 +118,7 @@ pub async fn run(
         auth: Arc::new(security.auth),
         origins: security.origins,
         admin_key: security.admin_key,
+        dev_hosts,
     });
     let addr = listener.local_addr()?;
     let split = internal.is_some();
@@ -120,6 +126,7 @@ pub async fn run(
     let server = HttpServer::new(move || {
         App::new()
             .app_data(public_state.clone())
+            .wrap(actix_web::middleware::from_fn(http::dev_host_guard))
             .configure(if split {
                 http::public_routes
             } else {

@@ -25,7 +25,9 @@ use crate::auth::{Auth, AuthError};
 use crate::config::Config;
 use bytestring::ByteString;
 
+use crate::bucket::TokenBucket;
 use crate::conn::ConnHandle;
+use crate::frames::{Assembled, Fragments};
 use crate::model::{Audience, ChosenStatus, Record, Status};
 use crate::privacy::{self, Relation};
 use crate::protocol::{self, ClientFrame, ErrorCode, ProtocolError};
@@ -67,6 +69,10 @@ pub struct Session {
     requests: Requests,
     /// Token bucket over client frames.
     limiter: FrameLimiter,
+    /// Token bucket over the users this session's watches read from Redis.
+    reads: TokenBucket,
+    /// A message arriving in fragments.
+    fragments: Fragments,
     /// Handle on the TCP connection, handed to the registry (at start) to
     /// cut it when this session falls too far behind.
     conn: Option<ConnHandle>,
@@ -149,6 +155,9 @@ struct Liveness {
     /// The same, in epoch ms, shared with the registry, which cuts off a
     /// session frozen by a client that stopped reading.
     alive: Arc<AtomicI64>,
+    /// A ping is out: the next pong answers it and is free; any other pong
+    /// counts against the frame rate like any frame.
+    awaiting_pong: bool,
 }
 
 /// The users this client watches.
@@ -206,12 +215,10 @@ struct Requests {
 
 /// One request waiting for Redis.
 enum Request {
-    /// Register `new` with the registry, then read and send the snapshot of
-    /// `users`.
+    /// Register `new` with the registry, then read and send their
+    /// snapshot (users watched before are not read again).
     Watch {
-        /// Every user named by the frame, sorted.
-        users: Vec<String>,
-        /// Those not watched before the frame.
+        /// The users not watched before the frame, sorted.
         new: Vec<String>,
     },
     /// Set the user's status.
@@ -330,10 +337,16 @@ impl Session {
             liveness: Liveness {
                 last_activity: now,
                 alive: Arc::new(AtomicI64::new(now_ms())),
+                awaiting_pong: false,
             },
             watches: Watches::default(),
             requests: Requests::default(),
             limiter: FrameLimiter::new(node.config.max_frames_per_sec, now),
+            reads: TokenBucket::new(
+                node.config.max_user_reads_per_sec,
+                node.config.user_reads_burst(),
+            ),
+            fragments: Fragments::default(),
             node,
             conn,
             token: who.token.map(|(auth, state)| TokenClock {
@@ -379,8 +392,20 @@ impl Session {
     }
 
     /// Pings the client every heartbeat; stops a client that went silent.
+    /// After a freeze of the node (its clock jumped), the client gets a
+    /// fresh timeout: the silence was the node's, not the client's.
     fn hb(&self, ctx: &mut ws::WebsocketContext<Self>) {
-        ctx.run_interval(self.node.config.heartbeat, |act, ctx| {
+        let mut ticks = crate::clock::Ticks::new(self.node.config.heartbeat);
+        ctx.run_interval(self.node.config.heartbeat, move |act, ctx| {
+            if ticks.jumped() {
+                log::info!(
+                    "{}/{}: the node was frozen; judging the client from now on",
+                    act.me.user,
+                    act.me.device
+                );
+                act.liveness.last_activity = Instant::now();
+                act.liveness.alive.store(now_ms(), Ordering::Relaxed);
+            }
             let timeout = act.node.config.client_timeout();
             if act.liveness.last_activity.elapsed() > timeout {
                 log::debug!(
@@ -392,6 +417,7 @@ impl Session {
                 return;
             }
             ctx.ping(b"");
+            act.liveness.awaiting_pong = true;
         });
     }
 
@@ -536,6 +562,24 @@ impl Session {
             self.send_error(ctx, &err);
             return;
         }
+        // Users already watched are current through live events: only new
+        // ones are read (in start_watch), and reads are bounded per second.
+        if let Err(wait) = self
+            .reads
+            .take(u32::try_from(new.len()).unwrap_or(u32::MAX))
+        {
+            let err = ProtocolError::new(
+                ErrorCode::RateLimited,
+                format!(
+                    "watching {} new users needs that many reads; a session may read {} users per second: try again in {} ms",
+                    new.len(),
+                    self.node.config.max_user_reads_per_sec,
+                    wait.as_millis()
+                ),
+            );
+            self.send_error(ctx, &err);
+            return;
+        }
         for user in &new {
             let seen = Seen {
                 pending: true,
@@ -543,7 +587,7 @@ impl Session {
             };
             self.watches.seen.insert(user.clone(), seen);
         }
-        self.request(Request::Watch { users, new }, ctx);
+        self.request(Request::Watch { new }, ctx);
     }
 
     /// Queues a request for Redis and starts it if nothing is in flight.
@@ -576,7 +620,7 @@ impl Session {
         };
         self.requests.busy = true;
         match request {
-            Request::Watch { users, new } => self.start_watch(users, new, ctx),
+            Request::Watch { new } => self.start_watch(new, ctx),
             Request::Status { status, text } => self.start_status(status, text, ctx),
             Request::Privacy { online, last_seen } => self.start_privacy(online, last_seen, ctx),
             Request::Recheck { user } => self.start_recheck(user, ctx),
@@ -592,22 +636,17 @@ impl Session {
     /// Registers the watch (the registry answers once the node is
     /// subscribed to the new users' events), then reads the snapshot:
     /// subscribed first, so that no transition falls between the read and
-    /// the subscription.
-    fn start_watch(
-        &mut self,
-        users: Vec<String>,
-        new: Vec<String>,
-        ctx: &mut ws::WebsocketContext<Self>,
-    ) {
-        if users.is_empty() {
-            self.send(ctx, protocol::snapshot_frame(&[]));
-            return self.request_done(ctx);
-        }
+    /// the subscription. Only users new to the session are read.
+    fn start_watch(&mut self, new: Vec<String>, ctx: &mut ws::WebsocketContext<Self>) {
         // An unwatch that came while this waited its turn wins.
         let new: Vec<String> = new
             .into_iter()
             .filter(|u| self.watches.seen.get(u).is_some_and(|s| s.pending))
             .collect();
+        if new.is_empty() {
+            self.send(ctx, protocol::snapshot_frame(&[]));
+            return self.request_done(ctx);
+        }
         let registry = self.node.registry.clone();
         let store = self.node.store.clone();
         let session = self.me.id;
@@ -634,7 +673,7 @@ impl Session {
                     return Err(new);
                 }
             }
-            match store.presences(&users, Some(&viewer)).await {
+            match store.presences(&new, Some(&viewer)).await {
                 Ok(records) => Ok(records),
                 Err(e) => {
                     log::warn!("snapshot failed: {e}");
@@ -1015,55 +1054,58 @@ impl StreamHandler<Result<ws::Message, ws::ProtocolError>> for Session {
     fn handle(&mut self, msg: Result<ws::Message, ws::ProtocolError>, ctx: &mut Self::Context) {
         let msg = match msg {
             Ok(msg) => msg,
-            Err(ws::ProtocolError::Overflow) => {
-                ctx.close(Some(ws::CloseReason {
-                    code: ws::CloseCode::Size,
-                    description: Some(format!(
-                        "frame larger than {} bytes",
-                        self.node.config.max_frame_bytes
-                    )),
-                }));
-                ctx.stop();
-                return;
-            }
             Err(e) => {
-                log::debug!("{}/{}: protocol error: {e}", self.me.user, self.me.device);
-                ctx.stop();
+                let max = self.node.config.max_frame_bytes;
+                let (code, reason) = crate::frames::close_for(&e, max);
+                log::debug!(
+                    "{}/{}: closing with {code:?}: {e}",
+                    self.me.user,
+                    self.me.device
+                );
+                self.close_with(ctx, code, reason);
                 return;
             }
         };
         match msg {
-            // Pongs answer our own pings: never limited.
-            ws::Message::Pong(_) => self.touch(ctx),
+            ws::Message::Pong(_) => {
+                self.touch(ctx);
+                // The answer to our own ping is free; unsolicited pongs
+                // are frames like any other (a pong flood kept a core busy).
+                if !std::mem::take(&mut self.liveness.awaiting_pong) {
+                    self.admit(ctx);
+                }
+            }
             ws::Message::Ping(payload) => {
                 self.touch(ctx);
                 if self.admit(ctx) {
                     ctx.pong(&payload);
                 }
             }
-            ws::Message::Text(text) if self.awaiting_auth() => self.first_frame(&text, ctx),
             ws::Message::Text(text) => {
                 self.touch(ctx);
-                if !self.admit(ctx) {
-                    return;
-                }
-                match protocol::parse_client_frame(&text) {
-                    Ok(frame) => self.handle_frame(frame, ctx),
-                    Err(e) => self.send_error(ctx, &e),
+                if self.admit(ctx) {
+                    self.handle_text(&text, ctx);
                 }
             }
-            ws::Message::Binary(_) | ws::Message::Continuation(_) => {
+            ws::Message::Continuation(item) => {
                 self.touch(ctx);
-                if !self.admit(ctx) {
-                    return;
+                let admitted = self.admit(ctx);
+                let max = self.node.config.max_frame_bytes;
+                match self.fragments.push(item, admitted, max) {
+                    Ok(Assembled::Text(text)) => self.handle_text(&text, ctx),
+                    Ok(Assembled::Binary) => self.refuse_binary(ctx),
+                    Ok(Assembled::Pending | Assembled::Dropped) => {}
+                    Err(refused) => {
+                        let (code, reason) = refused.close(max);
+                        self.close_with(ctx, code, reason);
+                    }
                 }
-                self.send_error(
-                    ctx,
-                    &ProtocolError::new(
-                        ErrorCode::Unsupported,
-                        "only text frames holding one JSON object are accepted",
-                    ),
-                );
+            }
+            ws::Message::Binary(_) => {
+                self.touch(ctx);
+                if self.admit(ctx) {
+                    self.refuse_binary(ctx);
+                }
             }
             ws::Message::Close(reason) => {
                 ctx.close(reason);
@@ -1234,6 +1276,46 @@ fn close_policy(ctx: &mut ws::WebsocketContext<Session>, reason: &str) {
         description: Some(reason[..end].to_string()),
     }));
     ctx.stop();
+}
+
+impl Session {
+    /// One whole text message (a frame, or assembled fragments).
+    fn handle_text(&mut self, text: &str, ctx: &mut ws::WebsocketContext<Self>) {
+        if self.awaiting_auth() {
+            self.first_frame(text, ctx);
+            return;
+        }
+        match protocol::parse_client_frame(text) {
+            Ok(frame) => self.handle_frame(frame, ctx),
+            Err(e) => self.send_error(ctx, &e),
+        }
+    }
+
+    /// Answers a binary message: the protocol is JSON text.
+    fn refuse_binary(&mut self, ctx: &mut ws::WebsocketContext<Self>) {
+        self.send_error(
+            ctx,
+            &ProtocolError::new(
+                ErrorCode::Unsupported,
+                "only text frames holding one JSON object are accepted",
+            ),
+        );
+    }
+
+    /// Sends a close frame and ends the session; the connection closes
+    /// once the frame is flushed.
+    fn close_with(
+        &mut self,
+        ctx: &mut ws::WebsocketContext<Self>,
+        code: ws::CloseCode,
+        reason: String,
+    ) {
+        ctx.close(Some(ws::CloseReason {
+            code,
+            description: Some(reason),
+        }));
+        ctx.stop();
+    }
 }
 
 #[cfg(test)]

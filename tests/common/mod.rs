@@ -3,6 +3,8 @@
 //! SIGKILL one), and real WebSocket clients.
 #![allow(dead_code)]
 
+pub mod raw;
+
 use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
@@ -138,6 +140,11 @@ impl Redis {
         }
     }
 
+    /// The server's process id (e.g. to SIGSTOP it: a hung Redis).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Kills the server (SIGKILL) and leaves the port closed.
     pub fn kill(&mut self) {
         let _ = self.child.kill();
@@ -167,11 +174,15 @@ impl Redis {
         self.try_conn().expect("redis reachable")
     }
 
-    /// An async connection for assertions inside async tests.
+    /// An async connection for assertions inside async tests. Its replies
+    /// may take up to [`DEADLINE`]: redis-rs gives up after 500 ms by
+    /// default, which a 40,000-command fixture pipeline exceeds on a loaded
+    /// machine.
     pub async fn aconn(&self) -> redis::aio::MultiplexedConnection {
+        let config = redis::AsyncConnectionConfig::new().set_response_timeout(Some(DEADLINE));
         redis::Client::open(self.url.as_str())
             .unwrap()
-            .get_multiplexed_async_connection()
+            .get_multiplexed_async_connection_with_config(&config)
             .await
             .unwrap()
     }
@@ -343,9 +354,12 @@ impl Drop for Node {
     }
 }
 
-/// The server binary built by cargo for these tests.
+/// The server binary built by cargo for these tests; `PRESENCE_SERVER_BIN`
+/// names another one (e.g. an older build, to see a new test fail on it).
 pub fn binary() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_presence-server"))
+    std::env::var_os("PRESENCE_SERVER_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_presence-server")))
 }
 
 /// What the reader task hands to the test.

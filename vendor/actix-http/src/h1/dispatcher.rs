@@ -46,7 +46,7 @@ const WRITE_BUFFER_RETENTION_LIMIT: usize = 1024 * 128;
 
 bitflags! {
     #[derive(Debug, Clone, Copy)]
-    pub struct Flags: u8 {
+    pub struct Flags: u16 {
         /// Set when stream is read for first time.
         const STARTED          = 0b0000_0001;
 
@@ -75,6 +75,9 @@ bitflags! {
         /// after the current response finishes. [`LINGER`](Self::LINGER) remains separate and is
         /// used only to close cleanly after a response to an unread request payload.
         const DRAINING         = 0b1000_0000;
+
+        /// presence-server patch: set once the write half was shut down while lingering.
+        const LINGER_WRITE_SHUT = 0b1_0000_0000;
     }
 }
 
@@ -444,6 +447,22 @@ where
             this.flags.remove(Flags::LINGER);
             this.flags.insert(Flags::SHUTDOWN);
             return Ok(Poll::Ready(()));
+        }
+
+        // presence-server patch: the response is complete and the connection will not be
+        // reused, so send FIN now (a lingering close: half-close, then drain). Without it the
+        // peer sees the end of the connection only when the linger ends, up to the client
+        // disconnect timeout later; a WebSocket client waits that long after its close
+        // handshake (RFC 6455 §7.1.1 has the server close the TCP connection first). See
+        // vendor/README.md.
+        if !self.flags.contains(Flags::LINGER_WRITE_SHUT) {
+            let this = self.as_mut().project();
+            let io = Pin::new(this.io.as_mut().unwrap());
+            match io.poll_shutdown(cx) {
+                Poll::Pending => return Ok(Poll::Pending),
+                // A peer that is already gone ends the linger through the read below.
+                Poll::Ready(_) => this.flags.insert(Flags::LINGER_WRITE_SHUT),
+            }
         }
 
         loop {
@@ -1344,7 +1363,11 @@ where
                         Poll::Pending => Poll::Pending,
                     }
                 } else if inner.flags.contains(Flags::SHUTDOWN) {
-                    if inner.flags.contains(Flags::WRITE_DISCONNECT) {
+                    // presence-server patch: a lingering close already shut the write half.
+                    if inner
+                        .flags
+                        .intersects(Flags::WRITE_DISCONNECT | Flags::LINGER_WRITE_SHUT)
+                    {
                         Poll::Ready(Ok(()))
                     } else {
                         // flush buffer and wait on blocked

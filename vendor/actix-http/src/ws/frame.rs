@@ -169,6 +169,19 @@ impl Parser {
 
         // not enough data
         if src.len() < frame_len {
+            // presence-server patch: refuse an oversized or malformed length as soon as the
+            // header is read. Waiting for the payload would let the caller buffer up to the
+            // announced length (1 GiB in one header) before the limit is checked. See
+            // vendor/README.md.
+            if length > max_size {
+                return Err(ProtocolError::Overflow);
+            }
+            if matches!(opcode, OpCode::Ping | OpCode::Pong | OpCode::Close)
+                && length > MAX_CONTROL_FRAME_PAYLOAD
+            {
+                return Err(ProtocolError::InvalidLength(length));
+            }
+
             let min_length = min(length, max_size);
             let required_cap = match idx.checked_add(min_length) {
                 Some(cap) => cap,
@@ -403,15 +416,17 @@ mod tests {
         let mut buf = BytesMut::from(&[0x81u8, 127][..]);
         buf.extend_from_slice(&U64_PAYLOAD_MAX.to_be_bytes());
 
-        // `max_size` is deliberately far below the declared length: an incomplete frame returns
-        // before the size check, so the header is accepted as incomplete. It also keeps the
-        // parser from reserving the declared length, which a large `max_size` would attempt.
-        assert!(
-            is_none(&Parser::parse(&mut buf, false, 1024)),
-            "the largest legal 64-bit length must be incomplete, not rejected"
-        );
-        // The header must stay buffered while the payload is awaited.
+        // presence-server patch: with `max_size` below the declared length the header is
+        // refused at once, without waiting for (or reserving) the payload.
+        assert!(matches!(
+            Parser::parse(&mut buf, false, 1024),
+            Err(ProtocolError::Overflow)
+        ));
         assert_eq!(buf.len(), 10);
+        // A length within `max_size` is still awaited, not rejected.
+        let mut buf = BytesMut::from(&[0x81u8, 126, 0x01, 0x00][..]);
+        assert!(is_none(&Parser::parse(&mut buf, false, 256)));
+        assert_eq!(buf.len(), 4);
     }
 
     // The most-significant-bit rule itself, on every target. On 32-bit the conversion rejects every

@@ -1,0 +1,62 @@
+//! A token bucket: a rate with a burst, for work a client may cause.
+
+use std::time::Instant;
+
+/// Up to `burst` units at once, refilled at `rate` units per second.
+#[derive(Debug, Clone)]
+pub struct TokenBucket {
+    /// Units available now.
+    tokens: f64,
+    /// When `tokens` was last refilled.
+    refilled: Instant,
+    /// Units per second.
+    rate: f64,
+    /// Most units held at once (the bucket starts full).
+    burst: f64,
+}
+
+impl TokenBucket {
+    /// A full bucket.
+    pub fn new(rate: u32, burst: u32) -> Self {
+        Self {
+            tokens: f64::from(burst),
+            refilled: Instant::now(),
+            rate: f64::from(rate),
+            burst: f64::from(burst),
+        }
+    }
+
+    /// Takes `n` units if all are there; otherwise takes none and returns
+    /// how long until they will be.
+    pub fn take(&mut self, n: u32) -> Result<(), std::time::Duration> {
+        let now = Instant::now();
+        let elapsed = now.duration_since(self.refilled).as_secs_f64();
+        self.refilled = now;
+        self.tokens = (self.tokens + elapsed * self.rate).min(self.burst);
+        let n = f64::from(n);
+        if self.tokens >= n {
+            self.tokens -= n;
+            return Ok(());
+        }
+        let wait = if n > self.burst {
+            f64::INFINITY
+        } else {
+            (n - self.tokens) / self.rate
+        };
+        Err(std::time::Duration::try_from_secs_f64(wait).unwrap_or(std::time::Duration::MAX))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn takes_a_burst_then_refuses() {
+        let mut b = TokenBucket::new(10, 100);
+        assert!(b.take(100).is_ok());
+        let wait = b.take(50).unwrap_err();
+        assert!(wait.as_secs_f64() > 4.0, "{wait:?}");
+        assert!(b.take(101).is_err());
+    }
+}

@@ -1,0 +1,47 @@
+//! Noticing that this process was frozen (SIGSTOP, a paused VM, a long
+//! stall): its periodic timers then fire far later than due, and everything
+//! they measure includes time in which the node could not hear anybody.
+
+use std::time::{Duration, Instant};
+
+/// The ticks of one periodic timer.
+#[derive(Debug, Clone, Copy)]
+pub struct Ticks {
+    /// When the timer last fired.
+    last: Instant,
+    /// Its period.
+    period: Duration,
+}
+
+impl Ticks {
+    /// Ticks of a timer firing every `period`, starting now.
+    pub fn new(period: Duration) -> Self {
+        Self {
+            last: Instant::now(),
+            period,
+        }
+    }
+
+    /// Records a tick; true when it came more than one period late, i.e.
+    /// the node's clock jumped ahead of what it could observe.
+    pub fn jumped(&mut self) -> bool {
+        let now = Instant::now();
+        let late = now.duration_since(self.last).saturating_sub(self.period);
+        self.last = now;
+        late > self.period
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_late_tick_is_a_jump() {
+        let mut t = Ticks::new(Duration::from_millis(10));
+        assert!(!t.jumped());
+        std::thread::sleep(Duration::from_millis(40));
+        assert!(t.jumped());
+        assert!(!t.jumped());
+    }
+}
