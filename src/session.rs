@@ -724,21 +724,54 @@ impl Session {
         text: Option<String>,
         ctx: &mut ws::WebsocketContext<Self>,
     ) {
+        // A session watching its own user holds that user's events until the
+        // answer is read, like a snapshot: the event of this change is then
+        // dropped as already seen, instead of arriving beside the answer.
+        // (One already pending waits for its own snapshot instead.)
+        let held = match self.watches.seen.get_mut(&self.me.user) {
+            Some(seen) if !seen.pending => {
+                seen.pending = true;
+                true
+            }
+            _ => false,
+        };
         let store = self.node.store.clone();
         let user = self.me.user.clone();
         let chosen_text = text.clone().unwrap_or_default();
-        let set = async move { store.set_status(&user, status, text.as_deref()).await };
+        // Set, then read back as the owner sees it: every accepted status
+        // frame is answered with the sender's own record, so a device that
+        // does not watch its own user can still confirm the change.
+        let set = async move {
+            let since = store.set_status(&user, status, text.as_deref()).await?;
+            let own = store
+                .presences(std::slice::from_ref(&user), Some(&user))
+                .await?;
+            Ok::<_, crate::store::StoreError>((since, own.into_iter().next()))
+        };
         ctx.spawn(set.into_actor(self).map(move |res, act, ctx| {
             match res {
-                Ok(since) => {
+                Ok((since, own)) => {
                     let known = act.lease.known_status.get_or_insert_with(Default::default);
                     known.status = status.as_str().to_string();
                     known.text = chosen_text;
                     known.since = since;
+                    if let Some(own) = own {
+                        let record = act.observe(&own);
+                        act.send(ctx, protocol::presence_frame(&record));
+                    }
                 }
                 Err(e) => {
                     log::warn!("{}: status change failed: {e}", act.me.user);
                     act.send_error(ctx, &unavailable());
+                }
+            }
+            if held {
+                let me = act.me.user.clone();
+                if let Some(seen) = act.watches.seen.get_mut(&me) {
+                    seen.pending = false;
+                }
+                if let Some(event) = act.watches.early.remove(&me) {
+                    act.deliver(event, ctx);
                 }
             }
             act.request_done(ctx);

@@ -121,10 +121,15 @@
      * Asks for a fresh snapshot of every watched user. Transitions are
      * pushed, but a second device arriving (or one of several leaving) is no
      * transition, so device counts in onChange records can fall behind;
-     * call this now and then if you show them.
+     * call this now and then if you show them. (A watch naming users already
+     * watched reads only the new ones, so the refresh lets go of the users
+     * and watches them again; events between the two are in the snapshot.)
      */
     refresh() {
-      if (this.watched.size) this._send({ type: "watch", users: [...this.watched] });
+      if (!this.watched.size) return;
+      const users = [...this.watched];
+      this._send({ type: "unwatch", users });
+      this._send({ type: "watch", users });
     }
 
     /**

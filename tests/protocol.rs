@@ -171,3 +171,44 @@ async fn silent_client_is_disconnected_and_released() {
     );
     drop(ws);
 }
+
+#[tokio::test]
+async fn every_status_frame_is_answered_with_the_senders_record() {
+    let redis = Redis::start();
+    let node = Node::start(&redis, "n1");
+    // A device that does not watch its own user.
+    let mut phone = Client::connect(&node, "alice", "phone").await;
+    phone
+        .send(json!({"type": "status", "status": "away", "text": "lunch"}))
+        .await;
+    let own = phone.expect("presence").await;
+    assert_eq!(
+        (&own["user"], &own["status"], &own["text"], &own["devices"]),
+        (&json!("alice"), &json!("away"), &json!("lunch"), &json!(1)),
+        "{own}"
+    );
+    // Invisible shows as such to its owner.
+    phone
+        .send(json!({"type": "status", "status": "invisible"}))
+        .await;
+    assert_eq!(phone.expect("presence").await["status"], "invisible");
+
+    // A device that watches its own user gets the answer once, not the
+    // answer and then the same change again as an event.
+    let mut laptop = Client::connect(&node, "alice", "laptop").await;
+    laptop.watch(&["alice"]).await;
+    laptop
+        .send(json!({"type": "status", "status": "busy"}))
+        .await;
+    assert_eq!(laptop.expect("presence").await["status"], "busy");
+    laptop.send(json!({"type": "heartbeat"})).await;
+    assert!(
+        laptop
+            .next_within(std::time::Duration::from_millis(500))
+            .await
+            .is_none(),
+        "the change came twice"
+    );
+    // The other device of the same user, watching nothing, hears nothing.
+    assert!(phone.try_next().is_none());
+}
