@@ -100,13 +100,15 @@ struct Expired {
 /// The expiry listener actor.
 pub struct ExpiryListener {
     /// Source of the dedicated pub/sub connection.
-    client: redis::Client,
+    client: crate::redis_setup::RedisSource,
     /// Shared Redis handle for the departure step.
     store: Store,
     /// Node id (lock holder name) and timings.
     config: Arc<Config>,
     /// A deadline pass is in flight; the next tick skips.
     reaping: bool,
+    /// The last deadline pass failed (said once, not every tick).
+    reap_failing: bool,
     /// A reconciliation pass is in flight.
     reconciling: bool,
     /// When the last reconciliation pass started.
@@ -123,7 +125,7 @@ impl ExpiryListener {
     /// A listener that subscribes through `client` and signals `ready`
     /// once first subscribed.
     pub fn new(
-        client: redis::Client,
+        client: crate::redis_setup::RedisSource,
         store: Store,
         config: Arc<Config>,
         ready: tokio::sync::oneshot::Sender<()>,
@@ -134,6 +136,7 @@ impl ExpiryListener {
             store,
             config,
             reaping: false,
+            reap_failing: false,
             reconciling: false,
             last_reconcile: Instant::now(),
             last_trim: Instant::now(),
@@ -217,11 +220,20 @@ impl ExpiryListener {
                 }
             }
             match first_error {
-                Some(e) => log::warn!("deadline pass failed: {e}"),
-                None if act.locks.first().is_some_and(|l| l.held_until.is_some()) => {
-                    act.maybe_reconcile(ctx)
+                Some(e) if act.reap_failing => log::debug!("deadline pass failed: {e}"),
+                Some(e) => {
+                    act.reap_failing = true;
+                    log::warn!("deadline pass failed (said once until it runs again): {e}");
                 }
-                None => {}
+                None => {
+                    if act.reap_failing {
+                        act.reap_failing = false;
+                        log::info!("deadline pass running again");
+                    }
+                    if act.locks.first().is_some_and(|l| l.held_until.is_some()) {
+                        act.maybe_reconcile(ctx)
+                    }
+                }
             }
         }));
     }
@@ -280,7 +292,7 @@ impl Actor for ExpiryListener {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         let addr = ctx.address();
-        let db = self.client.get_connection_info().redis_settings().db();
+        let db = self.client.db();
         let mut ready = self.ready.take();
         actix::spawn(crate::pubsub::run(
             self.client.clone(),

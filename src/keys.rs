@@ -11,6 +11,9 @@
 //! are made for every lease refresh, and the formatting machinery was a
 //! visible share of the node's time there.
 
+/// Prefix of the short-lived key whose `expired` event start-up waits for
+/// when CONFIG is denied (`presence-probe:<node>:<random>`).
+pub const PROBE_PREFIX: &str = "presence-probe:";
 /// Hash of deployment constants every node must agree on: `buckets` (B)
 /// and `schema` (the key schema's version).
 pub const META: &str = "presence-meta";

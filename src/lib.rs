@@ -16,6 +16,7 @@ pub mod model;
 pub mod privacy;
 pub mod protocol;
 pub mod pubsub;
+pub mod redis_setup;
 pub mod refresh;
 pub mod registry;
 pub mod server;

@@ -10,6 +10,7 @@ use presence_server::auth::{self, Auth, Jwks, JwtRules, JwtVerifier, Origins};
 use presence_server::config::{self, Config};
 use presence_server::local_redis::LocalRedis;
 use presence_server::logging::{self, LogFormat};
+use presence_server::redis_setup::RedisOptions;
 use presence_server::server::Security;
 use presence_server::{config_file, ids, server};
 
@@ -27,11 +28,35 @@ struct Args {
     #[arg(long, env = "PRESENCE_INTERNAL_LISTEN")]
     internal_listen: Option<String>,
 
-    /// Redis to keep state in, e.g. redis://127.0.0.1:6379/0. Without it a
-    /// private redis-server is started from the bundled redis.conf and
-    /// stopped on exit.
-    #[arg(long, env = "REDIS_URL")]
+    /// Redis to keep state in: redis://[user:password@]host:port/db,
+    /// rediss://... for TLS, or redis+sentinel://[user:password@]host:port,.../<master>[/db]
+    /// (rediss+sentinel:// for TLS). Without it (and without
+    /// --redis-sentinel) a private redis-server is started from the bundled
+    /// redis.conf and stopped on exit.
+    #[arg(long, env = "REDIS_URL", hide_env_values = true)]
     redis_url: Option<String>,
+
+    /// Sentinels to ask for the primary, host:port,host:port (instead of
+    /// --redis-url; needs --redis-sentinel-master).
+    #[arg(long, env = "PRESENCE_REDIS_SENTINEL", value_delimiter = ',')]
+    redis_sentinel: Vec<String>,
+
+    /// The master name the sentinels monitor.
+    #[arg(long, env = "PRESENCE_REDIS_SENTINEL_MASTER")]
+    redis_sentinel_master: Option<String>,
+
+    /// PEM CA certificate(s) to verify Redis's TLS certificate with, instead
+    /// of the system roots (rediss:// only).
+    #[arg(long, env = "PRESENCE_REDIS_TLS_CA_FILE")]
+    redis_tls_ca_file: Option<PathBuf>,
+
+    /// PEM client certificate for mutual TLS (with --redis-tls-key-file).
+    #[arg(long, env = "PRESENCE_REDIS_TLS_CERT_FILE")]
+    redis_tls_cert_file: Option<PathBuf>,
+
+    /// PEM private key of --redis-tls-cert-file.
+    #[arg(long, env = "PRESENCE_REDIS_TLS_KEY_FILE")]
+    redis_tls_key_file: Option<PathBuf>,
 
     /// Interval between server pings to each client, in ms.
     #[arg(long, env = "PRESENCE_HEARTBEAT_MS", default_value_t = config::DEFAULT_HEARTBEAT.as_millis() as u64,
@@ -278,8 +303,8 @@ fn main() -> ExitCode {
     match start(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
+            // Once: the log goes to stderr already.
             log::error!("{e:#}");
-            eprintln!("presence-server: {e:#}");
             ExitCode::FAILURE
         }
     }
@@ -326,16 +351,22 @@ fn start(args: Args) -> anyhow::Result<()> {
         ),
         None => None,
     };
-    // Kept alive until the server stops; dropping it stops the private Redis.
-    let (_local, url) = match args.redis_url {
-        Some(url) => (None, url),
-        None => {
-            let local = LocalRedis::start(&args.local_redis_dir)?;
-            let url = local.url.clone();
-            (Some(local), url)
-        }
+    let mut redis = RedisOptions {
+        url: args.redis_url,
+        sentinels: args.redis_sentinel,
+        sentinel_master: args.redis_sentinel_master,
+        tls_ca_file: args.redis_tls_ca_file,
+        tls_cert_file: args.redis_tls_cert_file,
+        tls_key_file: args.redis_tls_key_file,
     };
-    actix_web::rt::System::new().block_on(server::run(config, security, &url, listener, internal))
+    // Kept alive until the server stops; dropping it stops the private Redis.
+    let mut _local = None;
+    if redis.url.is_none() && redis.sentinels.is_empty() {
+        let local = LocalRedis::start(&args.local_redis_dir)?;
+        redis.url = Some(local.url.clone());
+        _local = Some(local);
+    }
+    actix_web::rt::System::new().block_on(server::run(config, security, &redis, listener, internal))
 }
 
 /// Authentication, origins and the admin key from the flags.

@@ -235,7 +235,7 @@ struct Watcher {
 /// The registry actor.
 pub struct Registry {
     /// Source of the dedicated pub/sub connection.
-    client: redis::Client,
+    client: crate::redis_setup::RedisSource,
     /// The node's sharded subscriptions (set once started).
     subscriptions: Option<Subscriptions>,
     /// Users whose events channel Redis has confirmed subscribed.
@@ -278,7 +278,7 @@ impl Registry {
     /// `store` after resubscribing (waiting `resync_delay` first), and
     /// signals `ready` once first subscribed.
     pub fn new(
-        client: redis::Client,
+        client: crate::redis_setup::RedisSource,
         store: Store,
         resync_delay: Duration,
         contacts_only: bool,

@@ -6,23 +6,24 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actix::Actor;
-use actix_web::{web, App, HttpServer};
+use actix_web::dev::Service as _;
+use actix_web::{web, App, HttpResponse, HttpServer};
 use anyhow::Context as _;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::sync::oneshot;
 
 use crate::auth::{Auth, Origins};
 use crate::config::Config;
 use crate::expiry::ExpiryListener;
 use crate::http::{self, AppState};
+use crate::redis_setup::{self, RedisOptions};
 use crate::refresh::Refresher;
 use crate::registry::{Registry, Shutdown};
-use crate::store::{self, RedisConn, Store};
+use crate::store::{RedisConn, Store};
 
-/// How long one Redis command may take before it fails.
-const REDIS_RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
-/// How long connecting to Redis may take.
-const REDIS_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Longest time an HTTP request may take before it is answered 503: the
+/// README promises REST errors within 2 s when Redis is unreachable or
+/// hangs. (A WebSocket's life is its response body, not bounded by this.)
+const REQUEST_DEADLINE: Duration = Duration::from_millis(1_500);
 
 /// How long start-up waits for the pub/sub subscriptions.
 const SUBSCRIBE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -53,7 +54,7 @@ pub struct Security {
 pub async fn run(
     config: Config,
     security: Security,
-    redis_url: &str,
+    redis: &RedisOptions,
     listener: TcpListener,
     internal: Option<TcpListener>,
 ) -> anyhow::Result<()> {
@@ -61,17 +62,10 @@ pub async fn run(
     if let Auth::Jwt(verifier) = &security.auth {
         verifier.start().await?;
     }
-    let client = redis::Client::open(redis_url)
-        .with_context(|| format!("invalid redis url {redis_url:?}"))?;
-    let manager_config = ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(REDIS_CONNECT_TIMEOUT))
-        .set_response_timeout(Some(REDIS_RESPONSE_TIMEOUT));
-    let mut conn = ConnectionManager::new_with_config(client.clone(), manager_config)
-        .await
-        .with_context(|| format!("cannot connect to redis at {redis_url}"))?;
-    store::ensure_expired_events(&mut conn).await?;
+    let redis = redis_setup::connect(redis, &config.node_id).await?;
+    let client = redis.source.clone();
     let store = Store::with_limits(
-        RedisConn::new(conn),
+        RedisConn::new(redis.conn),
         config.ttl,
         config.max_devices_per_user,
     );
@@ -119,6 +113,7 @@ pub async fn run(
         origins: security.origins,
         admin_key: security.admin_key,
         dev_hosts,
+        redis_health: redis.health,
     });
     let addr = listener.local_addr()?;
     let split = internal.is_some();
@@ -131,6 +126,15 @@ pub async fn run(
                 http::public_routes
             } else {
                 http::routes
+            })
+            .wrap_fn(|req, srv| {
+                let call = srv.call(req);
+                async move {
+                    match tokio::time::timeout(REQUEST_DEADLINE, call).await {
+                        Ok(res) => res,
+                        Err(_) => Err(TooSlow.into()),
+                    }
+                }
             })
     })
     .on_connect(crate::conn::on_connect)
@@ -145,6 +149,15 @@ pub async fn run(
                 App::new()
                     .app_data(state.clone())
                     .configure(http::internal_routes)
+                    .wrap_fn(|req, srv| {
+                        let call = srv.call(req);
+                        async move {
+                            match tokio::time::timeout(REQUEST_DEADLINE, call).await {
+                                Ok(res) => res,
+                                Err(_) => Err(TooSlow.into()),
+                            }
+                        }
+                    })
             })
             // Scrapes and health checks: one worker is plenty.
             .workers(1)
@@ -179,6 +192,25 @@ pub async fn run(
     }
     log::info!("node {} stopped", config.node_id);
     Ok(())
+}
+
+/// A request that outran [`REQUEST_DEADLINE`]: Redis is slow or away, so it
+/// is answered like any other `unavailable`.
+#[derive(Debug, thiserror::Error)]
+#[error("request took longer than {REQUEST_DEADLINE:?}")]
+struct TooSlow;
+
+impl actix_web::ResponseError for TooSlow {
+    fn status_code(&self) -> actix_web::http::StatusCode {
+        actix_web::http::StatusCode::SERVICE_UNAVAILABLE
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        HttpResponse::ServiceUnavailable().json(crate::protocol::ProtocolError::new(
+            crate::protocol::ErrorCode::Unavailable,
+            "presence store unavailable, try again",
+        ))
+    }
 }
 
 /// Waits for SIGTERM or SIGINT.

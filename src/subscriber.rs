@@ -23,6 +23,8 @@ use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::{AsyncConnectionConfig, ProtocolVersion, PushInfo, PushKind, RedisResult, Value};
 use tokio::sync::{mpsc, oneshot};
 
+use crate::redis_setup::RedisSource;
+
 /// First wait before reconnecting after the connection broke.
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
 /// Longest wait between reconnection attempts.
@@ -73,21 +75,16 @@ pub struct Subscriptions {
 }
 
 impl Subscriptions {
-    /// Starts the task on the current runtime: it connects through `client`
-    /// (as RESP3, whatever the URL says) and hands every [`Notice`] to
-    /// `on_notice`.
+    /// Starts the task on the current runtime: it connects to the primary
+    /// `source` names (asking again on every reconnection, so that it
+    /// follows a Sentinel failover), as RESP3 whatever the URL says, and
+    /// hands every [`Notice`] to `on_notice`.
     pub fn start(
-        client: &redis::Client,
+        source: &RedisSource,
         on_notice: impl FnMut(Notice) -> bool + Send + 'static,
     ) -> RedisResult<Self> {
-        let info = client.get_connection_info().clone();
-        let settings = info
-            .redis_settings()
-            .clone()
-            .set_protocol(ProtocolVersion::RESP3);
-        let client = redis::Client::open(info.set_redis_settings(settings))?;
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(run(client, rx, on_notice));
+        tokio::spawn(run(source.clone(), rx, on_notice));
         Ok(Self { tx })
     }
 
@@ -129,9 +126,19 @@ async fn send_all(
     }
 }
 
+/// `client` speaking RESP3 (pushes out of band), TLS settings kept.
+fn resp3(client: redis::Client) -> RedisResult<redis::Client> {
+    let info = client.get_connection_info().clone();
+    let settings = info
+        .redis_settings()
+        .clone()
+        .set_protocol(ProtocolVersion::RESP3);
+    redis::Client::open(info.set_redis_settings(settings))
+}
+
 /// The subscription task.
 async fn run(
-    client: redis::Client,
+    source: RedisSource,
     mut requests: mpsc::UnboundedReceiver<Request>,
     mut on_notice: impl FnMut(Notice) -> bool,
 ) {
@@ -145,14 +152,22 @@ async fn run(
         let (push_tx, mut pushes) = mpsc::unbounded_channel::<PushInfo>();
         let config = AsyncConnectionConfig::new()
             .set_push_sender(push_tx)
-            .set_response_timeout(Some(RESPONSE_TIMEOUT));
-        let mut conn = match client
-            .get_multiplexed_async_connection_with_config(&config)
-            .await
-        {
+            .set_response_timeout(Some(RESPONSE_TIMEOUT))
+            .set_connection_timeout(Some(RESPONSE_TIMEOUT));
+        let connected = async {
+            resp3(source.client().await?)?
+                .get_multiplexed_async_connection_with_config(&config)
+                .await
+        };
+        let mut conn = match connected.await {
             Ok(conn) => conn,
             Err(e) => {
-                log::warn!("cannot connect for the event subscriptions: {e}");
+                // Said once per outage, not once per attempt.
+                if backoff == BACKOFF_MIN {
+                    log::warn!("cannot connect for the event subscriptions (retrying): {e}");
+                } else {
+                    log::debug!("cannot connect for the event subscriptions yet: {e}");
+                }
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(BACKOFF_MAX);
                 continue;

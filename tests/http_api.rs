@@ -220,9 +220,20 @@ async fn healthz_reports_redis() {
     assert_eq!(body["node"], "n1");
     assert_eq!(body["redis"], "up");
     drop(redis);
-    let (status, body): (u16, Value) = get(&format!("{}/healthz", node.http())).await;
-    assert_eq!(status, 503, "{body}");
-    assert_eq!(body["redis"], "down");
+    // /healthz answers from a check made every 0.5 s: it says so within one.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    loop {
+        let (status, body): (u16, Value) = get(&format!("{}/healthz", node.http())).await;
+        if status == 503 {
+            assert_eq!(body["redis"], "down", "{body}");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still {status}: {body}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
 }
 
 #[tokio::test]

@@ -1,8 +1,9 @@
 //! The one connection type the store calls Redis through.
 //!
 //! [`RedisConn`] is ours so that the store does not depend on which kind of
-//! connection is behind it: today one multiplexed [`ConnectionManager`]
-//! (created at start, cloned into every actor, reconnecting by itself);
+//! connection is behind it: today one [`PrimaryConn`] (a multiplexed
+//! `ConnectionManager` created at start, cloned into every actor,
+//! reconnecting by itself, and following a Sentinel failover);
 //! a cluster connection can be added as a second kind without touching any
 //! caller. Every command and pipeline sent through it is timed into the
 //! node's metrics, under the command's name or, for a script, the step's.
@@ -14,17 +15,21 @@ use std::time::Instant;
 use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::{Arg, Cmd, Pipeline, RedisFuture, Value};
 
+use crate::redis_setup::PrimaryConn;
+
 /// The store's handle on Redis; cheap to clone.
 #[derive(Clone)]
 pub struct RedisConn {
     /// The connection doing the work.
-    inner: ConnectionManager,
+    inner: PrimaryConn,
 }
 
 impl RedisConn {
-    /// Wraps a connection manager.
-    pub fn new(inner: ConnectionManager) -> Self {
-        Self { inner }
+    /// Wraps a connection to the primary (or a plain connection manager).
+    pub fn new(inner: impl Into<PrimaryConn>) -> Self {
+        Self {
+            inner: inner.into(),
+        }
     }
 }
 

@@ -12,7 +12,10 @@
 //! - [`status`]: chosen status, privacy settings and contacts.
 //! - [`passes`]: the node's periodic passes: deadline (timely expiry),
 //!   reconciliation, online-index pruning.
-//! - [`setup`]: what start-up checks in Redis.
+//! - [`setup`]: the deployment's constants, read (or written) at start.
+//!
+//! How the node connects, and what it checks of Redis itself at start, is
+//! [`crate::redis_setup`].
 //!
 //! A reply that does not have the shape a step promises is a
 //! [`StoreError::Reply`] naming the key it came from; it never becomes a
@@ -37,7 +40,6 @@ pub use conn::RedisConn;
 pub use leases::{Arrival, ArriveMode, Departure, Lease, LeaseOwner};
 pub use lists::{Cursor, OnlinePage, OnlineUser};
 pub use records::{DeviceInfo, Observed};
-pub use setup::ensure_expired_events;
 
 use crate::keys::Buckets;
 use scripts::Scripts;
