@@ -31,6 +31,13 @@ pub const MAX_STATUS_TEXT: usize = 256;
 /// Default time an offline user's last-seen entry is kept.
 pub const DEFAULT_LAST_SEEN_RETENTION: Duration = Duration::from_secs(90 * 24 * 3600);
 
+/// Default time a connection without a token on its handshake (JWT auth)
+/// has to send `{"type":"auth","token":...}` before it is closed with 1008.
+pub const DEFAULT_AUTH_TIMEOUT: Duration = Duration::from_secs(5);
+/// Default time before a token's expiry at which the session is told
+/// (`auth_expiring`) to send a fresh one.
+pub const DEFAULT_AUTH_EXPIRING: Duration = Duration::from_secs(60);
+
 /// Default period of the reconciliation pass.
 pub const DEFAULT_RECONCILE_INTERVAL: Duration = Duration::from_secs(60);
 
@@ -63,6 +70,12 @@ pub struct Config {
     /// Watch policy `contacts`: a watch on a user who does not list the
     /// watcher as a contact shows only `offline`, with no last seen.
     pub contacts_only: bool,
+    /// JWT auth: how long a connection may take to send its `auth` frame
+    /// when its handshake carried no token.
+    pub auth_timeout: Duration,
+    /// JWT auth: how long before a session's token expires it gets an
+    /// `auth_expiring` frame.
+    pub auth_expiring: Duration,
 }
 
 impl Config {
@@ -81,6 +94,8 @@ impl Config {
             max_devices_per_user: DEFAULT_MAX_DEVICES_PER_USER,
             max_user_reads_per_sec: DEFAULT_MAX_USER_READS_PER_SEC,
             contacts_only: false,
+            auth_timeout: DEFAULT_AUTH_TIMEOUT,
+            auth_expiring: DEFAULT_AUTH_EXPIRING,
         }
     }
 

@@ -9,7 +9,7 @@ use actix_web::{web, HttpRequest, HttpResponse, ResponseError};
 use actix_web_actors::ws;
 use serde::{Deserialize, Serialize};
 
-use crate::auth::{Auth, AuthError, DevHosts, Origins};
+use crate::auth::{Auth, AuthError, DevHosts, Handshake, Origins};
 use crate::config::{Config, MAX_QUERY_USERS};
 use crate::conn::ConnHandle;
 use crate::ids;
@@ -17,7 +17,7 @@ use crate::model::{Record, Status};
 use crate::protocol::{parse_privacy, ErrorCode, ProtocolError};
 use crate::refresh::Refresher;
 use crate::registry::{GetStats, Registry};
-use crate::session::{Identity, NodeParts, Session};
+use crate::session::{Identity, NodeParts, Session, TokenState};
 use crate::store::{now_ms, Cursor, DeviceInfo, LeaseOwner, Store, StoreError};
 
 /// Default page size of `GET /api/online`.
@@ -28,7 +28,7 @@ const ONLINE_MAX_LIMIT: usize = 1_000;
 const MAX_CONTACTS: usize = 1_000;
 /// Largest JSON body accepted by `POST /api/presence/query`: room for
 /// [`MAX_QUERY_USERS`] ids of the longest length, and then some.
-const MAX_QUERY_BODY: usize = 128 * 1024;
+const MAX_QUERY_BODY: usize = 256 * 1024;
 
 /// Shared by every HTTP worker.
 pub struct AppState {
@@ -42,8 +42,9 @@ pub struct AppState {
     pub config: Arc<Config>,
     /// Next session id on this node.
     pub next_session: AtomicU64,
-    /// How clients prove who they are.
-    pub auth: Auth,
+    /// How clients prove who they are; sessions keep it to verify the
+    /// fresh tokens their clients send.
+    pub auth: Arc<Auth>,
     /// Browser origins allowed to open a WebSocket.
     pub origins: Origins,
     /// Bearer key of the admin API (contacts); `None` turns it off.
@@ -136,8 +137,39 @@ pub async fn dev_host_guard(
     next.call(req).await
 }
 
-/// Registers every route.
+/// Registers every route on one listener (no `--internal-listen`).
 pub fn routes(cfg: &mut web::ServiceConfig) {
+    extractors(cfg);
+    api(cfg);
+    operations(cfg);
+    not_found(cfg);
+}
+
+/// The public listener when `--internal-listen` is set: the WebSocket, the
+/// read API and the demo page; metrics, health and the admin API are 404
+/// and the admin key is not honoured.
+pub fn public_routes(cfg: &mut web::ServiceConfig) {
+    cfg.app_data(PublicOnly);
+    extractors(cfg);
+    api(cfg);
+    not_found(cfg);
+}
+
+/// The `--internal-listen` listener: metrics, health and the admin API
+/// (contacts, and privacy settings with the admin key).
+pub fn internal_routes(cfg: &mut web::ServiceConfig) {
+    extractors(cfg);
+    operations(cfg);
+    cfg.route("/api/users/{user}/privacy", web::put().to(set_privacy));
+    not_found(cfg);
+}
+
+/// Marks the public listener of a node that serves operations elsewhere.
+#[derive(Debug, Clone, Copy)]
+struct PublicOnly;
+
+/// Error mapping of the body, query and path extractors.
+fn extractors(cfg: &mut web::ServiceConfig) {
     cfg.app_data(
         web::JsonConfig::default()
             .limit(MAX_QUERY_BODY)
@@ -153,19 +185,30 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
             }),
     )
     .app_data(web::QueryConfig::default().error_handler(|err, _| bad_input(err)))
-    .app_data(web::PathConfig::default().error_handler(|err, _| bad_input(err)))
-    .route("/ws", web::get().to(websocket))
-    .route("/api/presence/query", web::post().to(query))
-    .route("/api/presence/{user}", web::get().to(presence))
-    .route("/api/online", web::get().to(online))
-    .route("/api/users/{user}/privacy", web::put().to(set_privacy))
-    .route("/api/users/{user}/contacts", web::put().to(put_contacts))
-    .route("/api/users/{user}/contacts", web::get().to(get_contacts))
-    .route("/healthz", web::get().to(healthz))
-    .route("/metrics", web::get().to(metrics))
-    .route("/", web::get().to(index))
-    .route("/presence-client.js", web::get().to(client_js))
-    .default_service(web::to(|| async {
+    .app_data(web::PathConfig::default().error_handler(|err, _| bad_input(err)));
+}
+
+/// What clients use: the WebSocket, the read API, privacy, the demo page.
+fn api(cfg: &mut web::ServiceConfig) {
+    cfg.route("/ws", web::get().to(websocket))
+        .route("/api/presence/query", web::post().to(query))
+        .route("/api/presence/{user}", web::get().to(presence))
+        .route("/api/online", web::get().to(online))
+        .route("/api/users/{user}/privacy", web::put().to(set_privacy))
+        .route("/", web::get().to(index))
+        .route("/presence-client.js", web::get().to(client_js));
+}
+
+/// What operators use: the admin API, health and metrics.
+fn operations(cfg: &mut web::ServiceConfig) {
+    cfg.route("/api/users/{user}/contacts", web::put().to(put_contacts))
+        .route("/api/users/{user}/contacts", web::get().to(get_contacts))
+        .route("/healthz", web::get().to(healthz))
+        .route("/metrics", web::get().to(metrics));
+}
+
+fn not_found(cfg: &mut web::ServiceConfig) {
+    cfg.default_service(web::to(|| async {
         ApiError::new(StatusCode::NOT_FOUND, ErrorCode::NotFound, "no such route").error_response()
     }));
 }
@@ -198,7 +241,9 @@ impl From<AuthError> for ApiError {
     }
 }
 
-/// `GET /ws?user=&device=` or `GET /ws?token=&device=`: upgrades to a session.
+/// `GET /ws?user=&device=` (dev auth) or `GET /ws?device=` (JWT auth: the
+/// token in `Sec-WebSocket-Protocol`, `?token=`, `Authorization`, or as the
+/// first frame): upgrades to a session.
 async fn websocket(
     req: HttpRequest,
     stream: web::Payload,
@@ -207,20 +252,44 @@ async fn websocket(
 ) -> Result<HttpResponse, actix_web::Error> {
     let query = query.into_inner();
     state.origins.check(&req).map_err(ApiError::from)?;
-    let user = state
+    let protocol = match *state.auth {
+        Auth::Jwt(_) => crate::auth::protocol_token(&req),
+        Auth::Dev => None,
+    };
+    let handshake = state
         .auth
-        .connecting_user(&req, query.token.as_deref(), query.user.as_deref())
+        .handshake(
+            &req,
+            protocol.as_ref(),
+            query.token.as_deref(),
+            query.user.as_deref(),
+        )
+        .await
         .map_err(ApiError::from)?;
-    let (Some(user), Some(device)) = (user, query.device) else {
+    let (Some(handshake), Some(device)) = (handshake, query.device) else {
         return Err(ApiError::new(
             StatusCode::BAD_REQUEST,
             ErrorCode::BadRequest,
-            "connect as /ws?user=<user>&device=<device> (or ?token=<JWT>&device=<device>)",
+            "connect as /ws?user=<user>&device=<device> (or, with JWT auth, /ws?device=<device>)",
         )
         .into());
     };
-    ids::validate("user", &user).map_err(ApiError::from)?;
     ids::validate("device", &device).map_err(ApiError::from)?;
+    if let Some(user) = &query.user {
+        ids::validate("user", user).map_err(ApiError::from)?;
+    }
+    let (user, token) = match handshake {
+        Handshake::User { user, exp } => {
+            ids::validate("user", &user).map_err(ApiError::from)?;
+            (user, exp.map(TokenState::Valid))
+        }
+        Handshake::FirstFrame => (
+            String::new(),
+            Some(TokenState::Awaited {
+                asked: query.user.clone(),
+            }),
+        ),
+    };
     let status = match query.status.as_deref() {
         None | Some("") => None,
         Some(s) => Some(Status::parse(s).map_err(|e| ApiError::from(ProtocolError::from(e)))?),
@@ -234,6 +303,7 @@ async fn websocket(
         device,
         owner,
         status,
+        token: token.map(|t| (state.auth.clone(), t)),
     };
     let node = NodeParts {
         store: state.store.clone(),
@@ -242,8 +312,11 @@ async fn websocket(
         config: state.config.clone(),
     };
     let session = Session::new(who, node, req.conn_data::<ConnHandle>().cloned());
+    let answer = protocol.as_ref().map(|p| p.answer.as_str());
+    let protocols: Vec<&str> = answer.into_iter().collect();
     ws::WsResponseBuilder::new(session, &req, stream)
         .frame_size(state.config.max_frame_bytes)
+        .protocols(&protocols)
         .start()
 }
 
@@ -255,10 +328,11 @@ struct As {
 }
 
 /// The viewer of an API read (`None`: anonymous, dev mode only).
-fn viewer(req: &HttpRequest, state: &AppState, who: &As) -> Result<Option<String>, ApiError> {
+async fn viewer(req: &HttpRequest, state: &AppState, who: &As) -> Result<Option<String>, ApiError> {
     let viewer = state
         .auth
-        .viewer(req, who.token.as_deref(), who.viewer.as_deref())?;
+        .viewer(req, who.token.as_deref(), who.viewer.as_deref())
+        .await?;
     if let Some(v) = &viewer {
         ids::validate("user", v)?;
     }
@@ -274,7 +348,7 @@ async fn presence(
 ) -> Result<HttpResponse, ApiError> {
     let user = user.into_inner();
     ids::validate("user", &user)?;
-    let viewer = viewer(&req, &state, &who)?;
+    let viewer = viewer(&req, &state, &who).await?;
     let record = state
         .store
         .records(
@@ -329,7 +403,7 @@ async fn query(
     for user in &users {
         ids::validate("user", user)?;
     }
-    let viewer = viewer(&req, &state, &who)?;
+    let viewer = viewer(&req, &state, &who).await?;
     #[derive(Serialize)]
     struct Body {
         presence: Vec<Record>,
@@ -375,7 +449,7 @@ async fn online(
             )
         })?),
     };
-    let viewer = viewer(&req, &state, &query.who)?;
+    let viewer = viewer(&req, &state, &query.who).await?;
     let page = state
         .store
         .online(
@@ -407,7 +481,10 @@ async fn set_privacy(
     let user = user.into_inner();
     ids::validate("user", &user)?;
     if !is_admin(&req, &state) {
-        let acting = state.auth.viewer(&req, who.token.as_deref(), Some(&user))?;
+        let acting = state
+            .auth
+            .viewer(&req, who.token.as_deref(), Some(&user))
+            .await?;
         if acting.as_deref() != Some(user.as_str()) {
             return Err(AuthError::Mismatch {
                 token: acting.unwrap_or_default(),
@@ -432,6 +509,10 @@ fn is_admin(req: &HttpRequest, state: &AppState) -> bool {
     let Some(key) = state.admin_key.as_deref() else {
         return false;
     };
+    // With --internal-listen the admin key works only there.
+    if req.app_data::<PublicOnly>().is_some() {
+        return false;
+    }
     let given = crate::auth::bearer(req).unwrap_or("");
     // Same time whatever the key, so it cannot be guessed byte by byte.
     given.len() == key.len()

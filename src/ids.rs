@@ -1,11 +1,14 @@
 //! User, device and node identifiers.
 //!
-//! Every id ends up inside a Redis key (`presence:{<user>}:<device>`), so the
-//! alphabet leaves out ':' and braces: each key parses back unambiguously and
-//! the `{<user>}` hash tag is always exactly the user.
+//! Every id ends up inside a Redis key (`presence:{<user>}:<device>`) and in
+//! JSON, so the alphabet is printable ASCII less ':' (the key separator),
+//! braces (the hash tag), '"', whitespace and control characters: each key
+//! parses back unambiguously, the `{<user>}` hash tag is always exactly the
+//! user, and identity providers' subjects (`auth0|64f1...`,
+//! `google-oauth2|1234`, `user+tag@example.com`) pass as they are.
 
 /// Longest accepted id, in bytes (all accepted characters are ASCII).
-pub const MAX_ID_LEN: usize = 64;
+pub const MAX_ID_LEN: usize = 128;
 
 /// Why an id was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -17,13 +20,15 @@ pub enum IdError {
         what: &'static str,
     },
     /// The id is longer than [`MAX_ID_LEN`].
-    #[error("{what} id is longer than {MAX_ID_LEN} characters")]
+    #[error("{what} id is longer than {MAX_ID_LEN} bytes")]
     TooLong {
         /// "user", "device" or "node".
         what: &'static str,
     },
-    /// The id holds a character outside `[A-Za-z0-9_.@-]`.
-    #[error("{what} id may only contain letters, digits and _ . @ - (found {found:?})")]
+    /// The id holds a character outside the alphabet.
+    #[error(
+        "{what} id may only contain printable ASCII other than : {{ }} \" and spaces (found {found:?})"
+    )]
     BadChar {
         /// "user", "device" or "node".
         what: &'static str,
@@ -46,8 +51,10 @@ pub fn validate(what: &'static str, id: &str) -> Result<(), IdError> {
     Ok(())
 }
 
+/// Printable ASCII (`!` to `~`, so no space and no control character)
+/// without the key separator, the hash-tag braces and the JSON quote.
 fn is_id_char(c: char) -> bool {
-    c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '@' | '-')
+    matches!(c, '!'..='~') && !matches!(c, ':' | '{' | '}' | '"')
 }
 
 #[cfg(test)]
@@ -58,17 +65,32 @@ mod tests {
     fn accepts_the_alphabet() {
         assert!(validate("user", "alice").is_ok());
         assert!(validate("user", "a.b-c_d@example.com").is_ok());
-        assert!(validate("user", &"x".repeat(64)).is_ok());
+        assert!(validate("user", &"x".repeat(128)).is_ok());
+    }
+
+    #[test]
+    fn accepts_identity_provider_subjects() {
+        for id in [
+            "auth0|64f1c0ffee0123456789abcd",
+            "google-oauth2|1234567890",
+            "user+tag@example.com",
+            "samlp|acme|jane.doe",
+            "a/b=c~!#$%&'()*,;<>?[]^`",
+        ] {
+            assert_eq!(validate("user", id), Ok(()), "{id:?} refused");
+        }
     }
 
     #[test]
     fn refuses_what_would_break_a_key() {
         assert_eq!(validate("user", ""), Err(IdError::Empty { what: "user" }));
         assert_eq!(
-            validate("device", &"x".repeat(65)),
+            validate("device", &"x".repeat(129)),
             Err(IdError::TooLong { what: "device" })
         );
-        for bad in ["a:b", "{a}", "a b", "é", "a\n", "a/b"] {
+        for bad in [
+            "a:b", "{a}", "a}", "a\"b", "a b", "a\tb", "é", "a\n", "a\u{7f}", "a\0",
+        ] {
             assert!(validate("user", bad).is_err(), "{bad:?} accepted");
         }
     }

@@ -205,4 +205,34 @@ mod tests {
         assert_eq!(parse_devices(&devices("a.b")), Some("a.b"));
         assert_eq!(parse_devices("presence-count:{a}"), None);
     }
+
+    #[test]
+    fn provider_subjects_parse_back() {
+        // Ids may hold `|`, `+`, `/`, `@` and the like, never `:` or braces.
+        let (user, device) = ("auth0|64f1+x/y@z", "tab|2");
+        assert_eq!(parse_lease(&lease(user, device)), Some((user, device)));
+        assert_eq!(
+            parse_lease_member(&lease_member(user, device)),
+            Some((user, device))
+        );
+        assert_eq!(parse_devices(&devices(user)), Some(user));
+    }
+
+    proptest::proptest! {
+        /// Whatever the id rules accept, every key and member made of it
+        /// parses back to the same ids.
+        #[test]
+        fn accepted_ids_parse_back(user in "[ -~]{1,130}", device in "[ -~|+]{1,20}") {
+            if crate::ids::validate("user", &user).is_ok()
+                && crate::ids::validate("device", &device).is_ok()
+            {
+                let pair = Some((user.as_str(), device.as_str()));
+                let (key, member, set) =
+                    (lease(&user, &device), lease_member(&user, &device), devices(&user));
+                proptest::prop_assert_eq!(parse_lease(&key), pair);
+                proptest::prop_assert_eq!(parse_lease_member(&member), pair);
+                proptest::prop_assert_eq!(parse_devices(&set), Some(user.as_str()));
+            }
+        }
+    }
 }

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{CommandFactory, Parser};
-use presence_server::auth::{Auth, JwtVerifier, Origins};
+use presence_server::auth::{self, Auth, Jwks, JwtRules, JwtVerifier, Origins};
 use presence_server::config::{self, Config};
 use presence_server::local_redis::LocalRedis;
 use presence_server::logging::{self, LogFormat};
@@ -21,6 +21,12 @@ struct Args {
     /// Address to listen on (HTTP and WebSocket).
     #[arg(long, env = "PRESENCE_LISTEN", default_value = "127.0.0.1:8080")]
     listen: String,
+
+    /// Serve /metrics, /healthz and the admin API only on this address
+    /// (e.g. 10.0.0.5:9090), and answer 404 for them on --listen. Use it in
+    /// production: health, load and the admin key stay off the public port.
+    #[arg(long, env = "PRESENCE_INTERNAL_LISTEN")]
+    internal_listen: Option<String>,
 
     /// Redis to keep state in: redis://[user:password@]host:port/db,
     /// rediss://... for TLS, or redis+sentinel://[user:password@]host:port,.../<master>[/db]
@@ -132,9 +138,64 @@ struct Args {
     #[arg(long, env = "PRESENCE_JWT_SECRET_FILE")]
     jwt_secret_file: Option<PathBuf>,
 
-    /// PEM public key (RSA for RS256, EC P-256 for ES256) for --auth jwt.
+    /// PEM public key (RSA for RS256, EC P-256 for ES256, Ed25519 for
+    /// EdDSA) for --auth jwt.
     #[arg(long, env = "PRESENCE_JWT_PUBLIC_KEY_FILE")]
     jwt_public_key_file: Option<PathBuf>,
+
+    /// The identity provider's key set (JWKS) for --auth jwt, e.g.
+    /// https://TENANT.auth0.com/.well-known/jwks.json: keys are picked by
+    /// `kid`, refreshed in the background and refetched on an unknown `kid`.
+    /// HTTPS only (plain http on a loopback host).
+    #[arg(long, env = "PRESENCE_JWT_JWKS_URL")]
+    jwt_jwks_url: Option<String>,
+
+    /// Period of the background JWKS refresh, in seconds.
+    #[arg(long, env = "PRESENCE_JWT_JWKS_REFRESH_SECS",
+          default_value_t = auth::DEFAULT_JWKS_REFRESH.as_secs(),
+          value_parser = clap::value_parser!(u64).range(10..=86_400))]
+    jwt_jwks_refresh_secs: u64,
+
+    /// Shortest time between two JWKS refetches caused by tokens with an
+    /// unknown `kid`, in ms.
+    #[arg(long, env = "PRESENCE_JWT_JWKS_REFETCH_MIN_MS",
+          default_value_t = auth::DEFAULT_JWKS_REFETCH_MIN.as_millis() as u64,
+          value_parser = clap::value_parser!(u64).range(100..=3_600_000))]
+    jwt_jwks_refetch_min_ms: u64,
+
+    /// Accepted `aud` values, comma-separated; a token must name one of them.
+    /// Unset: `aud` is not checked.
+    #[arg(long, env = "PRESENCE_JWT_AUDIENCE", value_delimiter = ',')]
+    jwt_audience: Vec<String>,
+
+    /// Required `iss` (e.g. https://TENANT.auth0.com/). Unset: `iss` is not checked.
+    #[arg(long, env = "PRESENCE_JWT_ISSUER")]
+    jwt_issuer: Option<String>,
+
+    /// Clock skew forgiven on a token's `exp` and `nbf`, in seconds; a
+    /// session is closed this long after its token's `exp`.
+    #[arg(long, env = "PRESENCE_JWT_LEEWAY_SECS", default_value_t = auth::DEFAULT_LEEWAY_SECS,
+          value_parser = clap::value_parser!(u64).range(0..=600))]
+    jwt_leeway_secs: u64,
+
+    /// With --auth jwt, a connection whose handshake carried no token must
+    /// send {"type":"auth","token":...} within this many ms, or it is closed
+    /// with 1008.
+    #[arg(long, env = "PRESENCE_AUTH_TIMEOUT_MS",
+          default_value_t = config::DEFAULT_AUTH_TIMEOUT.as_millis() as u64,
+          value_parser = clap::value_parser!(u64).range(100..=60_000))]
+    auth_timeout_ms: u64,
+
+    /// With --auth jwt, a session gets {"type":"auth_expiring"} this many ms
+    /// before its token expires, to send a fresh one.
+    #[arg(long, env = "PRESENCE_AUTH_EXPIRING_MS",
+          default_value_t = config::DEFAULT_AUTH_EXPIRING.as_millis() as u64,
+          value_parser = clap::value_parser!(u64).range(0..=86_400_000))]
+    auth_expiring_ms: u64,
+
+    /// The token claim that names the user.
+    #[arg(long, env = "PRESENCE_JWT_USER_CLAIM", default_value = "sub")]
+    jwt_user_claim: String,
 
     /// Browser origins allowed to open a WebSocket besides the server's own,
     /// comma-separated (e.g. https://chat.example.com); `*` allows any.
@@ -276,11 +337,20 @@ fn start(args: Args) -> anyhow::Result<()> {
     config.max_devices_per_user = args.max_devices_per_user;
     config.max_user_reads_per_sec = args.max_user_reads_per_sec;
     config.contacts_only = matches!(args.watch_policy, WatchPolicy::Contacts);
+    config.auth_timeout = Duration::from_millis(args.auth_timeout_ms);
+    config.auth_expiring = Duration::from_millis(args.auth_expiring_ms);
     let security = security(&args)?;
     raise_fd_limit();
 
     let listener = TcpListener::bind(&args.listen)
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", args.listen))?;
+    let internal = match &args.internal_listen {
+        Some(addr) => Some(
+            TcpListener::bind(addr)
+                .map_err(|e| anyhow::anyhow!("cannot listen on {addr} (--internal-listen): {e}"))?,
+        ),
+        None => None,
+    };
     let mut redis = RedisOptions {
         url: args.redis_url,
         sentinels: args.redis_sentinel,
@@ -296,7 +366,7 @@ fn start(args: Args) -> anyhow::Result<()> {
         redis.url = Some(local.url.clone());
         _local = Some(local);
     }
-    actix_web::rt::System::new().block_on(server::run(config, security, &redis, listener))
+    actix_web::rt::System::new().block_on(server::run(config, security, &redis, listener, internal))
 }
 
 /// Authentication, origins and the admin key from the flags.
@@ -338,7 +408,31 @@ fn security(args: &Args) -> anyhow::Result<Security> {
                 ),
                 None => None,
             };
-            Auth::Jwt(JwtVerifier::new(secret.as_deref(), public.as_deref())?)
+            let jwks = match &args.jwt_jwks_url {
+                Some(url) => Some(Jwks::new(
+                    url,
+                    Duration::from_secs(args.jwt_jwks_refresh_secs),
+                    Duration::from_millis(args.jwt_jwks_refetch_min_ms),
+                )?),
+                None => None,
+            };
+            let rules = JwtRules {
+                audience: args
+                    .jwt_audience
+                    .iter()
+                    .map(|a| a.trim().to_string())
+                    .filter(|a| !a.is_empty())
+                    .collect(),
+                issuer: args.jwt_issuer.clone().filter(|i| !i.is_empty()),
+                user_claim: args.jwt_user_claim.clone(),
+                leeway_secs: args.jwt_leeway_secs,
+            };
+            Auth::Jwt(JwtVerifier::new(
+                secret.as_deref(),
+                public.as_deref(),
+                jwks,
+                rules,
+            )?)
         }
     };
     if let Some(key) = &args.admin_key {

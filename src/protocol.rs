@@ -42,10 +42,28 @@ pub enum ClientFrame {
         #[serde(default)]
         last_seen: Option<String>,
     },
+    /// With JWT auth: the token, as the first frame of a connection that
+    /// carried none, or later a fresh one for the same user before `exp`.
+    Auth {
+        /// The JWT.
+        token: Token,
+    },
+}
+
+/// A bearer token inside a frame: never printed, so that a debug log of a
+/// frame cannot leak it.
+#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
+pub struct Token(pub String);
+
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Token(<redacted>)")
+    }
 }
 
 /// The frame types a client may send; anything else is `unknown_type`.
-const CLIENT_TYPES: [&str; 5] = ["watch", "unwatch", "status", "heartbeat", "privacy"];
+const CLIENT_TYPES: [&str; 6] = ["watch", "unwatch", "status", "heartbeat", "privacy", "auth"];
 
 /// Stable error codes, shared by error frames and HTTP error bodies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -228,6 +246,19 @@ pub fn hello_frame(user: &str, device: &str, heartbeat_ms: u64, ttl_ms: u64) -> 
     })
 }
 
+/// The `auth_expiring` frame: the session is closed in `in_ms` unless the
+/// client sends a fresh token first.
+pub fn auth_expiring_frame(in_ms: u64) -> String {
+    #[derive(Serialize)]
+    struct Expiring {
+        in_ms: u64,
+    }
+    to_json(&Tagged {
+        kind: "auth_expiring",
+        body: &Expiring { in_ms },
+    })
+}
+
 /// The `snapshot` frame.
 pub fn snapshot_frame(records: &[Record]) -> String {
     #[derive(Serialize)]
@@ -254,6 +285,20 @@ mod tests {
 
     fn code(text: &str) -> ErrorCode {
         parse_client_frame(text).unwrap_err().code
+    }
+
+    #[test]
+    fn auth_frames_keep_the_token_out_of_debug_output() {
+        let frame = parse_client_frame(r#"{"type":"auth","token":"eyJ.secret.sig"}"#).unwrap();
+        assert_eq!(
+            frame,
+            ClientFrame::Auth {
+                token: Token("eyJ.secret.sig".into())
+            }
+        );
+        assert!(!format!("{frame:?}").contains("secret"));
+        assert_eq!(code(r#"{"type":"auth"}"#), ErrorCode::BadRequest);
+        assert_eq!(code(r#"{"type":"auth","token":7}"#), ErrorCode::BadRequest);
     }
 
     #[test]
@@ -383,7 +428,7 @@ mod fuzz {
                 assert!(Status::parse(&status).is_ok());
                 assert!(text.is_none_or(|t| t.chars().count() <= MAX_STATUS_TEXT));
             }
-            Ok(ClientFrame::Heartbeat) => {}
+            Ok(ClientFrame::Heartbeat) | Ok(ClientFrame::Auth { .. }) => {}
             Ok(ClientFrame::Privacy { online, last_seen }) => {
                 assert!(parse_privacy(online.as_deref(), last_seen.as_deref()).is_ok())
             }

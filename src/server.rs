@@ -49,15 +49,20 @@ pub struct Security {
     pub allowed_hosts: Vec<String>,
 }
 
-/// Runs a node on an already bound `listener` until SIGINT or SIGTERM.
-/// Must be called inside an actix system (`#[actix_web::main]`).
+/// Runs a node on an already bound `listener` until SIGINT or SIGTERM;
+/// with `internal`, metrics, health and the admin API are served there
+/// only. Must be called inside an actix system (`#[actix_web::main]`).
 pub async fn run(
     config: Config,
     security: Security,
     redis: &RedisOptions,
     listener: TcpListener,
+    internal: Option<TcpListener>,
 ) -> anyhow::Result<()> {
     let config = Arc::new(config);
+    if let Auth::Jwt(verifier) = &security.auth {
+        verifier.start().await?;
+    }
     let (client, conn, redis_health) = match crate::cluster::connect(redis, &config.node_id).await?
     {
         Some(cluster) => cluster,
@@ -111,18 +116,24 @@ pub async fn run(
         registry: registry.clone(),
         config: config.clone(),
         next_session: AtomicU64::new(1),
-        auth: security.auth,
+        auth: Arc::new(security.auth),
         origins: security.origins,
         admin_key: security.admin_key,
         dev_hosts,
         redis_health,
     });
     let addr = listener.local_addr()?;
+    let split = internal.is_some();
+    let public_state = state.clone();
     let server = HttpServer::new(move || {
         App::new()
-            .app_data(state.clone())
+            .app_data(public_state.clone())
             .wrap(actix_web::middleware::from_fn(http::dev_host_guard))
-            .configure(http::routes)
+            .configure(if split {
+                http::public_routes
+            } else {
+                http::routes
+            })
             .wrap_fn(|req, srv| {
                 let call = srv.call(req);
                 async move {
@@ -138,14 +149,54 @@ pub async fn run(
     .shutdown_timeout(SHUTDOWN_TIMEOUT.as_secs())
     .listen(listener)?
     .run();
-    actix::spawn(shutdown_on_signal(server.handle(), registry));
+    let internal = match internal {
+        Some(listener) => {
+            let internal_addr = listener.local_addr()?;
+            let server = HttpServer::new(move || {
+                App::new()
+                    .app_data(state.clone())
+                    .configure(http::internal_routes)
+                    .wrap_fn(|req, srv| {
+                        let call = srv.call(req);
+                        async move {
+                            match tokio::time::timeout(REQUEST_DEADLINE, call).await {
+                                Ok(res) => res,
+                                Err(_) => Err(TooSlow.into()),
+                            }
+                        }
+                    })
+            })
+            // Scrapes and health checks: one worker is plenty.
+            .workers(1)
+            .disable_signals()
+            .shutdown_timeout(SHUTDOWN_TIMEOUT.as_secs())
+            .listen(listener)?
+            .run();
+            log::info!(
+                "node {}: metrics, health and admin API on http://{internal_addr} only",
+                config.node_id
+            );
+            Some(server)
+        }
+        None => None,
+    };
+    actix::spawn(shutdown_on_signal(
+        server.handle(),
+        internal.as_ref().map(|s| s.handle()),
+        registry,
+    ));
     log::info!(
         "node {} listening on http://{addr} (heartbeat {:?}, lease ttl {:?})",
         config.node_id,
         config.heartbeat,
         config.ttl
     );
-    server.await?;
+    match internal {
+        Some(internal) => {
+            futures_util::future::try_join(server, internal).await?;
+        }
+        None => server.await?,
+    }
     log::info!("node {} stopped", config.node_id);
     Ok(())
 }
@@ -190,8 +241,16 @@ async fn signal() {
 /// clients reconnect to another node, and leaves their leases to lapse
 /// instead of announcing departures. A second signal, or
 /// [`SHUTDOWN_TIMEOUT`], cuts what is left.
-async fn shutdown_on_signal(server: actix_web::dev::ServerHandle, registry: actix::Addr<Registry>) {
+async fn shutdown_on_signal(
+    server: actix_web::dev::ServerHandle,
+    internal: Option<actix_web::dev::ServerHandle>,
+    registry: actix::Addr<Registry>,
+) {
     signal().await;
+    if let Some(internal) = internal {
+        // Scrapes and health checks need no grace period.
+        actix::spawn(async move { internal.stop(true).await });
+    }
     let closed = registry.send(Shutdown).await.unwrap_or(0);
     log::info!("shutting down: closed {closed} sessions with 1001; their leases lapse unless they reconnect");
     tokio::select! {

@@ -16,11 +16,12 @@ use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use actix::prelude::*;
 use actix_web_actors::ws;
 
+use crate::auth::{Auth, AuthError};
 use crate::config::Config;
 use bytestring::ByteString;
 
@@ -38,6 +39,8 @@ use crate::store::{now_ms, Arrival, ArriveMode, Departure, Lease, Observed, Stor
 pub const CLOSE_REPLACED: u16 = 4001;
 /// Close code sent when the lease cannot be claimed (Redis unreachable).
 pub const CLOSE_UNAVAILABLE: u16 = 1011;
+/// Close code sent when the session's token expired and no fresh one came.
+pub const CLOSE_TOKEN_EXPIRED: u16 = 4401;
 /// Sustained flooding this many times the allowed rate, within one refill
 /// of the bucket, closes the session instead of refusing frame by frame.
 const FLOOD_CLOSE_FACTOR: u32 = 5;
@@ -73,6 +76,34 @@ pub struct Session {
     /// Handle on the TCP connection, handed to the registry (at start) to
     /// cut it when this session falls too far behind.
     conn: Option<ConnHandle>,
+    /// With JWT auth: the token's state and the timers of its expiry.
+    token: Option<TokenClock>,
+}
+
+/// Where a session stands with its token (JWT auth only).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TokenState {
+    /// The handshake carried no token: the first frame must be `auth`, with
+    /// a token for `asked` (the handshake's `user=`) if that was given.
+    Awaited {
+        /// The user the handshake asked for, if any.
+        asked: Option<String>,
+    },
+    /// The first frame's token is being verified; frames that come
+    /// meanwhile are taken in as usual (requests wait for the claim).
+    Verifying,
+    /// Verified; the token's `exp`, epoch seconds.
+    Valid(u64),
+}
+
+/// A session's token and what hangs on its expiry.
+struct TokenClock {
+    /// Verifies the fresh tokens the client sends.
+    auth: Arc<Auth>,
+    /// Awaited, or valid until when.
+    state: TokenState,
+    /// The pending `auth_expiring` notice and expiry close.
+    timers: Vec<SpawnHandle>,
 }
 
 /// Who a session is: the registry's key, the user and device, and the
@@ -80,7 +111,8 @@ pub struct Session {
 struct Me {
     /// Unique within this node; the registry's key for this session.
     id: SessionId,
-    /// The connected user.
+    /// The connected user; with a first-frame token, empty until that
+    /// token is verified, then fixed.
     user: String,
     /// The connected device.
     device: String,
@@ -277,6 +309,8 @@ pub struct Identity {
     pub owner: String,
     /// The status to arrive with when none is stored yet.
     pub status: Option<Status>,
+    /// With JWT auth: the verifier, and the token's state at the handshake.
+    pub token: Option<(Arc<Auth>, TokenState)>,
 }
 
 impl Session {
@@ -315,6 +349,11 @@ impl Session {
             fragments: Fragments::default(),
             node,
             conn,
+            token: who.token.map(|(auth, state)| TokenClock {
+                auth,
+                state,
+                timers: Vec::new(),
+            }),
         }
     }
 
@@ -487,6 +526,7 @@ impl Session {
                 self.request(Request::Status { status, text }, ctx);
             }
             ClientFrame::Heartbeat => {}
+            ClientFrame::Auth { token } => self.authenticate(token.0, ctx),
             ClientFrame::Privacy { online, last_seen } => {
                 // Already validated by the parser.
                 let Ok((online, last_seen)) =
@@ -861,6 +901,9 @@ impl Session {
                     config.ttl.as_millis() as u64,
                 );
                 self.send(ctx, hello);
+                // After `hello`, so that a token already close to its
+                // expiry is warned about after the greeting, not before.
+                self.schedule_expiry(ctx);
                 self.requests.ready = true;
                 self.next_request(ctx);
             }
@@ -941,6 +984,22 @@ impl Actor for Session {
         // Bounded, so that a client that stops reading cannot grow the
         // server's memory: the registry cuts it off when this fills up.
         ctx.set_mailbox_capacity(self.node.config.max_queued_events);
+        if self.awaiting_auth() {
+            self.await_auth(ctx);
+            return;
+        }
+        self.begin(ctx);
+    }
+
+    fn stopped(&mut self, _: &mut Self::Context) {
+        self.release_on_stop();
+    }
+}
+
+impl Session {
+    /// The session proper, once the user is known: join the registry,
+    /// ping, claim the lease (then greet, and watch the token's expiry).
+    fn begin(&mut self, ctx: &mut ws::WebsocketContext<Self>) {
         self.node.registry.do_send(registry::Join {
             session: self.me.id,
             addr: ctx.address().recipient(),
@@ -958,7 +1017,8 @@ impl Actor for Session {
         );
     }
 
-    fn stopped(&mut self, _: &mut Self::Context) {
+    /// The connection closed: leave the registry and release the lease.
+    fn release_on_stop(&mut self) {
         // The deadline is set once the lease was claimed (`claimed` may be
         // cleared since, by a shutdown or a takeover).
         if self.lease.state.deadline() != 0 {
@@ -1089,9 +1149,175 @@ impl StreamHandler<Result<ws::Message, ws::ProtocolError>> for Session {
     }
 }
 
+/// Token lifetime (JWT auth): the first-frame deadline, `auth_expiring`,
+/// the expiry close, and fresh tokens.
+impl Session {
+    /// True while the first frame must still bring the token.
+    fn awaiting_auth(&self) -> bool {
+        matches!(
+            self.token,
+            Some(TokenClock {
+                state: TokenState::Awaited { .. },
+                ..
+            })
+        )
+    }
+
+    /// Closes the connection with 1008 unless its `auth` frame is in by
+    /// the deadline.
+    fn await_auth(&mut self, ctx: &mut ws::WebsocketContext<Self>) {
+        ctx.run_later(self.node.config.auth_timeout, |act, ctx| {
+            if act.awaiting_auth() {
+                log::debug!("device {}: no auth frame in time, closing", act.me.device);
+                close_policy(ctx, "no auth frame in time");
+            }
+        });
+    }
+
+    /// The first frame of a connection that carried no token: it must be
+    /// `{"type":"auth","token":...}`; anything else closes with 1008.
+    fn first_frame(&mut self, text: &str, ctx: &mut ws::WebsocketContext<Self>) {
+        self.liveness.last_activity = Instant::now();
+        match protocol::parse_client_frame(text) {
+            Ok(ClientFrame::Auth { token }) => self.authenticate(token.0, ctx),
+            _ => close_policy(
+                ctx,
+                "the first frame must be {\"type\":\"auth\",\"token\":...}",
+            ),
+        }
+    }
+
+    /// Verifies `token`: the first one starts the session; a later one must
+    /// be for the same user and replaces the expiry. Verification may fetch
+    /// the provider's keys, so it runs beside the mailbox; frames that come
+    /// meanwhile are taken in, and their requests wait for the claim.
+    fn authenticate(&mut self, token: String, ctx: &mut ws::WebsocketContext<Self>) {
+        let Some(clock) = &mut self.token else {
+            self.send_error(
+                ctx,
+                &ProtocolError::new(
+                    ErrorCode::BadRequest,
+                    "auth frames are only used with --auth jwt",
+                ),
+            );
+            return;
+        };
+        let (first, asked) = match &clock.state {
+            TokenState::Awaited { asked } => (true, asked.clone()),
+            TokenState::Verifying => {
+                // A second token before the first one is known: one at a time.
+                let err = ProtocolError::new(ErrorCode::BadRequest, "authentication in progress");
+                self.send_error(ctx, &err);
+                return;
+            }
+            TokenState::Valid(_) => (false, Some(self.me.user.clone())),
+        };
+        if first {
+            clock.state = TokenState::Verifying;
+        }
+        let auth = clock.auth.clone();
+        let verify = async move {
+            match &*auth {
+                Auth::Jwt(v) => v.verify_as(&token, asked.as_deref()).await,
+                Auth::Dev => Err(AuthError::Invalid("no JWT auth".into())),
+            }
+        };
+        ctx.spawn(verify.into_actor(self).map(move |res, act, ctx| match res {
+            Ok(verified) => {
+                if let Some(clock) = &mut act.token {
+                    clock.state = TokenState::Valid(verified.exp);
+                }
+                if first {
+                    act.me.user = verified.user;
+                    act.begin(ctx);
+                } else {
+                    log::debug!("{}/{}: token refreshed", act.me.user, act.me.device);
+                    act.schedule_expiry(ctx);
+                }
+            }
+            Err(e) if first => {
+                log::debug!("device {}: auth frame refused: {e}", act.me.device);
+                close_policy(ctx, &e.to_string());
+            }
+            Err(e) => {
+                let code = match e {
+                    AuthError::Mismatch { .. } => ErrorCode::Forbidden,
+                    _ => ErrorCode::Unauthorized,
+                };
+                act.send_error(ctx, &ProtocolError::new(code, e.to_string()));
+            }
+        }));
+    }
+
+    /// Arms the `auth_expiring` notice and the expiry close for the current
+    /// token, replacing those of an earlier one.
+    fn schedule_expiry(&mut self, ctx: &mut ws::WebsocketContext<Self>) {
+        let Some(clock) = &mut self.token else {
+            return;
+        };
+        for timer in clock.timers.drain(..) {
+            ctx.cancel_future(timer);
+        }
+        let Some(left) = self.token_left() else {
+            return;
+        };
+        let notice = ctx.run_later(
+            left.saturating_sub(self.node.config.auth_expiring),
+            |act, ctx| {
+                let in_ms = act.token_left().unwrap_or_default().as_millis() as u64;
+                act.send(ctx, protocol::auth_expiring_frame(in_ms));
+            },
+        );
+        let close = ctx.run_later(left, |act, ctx| {
+            log::debug!("{}/{}: token expired, closing", act.me.user, act.me.device);
+            ctx.close(Some(ws::CloseReason {
+                code: ws::CloseCode::Other(CLOSE_TOKEN_EXPIRED),
+                description: Some("token expired".into()),
+            }));
+            ctx.stop();
+        });
+        if let Some(clock) = &mut self.token {
+            clock.timers = vec![notice, close];
+        }
+    }
+
+    /// Time until the session is closed for its token's expiry: `exp` plus
+    /// the verifier's leeway, from now. `None` without a valid token.
+    fn token_left(&self) -> Option<Duration> {
+        let clock = self.token.as_ref()?;
+        let TokenState::Valid(exp) = clock.state else {
+            return None;
+        };
+        let leeway = match &*clock.auth {
+            Auth::Jwt(v) => v.leeway(),
+            Auth::Dev => Duration::ZERO,
+        };
+        let at = UNIX_EPOCH + Duration::from_secs(exp) + leeway;
+        Some(at.duration_since(SystemTime::now()).unwrap_or_default())
+    }
+}
+
+/// Closes with 1008 (policy violation) and a reason cut to what a close
+/// frame can carry (123 bytes).
+fn close_policy(ctx: &mut ws::WebsocketContext<Session>, reason: &str) {
+    let mut end = reason.len().min(123);
+    while !reason.is_char_boundary(end) {
+        end -= 1;
+    }
+    ctx.close(Some(ws::CloseReason {
+        code: ws::CloseCode::Policy,
+        description: Some(reason[..end].to_string()),
+    }));
+    ctx.stop();
+}
+
 impl Session {
     /// One whole text message (a frame, or assembled fragments).
     fn handle_text(&mut self, text: &str, ctx: &mut ws::WebsocketContext<Self>) {
+        if self.awaiting_auth() {
+            self.first_frame(text, ctx);
+            return;
+        }
         match protocol::parse_client_frame(text) {
             Ok(frame) => self.handle_frame(frame, ctx),
             Err(e) => self.send_error(ctx, &e),

@@ -3,6 +3,9 @@
 // (global WebSocket) or with any WebSocket class passed as `WebSocket`.
 //
 //   const client = new PresenceClient({ url: "ws://host:8080/ws", user: "alice", device: "tab-1" });
+//   // With JWT auth: the token goes as the first frame, never into the URL,
+//   // and refreshToken() is asked for a fresh one before it expires.
+//   const client = new PresenceClient({ url, device: "tab-1", token, refreshToken: async () => fetchToken() });
 //   client.onSnapshot = (records) => ...;       // answer to watch(): current records
 //   client.onChange = (record) => ...;          // live transition of a watched user
 //   client.onState = (state, info) => ...;      // "connecting" | "open" | "reconnecting" | "closed"
@@ -26,7 +29,12 @@
      * @param {string|string[]} options.url  WebSocket endpoint, e.g. "wss://example.com/ws"; with
      *                                    several (one per node), each reconnect tries the next
      * @param {string} [options.user]     user id (development auth), or
-     * @param {string} [options.token]    a JWT (the server reads the user from it)
+     * @param {string} [options.token]    a JWT (the server reads the user from it); sent as the
+     *                                    first frame, `{"type":"auth","token":...}`
+     * @param {Function} [options.refreshToken]  returns a fresh JWT (or a promise of one); called
+     *                                    when the server says the token expires soon
+     *                                    (`auth_expiring`) and before reconnecting after the
+     *                                    server closed for an expired token (4401)
      * @param {string} options.device     this device's id, stable across reconnects
      * @param {number} [options.minBackoffMs=500]    first reconnect delay (upper bound)
      * @param {number} [options.maxBackoffMs=15000]  largest reconnect delay
@@ -43,6 +51,9 @@
       this.url = this.urls[0];
       this.user = o.user || null;
       this.token = o.token || null;
+      this.refreshToken = o.refreshToken || null;
+      /** The server closed for an expired token: get a fresh one before reconnecting. */
+      this._tokenStale = false;
       this.device = o.device;
       this.minBackoffMs = o.minBackoffMs ?? 500;
       this.maxBackoffMs = o.maxBackoffMs ?? 15000;
@@ -66,6 +77,8 @@
       this.onChange = o.onChange || (() => {});
       this.onState = o.onState || (() => {});
       this.onError = o.onError || (() => {});
+      /** Called with {in_ms} when the server warns that the token expires soon. */
+      this.onAuthExpiring = o.onAuthExpiring || (() => {});
     }
 
     /** Opens the connection (and keeps it open until close()); a no-op while open or opening. */
@@ -147,8 +160,9 @@
       // Each reconnect after a failure moves on to the next node, if several.
       if (this.attempt > 0) this.url = this.urls[this.attempt % this.urls.length];
       const params = new URLSearchParams({ device: this.device });
-      if (this.token) params.set("token", this.token);
-      else params.set("user", this.user);
+      // A token never goes into the URL (proxies and access logs keep
+      // URLs): it is the first frame, sent once the socket is open.
+      if (!this.token) params.set("user", this.user);
       // The chosen status travels with the handshake too, so that a device
       // coming back invisible never shows online, even for a moment.
       if (this.status) params.set("status", this.status.status);
@@ -165,6 +179,18 @@
         return;
       }
       this._ws = ws;
+      ws.onopen = () => {
+        if (this._ws !== ws || !this.token) return;
+        this._currentToken().then(
+          (token) => {
+            if (this._ws === ws && ws.readyState === 1) ws.send(JSON.stringify({ type: "auth", token }));
+          },
+          (e) => {
+            this.onError({ code: "client", message: `refreshToken failed: ${e && e.message ? e.message : e}` });
+            if (this._ws === ws) ws.close(1000, "no token");
+          },
+        );
+      };
       ws.onmessage = (ev) => {
         if (this._ws !== ws) return;
         let frame;
@@ -184,6 +210,8 @@
           // connection won: coming back would only push that one out.
           this._stopped = true;
         }
+        // The token expired (4401): a reconnect needs a fresh one.
+        if (ev.code === 4401) this._tokenStale = true;
         this._scheduleReconnect(ev.code, ev.reason);
       };
     }
@@ -205,6 +233,30 @@
       }, delay);
     }
 
+    /** The token to authenticate with: a fresh one after the last expired. */
+    async _currentToken() {
+      if (this._tokenStale && this.refreshToken) {
+        this.token = await this.refreshToken();
+        this._tokenStale = false;
+      }
+      return this.token;
+    }
+
+    /** The server warned that the token expires: fetch a fresh one and send it. */
+    async _renewToken(f) {
+      this.onAuthExpiring({ in_ms: f.in_ms });
+      if (!this.refreshToken) return;
+      const ws = this._ws;
+      try {
+        const token = await this.refreshToken();
+        if (!token) return;
+        this.token = token;
+        if (this._ws === ws && ws && ws.readyState === 1) ws.send(JSON.stringify({ type: "auth", token }));
+      } catch (e) {
+        this.onError({ code: "client", message: `refreshToken failed: ${e && e.message ? e.message : e}` });
+      }
+    }
+
     _setState(state, info) {
       this.state = state;
       this.onState(state, info || {});
@@ -220,11 +272,16 @@
       switch (f.type) {
         case "hello":
           this.hello = f;
+          // With a token, the server says who we are.
+          if (f.user) this.user = f.user;
           this.attempt = 0;
           this._setState("open", { hello: f, url: this.url });
           this.onHello(f);
           if (this.status) this._send({ type: "status", ...this.status });
           if (this.watched.size) this._send({ type: "watch", users: [...this.watched] });
+          break;
+        case "auth_expiring":
+          this._renewToken(f);
           break;
         case "snapshot":
           this.onSnapshot(f.presence || []);

@@ -69,6 +69,11 @@ async fn fanout() {
     bench(&["fanout", "--watchers", "200", "--transitions", "4"]).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn online() {
+    bench(&["online", "--online", "500", "--requests", "20"]).await;
+}
+
 #[test]
 fn the_bench_places_users_in_the_servers_buckets() {
     let buckets = presence_server::keys::Buckets::default();

@@ -77,3 +77,36 @@ pub async fn live_leases(
     }
     Ok(())
 }
+
+/// Adds users `<prefix>0` .. `<prefix>{n-1}` to their buckets of
+/// `presence-online`, newest
+/// first in order, each with its own score; with `show_online`, each
+/// user's privacy setting (e.g. `contacts`: hidden from non-contacts).
+pub async fn online_index(
+    conn: &mut redis::aio::MultiplexedConnection,
+    prefix: &str,
+    n: usize,
+    show_online: Option<&str>,
+) -> redis::RedisResult<()> {
+    let now = crate::now_ms();
+    for start in (0..n).step_by(10_000) {
+        let mut pipe = redis::pipe();
+        for i in start..(start + 10_000).min(n) {
+            let user = format!("{prefix}{i}");
+            pipe.cmd("ZADD")
+                .arg(index_key("presence-online", &user))
+                .arg(now - i as i64)
+                .arg(&user)
+                .ignore();
+            if let Some(show) = show_online {
+                pipe.cmd("HSET")
+                    .arg(format!("presence-status:{{{user}}}"))
+                    .arg("show_online")
+                    .arg(show)
+                    .ignore();
+            }
+        }
+        pipe.query_async::<()>(conn).await?;
+    }
+    Ok(())
+}

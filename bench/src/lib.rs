@@ -89,6 +89,9 @@ pub enum Scenario {
     /// One user watched by many sessions on one node: transition to each
     /// watcher's receipt.
     Fanout(scenario::fanout::FanoutArgs),
+    /// Many users online, none visible to the viewer: latency of each
+    /// `GET /api/online` page while following the cursor.
+    Online(scenario::online::OnlineArgs),
 }
 
 /// Parses `args` (the first one is the program name) and runs the scenario.
@@ -118,6 +121,7 @@ where
         Scenario::Transitions(a) => scenario::transitions::run(c, a).await,
         Scenario::Expiry(a) => scenario::expiry::run(c, a).await,
         Scenario::Fanout(a) => scenario::fanout::run(c, a).await,
+        Scenario::Online(a) => scenario::online::run(c, a).await,
     }
 }
 

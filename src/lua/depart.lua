@@ -18,7 +18,9 @@
 --   outcome 0  a lease still exists (another connection's, or not yet lapsed);
 --              value = its remaining TTL in ms (-1 when it has none)
 --   outcome 1  this call removed the device; went_offline = 1 when it was the
---              user's last one, and value = the last-seen time published
+--              user's last one, and value = when it was last seen (the time
+--              published, unless the user is invisible: then its last seen
+--              is left as it was)
 --   outcome 2  nothing to do: the device was already gone
 local current = redis.call('GET', KEYS[1])
 if current then
@@ -44,7 +46,8 @@ if ARGV[1] == '' then
   end
 end
 -- last_seen is stored with the transition, so no read ever sees the user
--- offline without it.
-redis.call('HSET', KEYS[4], 'last_seen', last_seen)
-publish_event(ARGV[5], KEYS[4], ARGV[4], 0, last_seen, next_seq(KEYS[4], ARGV[3]))
+-- offline without it; an invisible user's is left as it was.
+local shown = stamp_last_seen(KEYS[4], last_seen)
+publish_event(ARGV[5], KEYS[4], ARGV[4], 0, shown, next_seq(KEYS[4], ARGV[3]))
+-- The real time still goes back: it keeps the retention index honest.
 return {1, 1, last_seen}

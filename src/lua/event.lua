@@ -14,7 +14,12 @@ end
 -- who may see it (chosen status, privacy settings); each node derives every
 -- viewer's view from it.
 local function publish_event(channel, status_key, user, devices, last_seen, seq)
-  local h = redis.call('HMGET', status_key, 'status', 'text', 'since', 'show_online', 'show_last_seen')
+  local h = redis.call('HMGET', status_key, 'status', 'text', 'since', 'show_online', 'show_last_seen',
+    'last_seen')
+  -- The stored last seen rides along on every event, as on every read: a
+  -- viewer who may not see the user online sees it offline with that last
+  -- seen, the same record an event or a snapshot.
+  if last_seen == nil then last_seen = tonumber(h[6]) end
   local status = 'offline'
   if devices > 0 then status = h[1] or 'online' end
   redis.call('SPUBLISH', channel, cjson.encode({
@@ -29,4 +34,18 @@ local function publish_event(channel, status_key, user, devices, last_seen, seq)
     show_last_seen = h[5] or 'everyone',
     seq = seq,
   }))
+end
+
+-- Stamps a user's last seen as it goes offline and returns the value to
+-- publish. An invisible user's last seen, as everyone else sees it, stays
+-- what it was when it went invisible (nil if never seen): storing the real
+-- departure would tell everyone when a hidden user was really there.
+local function stamp_last_seen(status_key, last_seen)
+  if redis.call('HGET', status_key, 'status') == 'invisible' then
+    local kept = redis.call('HGET', status_key, 'last_seen')
+    if kept then return tonumber(kept) end
+    return nil
+  end
+  redis.call('HSET', status_key, 'last_seen', last_seen)
+  return last_seen
 end

@@ -41,8 +41,7 @@ local seq = next_seq(KEYS[3], ARGV[2])
 local last_seen = nil
 if not is_online then
   -- Last seen at the last refresh of any device, as for a lapsed lease.
-  last_seen = tonumber(redis.call('HGET', KEYS[3], 'active') or ARGV[2])
-  redis.call('HSET', KEYS[3], 'last_seen', last_seen)
+  last_seen = stamp_last_seen(KEYS[3], tonumber(redis.call('HGET', KEYS[3], 'active') or ARGV[2]))
 end
 publish_event(ARGV[3], KEYS[3], ARGV[1], new, last_seen, seq)
 return {removed, old, new, 1}

@@ -21,7 +21,12 @@ class ScriptedSocket {
   send(data) { this.sent.push(JSON.parse(data)); }
   close() { this.readyState = 3; }
   // The server's side:
+  open() {
+    this.readyState = 1;
+    if (this.onopen) this.onopen();
+  }
   hello() {
+    if (this.readyState === 0) this.open();
     this.readyState = 1;
     this.onmessage({ data: JSON.stringify({ type: "hello", user: "alice", device: "d1", heartbeat_ms: 15000, ttl_ms: 45000 }) });
   }
@@ -134,4 +139,41 @@ test("no reconnect after 4001 (the same device connected elsewhere)", () => {
   assert.equal(events.states.at(-1)[1].willRetry, false);
   assert.equal(c._timer, null, "no reconnect scheduled");
   assert.equal(ScriptedSocket.all.length, 1);
+});
+
+test("a token goes as the first frame, never into the URL", async () => {
+  const { c } = client({ user: undefined, token: "eyJ.tok.en" });
+  c.connect();
+  const ws = ScriptedSocket.all[0];
+  assert.ok(!ws.url.includes("eyJ"), `token in the URL: ${ws.url}`);
+  assert.ok(!ws.url.includes("user="), ws.url);
+  ws.open();
+  await until(() => ws.sent.length === 1);
+  assert.deepEqual(ws.sent[0], { type: "auth", token: "eyJ.tok.en" });
+  ws.frame({ type: "hello", user: "auth0|alice", device: "d1", heartbeat_ms: 15000, ttl_ms: 45000 });
+  assert.equal(c.user, "auth0|alice");
+  c.close();
+});
+
+test("auth_expiring asks refreshToken for a fresh token and sends it", async () => {
+  let n = 0;
+  const warned = [];
+  const { c } = client({
+    user: undefined, token: "t0", refreshToken: async () => `t${++n}`, onAuthExpiring: (f) => warned.push(f.in_ms),
+  });
+  c.connect();
+  const ws = ScriptedSocket.all[0];
+  ws.hello();
+  await until(() => ws.sent.length === 1);
+  ws.frame({ type: "auth_expiring", in_ms: 60000 });
+  await until(() => ws.sent.length === 2);
+  assert.deepEqual(ws.sent[1], { type: "auth", token: "t1" });
+  assert.deepEqual(warned, [60000]);
+  // Closed for an expired token anyway: the reconnect brings a fresh one.
+  ws.drop(4401);
+  await until(() => ScriptedSocket.all.length === 2);
+  ScriptedSocket.all[1].open();
+  await until(() => ScriptedSocket.all[1].sent.length === 1);
+  assert.deepEqual(ScriptedSocket.all[1].sent[0], { type: "auth", token: "t2" });
+  c.close();
 });

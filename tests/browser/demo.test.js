@@ -328,3 +328,35 @@ test("a page given two nodes rides out the death of the one it is on", { timeout
   await alice.context.close();
   await bob.context.close();
 });
+
+/** An HS256 JWT for `sub`, valid for an hour. */
+function hs256(secret, sub) {
+  const crypto = require("node:crypto");
+  const b64 = (o) => Buffer.from(JSON.stringify(o)).toString("base64url");
+  const body = `${b64({ alg: "HS256", typ: "JWT" })}.${b64({ sub, exp: Math.floor(Date.now() / 1000) + 3600 })}`;
+  return `${body}.${crypto.createHmac("sha256", secret).update(body).digest("base64url")}`;
+}
+
+test("with JWT auth the page sends its token as the first frame, never in the URL", { timeout: 120_000 }, async () => {
+  const secret = "0123456789abcdef0123456789abcdef-browser-secret";
+  const jwt = await step("a JWT node starts", () =>
+    startNode(redis.port, "browser-jwt", ["--auth", "jwt", "--jwt-secret", secret, "--allowed-origins", node.base]));
+  const token = hs256(secret, "auth0|alice3");
+  const server = jwt.base.replace(/^http/, "ws") + "/ws";
+  const context = await browser.newContext({ viewport: { width: 1120, height: 780 }, colorScheme: "light", locale: "en-US" });
+  const page = await context.newPage();
+  page.on("console", (m) => pageLogs.push(`[jwt] ${m.type()}: ${m.text()}`));
+  const urls = [];
+  page.on("websocket", (ws) => urls.push(ws.url()));
+  await step("the page signs in with a token", async () => {
+    await page.goto(`${node.base}/?server=${encodeURIComponent(server)}`);
+    await page.fill("#token", token);
+    await page.fill("#device", "tab");
+    await page.click("#connect");
+    await page.locator('#state[data-state="open"]').waitFor({ timeout: DEADLINE_MS });
+  });
+  assert.match(await page.locator("#state").textContent(), /auth0\|alice3/);
+  assert.ok(urls.length > 0, "no WebSocket opened");
+  for (const u of urls) assert.ok(!u.includes(token.split(".")[2]) && !u.includes("token="), `token in the URL: ${u}`);
+  await context.close();
+});

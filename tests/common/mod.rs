@@ -413,6 +413,26 @@ impl Client {
         let (ws, _) = tokio_tungstenite::connect_async(url)
             .await
             .map_err(|e| e.to_string())?;
+        let mut client = Self::from_stream(ws, user, device);
+        client.port = url
+            .split("://")
+            .nth(1)
+            .and_then(|rest| rest.split('/').next())
+            .and_then(|host| host.rsplit(':').next())
+            .and_then(|p| p.parse().ok())
+            .unwrap_or(0);
+        Ok(client)
+    }
+
+    /// A client on an already opened WebSocket (e.g. one whose handshake
+    /// carried extra headers).
+    pub fn from_stream(
+        ws: tokio_tungstenite::WebSocketStream<
+            tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>,
+        >,
+        user: &str,
+        device: &str,
+    ) -> Self {
         let (sink, mut stream) = ws.split();
         let (tx, rx) = mpsc::unbounded_channel();
         let reader = tokio::spawn(async move {
@@ -436,21 +456,14 @@ impl Client {
             }
             let _ = tx.send(Incoming::Closed(None));
         });
-        let port = url
-            .split("://")
-            .nth(1)
-            .and_then(|rest| rest.split('/').next())
-            .and_then(|host| host.rsplit(':').next())
-            .and_then(|p| p.parse().ok())
-            .unwrap_or(0);
-        Ok(Self {
+        Self {
             sink,
             rx,
             reader,
             user: user.to_string(),
             device: device.to_string(),
-            port,
-        })
+            port: 0,
+        }
     }
 
     /// Sends a JSON frame.

@@ -3,6 +3,7 @@
 pub mod connections;
 pub mod expiry;
 pub mod fanout;
+pub mod online;
 pub mod refresh;
 pub mod transitions;
 
