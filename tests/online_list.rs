@@ -140,3 +140,33 @@ async fn schema_1_indexes_move_into_buckets_at_start() {
     assert_eq!(seen.len(), 50);
     assert_eq!(seen[0].0, "old49");
 }
+
+#[tokio::test]
+async fn a_viewer_who_sees_some_gets_every_visible_user_once() {
+    let redis = Redis::start();
+    online_users(&redis, "mix", 300, |i| 5_000_000 + (i / 20) as i64).await;
+    // Two of every three hide their online status from everyone.
+    let mut c = redis.aconn().await;
+    let mut pipe = redis::pipe();
+    for i in (0..300).filter(|i| i % 3 != 0) {
+        pipe.cmd("HSET")
+            .arg(format!("presence-status:{{mix{i}}}"))
+            .arg("show_online")
+            .arg("nobody")
+            .ignore();
+    }
+    pipe.query_async::<()>(&mut c).await.unwrap();
+    let node = Node::start(&redis, "n1");
+    for limit in [1, 7, 50] {
+        let (seen, _) = walk(&node.http(), limit).await;
+        let mut names: Vec<&str> = seen.iter().map(|(u, _)| u.as_str()).collect();
+        assert!(seen.windows(2).all(|w| w[0].1 >= w[1].1), "limit {limit}");
+        names.sort();
+        let mut want: Vec<String> = (0..300)
+            .filter(|i| i % 3 == 0)
+            .map(|i| format!("mix{i}"))
+            .collect();
+        want.sort();
+        assert_eq!(names, want, "limit {limit}");
+    }
+}

@@ -123,10 +123,12 @@ impl Store {
         let mut examined = 0;
         let mut exhausted = false;
         while users.len() < limit && examined < budget {
-            let n = (limit - users.len()).min(budget - examined);
-            // From each bucket, the next `n` entries after the walk's
+            let want = budget - examined;
+            // From each bucket, its next `per` entries after the walk's
             // position: everything up to its score, less the entries at
-            // that score already examined.
+            // that score already examined. About twice each bucket's share
+            // of what is wanted, so one round trip usually covers it.
+            let per = (want.div_ceil(buckets) * 2 + 2).min(want);
             let mut pipe = redis::pipe();
             let max = walk.at.map_or("+inf".to_string(), |s| s.to_string());
             for b in self.buckets.all() {
@@ -138,36 +140,78 @@ impl Store {
                     .arg("REV")
                     .arg("LIMIT")
                     .arg(walk.ties[b as usize])
-                    .arg(n)
+                    .arg(per)
                     .arg("WITHSCORES");
             }
             let reply = self.query(&pipe).await?;
             let mut candidates: Vec<(i64, String, usize)> = Vec::new();
-            let mut full = false;
+            // The highest of the last entries of the buckets that may hold
+            // more: every entry not fetched is below it, so the candidates
+            // down to it are the true head of the merged order.
+            let mut frontier: Option<(i64, String)> = None;
             for (b, value) in reply.iter().enumerate() {
                 let entries: Vec<(String, f64)> = redis::from_redis_value_ref(value)?;
-                full |= entries.len() == n;
+                if entries.len() == per {
+                    if let Some((u, s)) = entries.last() {
+                        let last = (*s as i64, u.clone());
+                        if frontier.as_ref().is_none_or(|f| last > *f) {
+                            frontier = Some(last);
+                        }
+                    }
+                }
                 candidates.extend(entries.into_iter().map(|(u, s)| (s as i64, u, b)));
             }
             // The buckets' own order: score, then member, descending.
             candidates.sort_unstable_by(|x, y| (y.0, &y.1).cmp(&(x.0, &x.1)));
-            let more = full || candidates.len() > n;
-            candidates.truncate(n);
-            examined += candidates.len();
-            for (score, _, b) in &candidates {
-                walk.pass(*b, *score);
-            }
-            let names: Vec<String> = candidates.iter().map(|(_, u, _)| u.clone()).collect();
-            let records = self.records(&names, viewer, contacts_only).await?;
-            for ((score, _, _), record) in candidates.into_iter().zip(records) {
-                // Entries of users no longer online (the index is repaired
-                // lazily) and users hidden from this viewer are skipped.
-                if record.devices > 0 {
-                    users.push(OnlineUser {
-                        record,
-                        active_at: score,
-                    });
+            let safe = match &frontier {
+                Some((fs, fu)) => candidates
+                    .iter()
+                    .take_while(|(s, u, _)| (*s, u) >= (*fs, fu))
+                    .count(),
+                None => candidates.len(),
+            };
+            let mut more = frontier.is_some() || safe > want;
+            candidates.truncate(safe.min(want));
+            // Read them in chunks: first what could fill the page, then the
+            // rest of the budget at once (a viewer who sees few users).
+            let mut rest = candidates.into_iter().peekable();
+            let mut first = true;
+            while users.len() < limit && rest.peek().is_some() {
+                let room = limit - users.len();
+                let chunk: Vec<(i64, String, usize)> = if first {
+                    rest.by_ref().take(room).collect()
+                } else {
+                    rest.by_ref().collect()
+                };
+                first = false;
+                let names: Vec<String> = chunk.iter().map(|(_, u, _)| u.clone()).collect();
+                let records = self.records(&names, viewer, contacts_only).await?;
+                let mut entries = chunk.into_iter().zip(records);
+                // Examined one by one, so that a page that fills up stops
+                // the walk right after its last user: what follows is the
+                // next page's.
+                for ((score, _, b), record) in entries.by_ref() {
+                    examined += 1;
+                    walk.pass(b, score);
+                    // Entries of users no longer online (the index is
+                    // repaired lazily) and users hidden from this viewer
+                    // are skipped.
+                    if record.devices > 0 {
+                        users.push(OnlineUser {
+                            record,
+                            active_at: score,
+                        });
+                        if users.len() == limit {
+                            break;
+                        }
+                    }
                 }
+                if entries.next().is_some() {
+                    more = true;
+                }
+            }
+            if rest.peek().is_some() {
+                more = true;
             }
             if !more {
                 exhausted = true;
