@@ -299,53 +299,44 @@ impl Actor for ExpiryListener {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         let addr = ctx.address();
+        let alive = addr.clone();
         let mut ready = self.ready.take();
-        let client = match &self.client {
-            Source::Single(source) => source.clone(),
+        // Events missed while unsubscribed are covered by the deadline pass,
+        // which does not depend on them.
+        let on_subscribed = move || {
+            if let Some(ready) = ready.take() {
+                let _ = ready.send(());
+            }
+        };
+        let on_key = move |key| {
+            if !addr.connected() {
+                return false;
+            }
+            addr.do_send(Expired { key });
+            true
+        };
+        match &self.client {
+            Source::Single(client) => {
+                let db = client.db();
+                actix::spawn(crate::pubsub::run(
+                    client.clone(),
+                    keys::expired_channel(db),
+                    on_subscribed,
+                    on_key,
+                ));
+            }
+            // Each primary's events, owned by one node at a time.
             Source::Cluster(seeds) => {
-                // Each primary's events, owned by one node at a time.
-                let alive = addr.clone();
                 actix::spawn(crate::cluster::expiry_streams(
                     self.store.clone(),
                     seeds.clone(),
                     self.config.node_id.clone(),
-                    move || {
-                        if let Some(ready) = ready.take() {
-                            let _ = ready.send(());
-                        }
-                    },
+                    on_subscribed,
                     move || alive.connected(),
-                    move |key| {
-                        if !addr.connected() {
-                            return false;
-                        }
-                        addr.do_send(Expired { key });
-                        true
-                    },
+                    on_key,
                 ));
-                ctx.run_interval(self.config.reaper_interval(), |act, ctx| act.tick(ctx));
-                return;
             }
-        };
-        let db = client.db();
-        actix::spawn(crate::pubsub::run(
-            client,
-            keys::expired_channel(db),
-            // Events missed while unsubscribed are covered by the deadline
-            // pass, which does not depend on them.
-            move || {
-                if let Some(ready) = ready.take() {
-                    let _ = ready.send(());
-                }
-            },
-            move |key| {
-                if !addr.connected() {
-                    return false;
-                }
-                addr.do_send(Expired { key });
-                true
-            },
-        ));
+        }
         ctx.run_interval(self.config.reaper_interval(), |act, ctx| act.tick(ctx));
     }
 }

@@ -561,6 +561,18 @@ impl RedisHealth {
         events: ExpiredEvents,
         conn: impl ConnectionLike + Send + 'static,
     ) -> Arc<Self> {
+        Self::watch_with_policy(target, version, events, "unknown".to_string(), conn)
+    }
+
+    /// The health of the Redis at `target`, as found at start (`policy` from
+    /// `INFO memory`), checked from now on in the background through `conn`.
+    fn watch_with_policy(
+        target: String,
+        version: String,
+        events: ExpiredEvents,
+        policy: String,
+        conn: impl ConnectionLike + Send + 'static,
+    ) -> Arc<Self> {
         let health = Arc::new(Self {
             target,
             version,
@@ -569,7 +581,7 @@ impl RedisHealth {
                 up: true,
                 error: None,
                 checked_at: Instant::now(),
-                policy: "unknown".to_string(),
+                policy,
             }),
         });
         tokio::spawn(check_health(conn, health.clone()));
@@ -691,18 +703,7 @@ pub async fn connect(opts: &RedisOptions, node: &str) -> anyhow::Result<Redis> {
         "redis {version} at {target}: maxmemory-policy {policy}, expired-key events {}",
         events.describe()
     );
-    let health = Arc::new(RedisHealth {
-        target,
-        version,
-        events,
-        state: RwLock::new(HealthState {
-            up: true,
-            error: None,
-            checked_at: Instant::now(),
-            policy,
-        }),
-    });
-    tokio::spawn(check_health(conn.clone(), health.clone()));
+    let health = RedisHealth::watch_with_policy(target, version, events, policy, conn.clone());
     Ok(Redis {
         source,
         conn,

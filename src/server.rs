@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actix::Actor;
-use actix_web::dev::Service as _;
 use actix_web::{web, App, HttpResponse, HttpServer};
 use anyhow::Context as _;
 use tokio::sync::oneshot;
@@ -134,15 +133,7 @@ pub async fn run(
             } else {
                 http::routes
             })
-            .wrap_fn(|req, srv| {
-                let call = srv.call(req);
-                async move {
-                    match tokio::time::timeout(REQUEST_DEADLINE, call).await {
-                        Ok(res) => res,
-                        Err(_) => Err(TooSlow.into()),
-                    }
-                }
-            })
+            .wrap(actix_web::middleware::from_fn(within_deadline))
     })
     .on_connect(crate::conn::on_connect)
     .disable_signals()
@@ -156,15 +147,7 @@ pub async fn run(
                 App::new()
                     .app_data(state.clone())
                     .configure(http::internal_routes)
-                    .wrap_fn(|req, srv| {
-                        let call = srv.call(req);
-                        async move {
-                            match tokio::time::timeout(REQUEST_DEADLINE, call).await {
-                                Ok(res) => res,
-                                Err(_) => Err(TooSlow.into()),
-                            }
-                        }
-                    })
+                    .wrap(actix_web::middleware::from_fn(within_deadline))
             })
             // Scrapes and health checks: one worker is plenty.
             .workers(1)
@@ -217,6 +200,18 @@ impl actix_web::ResponseError for TooSlow {
             crate::protocol::ErrorCode::Unavailable,
             "presence store unavailable, try again",
         ))
+    }
+}
+
+/// Middleware of both listeners: a request not answered within
+/// [`REQUEST_DEADLINE`] gets 503 ([`TooSlow`]).
+async fn within_deadline(
+    req: actix_web::dev::ServiceRequest,
+    next: actix_web::middleware::Next<impl actix_web::body::MessageBody>,
+) -> Result<actix_web::dev::ServiceResponse<impl actix_web::body::MessageBody>, actix_web::Error> {
+    match tokio::time::timeout(REQUEST_DEADLINE, next.call(req)).await {
+        Ok(res) => res,
+        Err(_) => Err(TooSlow.into()),
     }
 }
 
