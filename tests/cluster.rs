@@ -423,26 +423,7 @@ async fn dying_devices_expire_on_time_beside_live_leases_on_every_shard() {
 
     let killed = Instant::now();
     a.kill();
-    let mut offline = HashSet::new();
-    let give_up = killed + TTL + Duration::from_secs(5);
-    let mut latest = Duration::ZERO;
-    while offline.len() < DYING_DEVICES {
-        let left = give_up.saturating_duration_since(Instant::now());
-        let ev = match watcher.next_within(left).await {
-            Some(Incoming::Frame(ev)) => ev,
-            other => panic!(
-                "only {} of {DYING_DEVICES} offline {:?} after SIGKILL (then {other:?})",
-                offline.len(),
-                killed.elapsed()
-            ),
-        };
-        assert_eq!(ev["status"], "offline", "{ev}");
-        assert!(
-            offline.insert(ev["user"].as_str().unwrap().to_string()),
-            "duplicate {ev}"
-        );
-        latest = killed.elapsed();
-    }
+    let latest = last_of_offlines(&mut watcher, DYING_DEVICES, killed, TTL).await;
     println!(
         "{DYING_DEVICES} devices offline {latest:?} after SIGKILL (TTL {TTL:?}) beside {LIVE_LEASES} live leases on 3 primaries"
     );

@@ -4,7 +4,6 @@
 
 mod common;
 
-use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -38,27 +37,7 @@ async fn thousand_devices_of_a_killed_node_expire_on_time_beside_100k_live_lease
 
     let killed = Instant::now();
     a.kill();
-    let mut offline = HashSet::new();
-    let mut latest = Duration::ZERO;
-    // Waits a little past the bound, so that a miss reports by how much.
-    let give_up = killed + TTL + Duration::from_secs(5);
-    while offline.len() < DYING_DEVICES {
-        let left = give_up.saturating_duration_since(Instant::now());
-        let ev = match watcher.next_within(left).await {
-            Some(Incoming::Frame(ev)) => ev,
-            other => panic!(
-                "only {} of {DYING_DEVICES} offline {:?} after SIGKILL (then {other:?})",
-                offline.len(),
-                killed.elapsed()
-            ),
-        };
-        assert_eq!(ev["status"], "offline", "{ev}");
-        assert!(
-            offline.insert(ev["user"].as_str().unwrap().to_string()),
-            "duplicate {ev}"
-        );
-        latest = killed.elapsed();
-    }
+    let latest = last_of_offlines(&mut watcher, DYING_DEVICES, killed, TTL).await;
     println!(
         "{DYING_DEVICES} devices offline {latest:?} after SIGKILL (TTL {TTL:?}) beside {LIVE_LEASES} live leases"
     );

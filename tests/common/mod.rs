@@ -647,3 +647,36 @@ pub async fn index_members(redis: &Redis, index: &str) -> Vec<String> {
     out.sort();
     out
 }
+
+/// Collects one `offline` event per user from `watcher` until `n` users
+/// went offline, each once, and returns how long after `since` the last
+/// one came. Waits a little past any bound (5 s beyond `ttl`) so that a
+/// miss reports by how much; panics on anything else.
+pub async fn last_of_offlines(
+    watcher: &mut Client,
+    n: usize,
+    since: Instant,
+    ttl: Duration,
+) -> Duration {
+    let mut offline = std::collections::HashSet::new();
+    let give_up = since + ttl + Duration::from_secs(5);
+    let mut latest = Duration::ZERO;
+    while offline.len() < n {
+        let left = give_up.saturating_duration_since(Instant::now());
+        let ev = match watcher.next_within(left).await {
+            Some(Incoming::Frame(ev)) => ev,
+            other => panic!(
+                "only {} of {n} offline {:?} after SIGKILL (then {other:?})",
+                offline.len(),
+                since.elapsed()
+            ),
+        };
+        assert_eq!(ev["status"], "offline", "{ev}");
+        assert!(
+            offline.insert(ev["user"].as_str().unwrap().to_string()),
+            "duplicate {ev}"
+        );
+        latest = since.elapsed();
+    }
+    latest
+}
