@@ -642,12 +642,15 @@ async fn metrics(state: web::Data<AppState>) -> HttpResponse {
 /// `GET /api/info`: what a client needs to know before it connects (the
 /// demo page asks it whether to show a token field).
 async fn info(state: web::Data<AppState>) -> HttpResponse {
-    HttpResponse::Ok().json(serde_json::json!({
-        "server": "presence-server",
-        "version": env!("CARGO_PKG_VERSION"),
-        "auth": match *state.auth { Auth::Dev => "dev", Auth::Jwt(_) => "jwt" },
-        "heartbeat_ms": state.config.heartbeat.as_millis() as u64,
-    }))
+    // Public facts: a page served from elsewhere (`?server=`) may read them.
+    HttpResponse::Ok()
+        .insert_header(("access-control-allow-origin", "*"))
+        .json(serde_json::json!({
+            "server": "presence-server",
+            "version": env!("CARGO_PKG_VERSION"),
+            "auth": match *state.auth { Auth::Dev => "dev", Auth::Jwt(_) => "jwt" },
+            "heartbeat_ms": state.config.heartbeat.as_millis() as u64,
+        }))
 }
 
 /// The client's address: the peer, or with `--trust-proxy` the one its

@@ -12,9 +12,13 @@ declare class PresenceClient {
   url: string;
   user: string | null;
   token: string | null;
+  /** Asked for a fresh token (options.refreshToken). */
+  refreshToken: (() => string | Promise<string>) | null;
   device: string;
   minBackoffMs: number;
   maxBackoffMs: number;
+  /** The WebSocket class in use. */
+  WebSocket: new (url: string, protocols?: string | string[]) => WebSocket;
   /** Users watched; re-sent after every reconnect. */
   readonly watched: Set<string>;
   /** The chosen status and text, re-sent after every reconnect. */
