@@ -77,7 +77,7 @@ pub struct Config {
     /// `auth_expiring` frame.
     pub auth_expiring: Duration,
     /// `--trust-proxy`: peers whose `X-Forwarded-For` names the client
-    /// (for logs and per-IP limits).
+    /// (`crate::http::client_ip`).
     pub trust_proxy: crate::proxy::TrustedProxies,
     /// What `/` and other non-API paths serve (`--no-demo`, `--static-dir`).
     pub static_files: crate::static_files::StaticFiles,

@@ -654,7 +654,8 @@ async fn info(state: web::Data<AppState>) -> HttpResponse {
 }
 
 /// The client's address: the peer, or with `--trust-proxy` the one its
-/// proxy names ([`crate::proxy`]). For logs and per-IP limits.
+/// proxy names ([`crate::proxy`]). The one source of the client's address:
+/// logs use it, and so must any per-IP limit.
 pub fn client_ip(req: &HttpRequest, config: &Config) -> String {
     config
         .trust_proxy

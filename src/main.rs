@@ -231,8 +231,8 @@ struct Args {
     local_redis_dir: PathBuf,
 
     /// Reverse proxies (addresses or CIDR blocks, comma-separated, e.g.
-    /// 127.0.0.1,10.0.0.0/8) whose X-Forwarded-For names the client, in logs
-    /// and per-IP limits. From any other peer the header is ignored.
+    /// 127.0.0.1,10.0.0.0/8) whose X-Forwarded-For names the client in the
+    /// logs. From any other peer the header is ignored.
     #[arg(long, env = "PRESENCE_TRUST_PROXY", value_delimiter = ',')]
     trust_proxy: Vec<String>,
 

@@ -370,6 +370,29 @@ async fn shipped_timeouts_match_the_server() {
         }
     }
 
+    // systemd itself accepts the unit, where it is installed (not in CI's
+    // containers, usually).
+    if let Ok(out) = Command::new("systemd-analyze").arg("--version").output() {
+        if out.status.success() {
+            let dir = tempfile::tempdir().unwrap();
+            let rendered = unit
+                .replace("/usr/local/bin/presence-server", binary().to_str().unwrap())
+                .replace("EnvironmentFile=/", "EnvironmentFile=-/");
+            let path = dir.path().join("presence.service");
+            std::fs::write(&path, rendered).unwrap();
+            let verify = Command::new("systemd-analyze")
+                .arg("verify")
+                .arg(&path)
+                .output()
+                .unwrap();
+            let said = String::from_utf8_lossy(&verify.stderr);
+            assert!(
+                verify.status.success() && !said.contains("presence.service"),
+                "systemd-analyze verify deploy/presence.service:\n{said}"
+            );
+        }
+    }
+
     // SIGTERM, as systemd sends it: clients get 1001 and the node is gone
     // well within TimeoutStopSec.
     let redis = Redis::start();
