@@ -142,6 +142,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
     extractors(cfg);
     api(cfg);
     operations(cfg);
+    static_files(cfg);
     not_found(cfg);
 }
 
@@ -152,6 +153,7 @@ pub fn public_routes(cfg: &mut web::ServiceConfig) {
     cfg.app_data(PublicOnly);
     extractors(cfg);
     api(cfg);
+    static_files(cfg);
     not_found(cfg);
 }
 
@@ -195,8 +197,13 @@ fn api(cfg: &mut web::ServiceConfig) {
         .route("/api/presence/{user}", web::get().to(presence))
         .route("/api/online", web::get().to(online))
         .route("/api/users/{user}/privacy", web::put().to(set_privacy))
-        .route("/", web::get().to(index))
-        .route("/presence-client.js", web::get().to(client_js));
+        .route("/api/info", web::get().to(info));
+}
+
+/// The demo page, the operator's files or nothing: registered last, as it
+/// matches any path (`crate::static_files`).
+fn static_files(cfg: &mut web::ServiceConfig) {
+    cfg.route("/{path:.*}", web::get().to(crate::static_files::serve));
 }
 
 /// What operators use: the admin API, health and metrics.
@@ -243,14 +250,31 @@ impl From<AuthError> for ApiError {
 
 /// `GET /ws?user=&device=` (dev auth) or `GET /ws?device=` (JWT auth: the
 /// token in `Sec-WebSocket-Protocol`, `?token=`, `Authorization`, or as the
-/// first frame): upgrades to a session.
+/// first frame): upgrades to a session. Logs each one with the client's
+/// address.
 async fn websocket(
     req: HttpRequest,
     stream: web::Payload,
     query: web::Query<Connect>,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, actix_web::Error> {
-    let query = query.into_inner();
+    let ip = client_ip(&req, &state.config);
+    let opened = open_session(&req, stream, query.into_inner(), &state, &ip).await;
+    if let Err(e) = &opened {
+        log::info!("websocket from {ip} refused: {e}");
+    }
+    opened
+}
+
+/// The upgrade proper, for [`websocket`].
+async fn open_session(
+    req: &HttpRequest,
+    stream: web::Payload,
+    query: Connect,
+    state: &AppState,
+    ip: &str,
+) -> Result<HttpResponse, actix_web::Error> {
+    let req = req.clone();
     state.origins.check(&req).map_err(ApiError::from)?;
     let protocol = match *state.auth {
         Auth::Jwt(_) => crate::auth::protocol_token(&req),
@@ -297,6 +321,11 @@ async fn websocket(
     crate::metrics::METRICS.sessions_opened.inc();
     let id = state.next_session.fetch_add(1, Ordering::Relaxed);
     let owner = LeaseOwner::format(&state.config.node_id, &id.to_string(), now_ms());
+    if user.is_empty() {
+        log::info!("device {device}: websocket from {ip}, awaiting its auth frame");
+    } else {
+        log::info!("{user}/{device}: websocket from {ip}");
+    }
     let who = Identity {
         id,
         user,
@@ -610,16 +639,26 @@ async fn metrics(state: web::Data<AppState>) -> HttpResponse {
         .body(crate::metrics::METRICS.render(stats.into()))
 }
 
-/// `GET /`: the demo page.
-async fn index() -> HttpResponse {
+/// `GET /api/info`: what a client needs to know before it connects (the
+/// demo page asks it whether to show a token field).
+async fn info(state: web::Data<AppState>) -> HttpResponse {
+    // Public facts: a page served from elsewhere (`?server=`) may read them.
     HttpResponse::Ok()
-        .content_type("text/html; charset=utf-8")
-        .body(include_str!("../static/index.html"))
+        .insert_header(("access-control-allow-origin", "*"))
+        .json(serde_json::json!({
+            "server": "presence-server",
+            "version": env!("CARGO_PKG_VERSION"),
+            "auth": match *state.auth { Auth::Dev => "dev", Auth::Jwt(_) => "jwt" },
+            "heartbeat_ms": state.config.heartbeat.as_millis() as u64,
+        }))
 }
 
-/// `GET /presence-client.js`: the JavaScript client used by the demo page.
-async fn client_js() -> HttpResponse {
-    HttpResponse::Ok()
-        .content_type("text/javascript; charset=utf-8")
-        .body(include_str!("../static/presence-client.js"))
+/// The client's address: the peer, or with `--trust-proxy` the one its
+/// proxy names ([`crate::proxy`]). The one source of the client's address:
+/// logs use it, and so must any per-IP limit.
+pub fn client_ip(req: &HttpRequest, config: &Config) -> String {
+    config
+        .trust_proxy
+        .client_ip(req.peer_addr(), req.headers())
+        .map_or_else(|| "unknown".to_string(), |ip| ip.to_string())
 }

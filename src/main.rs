@@ -12,6 +12,7 @@ use presence_server::local_redis::LocalRedis;
 use presence_server::logging::{self, LogFormat};
 use presence_server::redis_setup::RedisOptions;
 use presence_server::server::Security;
+use presence_server::static_files::StaticFiles;
 use presence_server::{config_file, ids, server};
 
 /// Presence server: who is online, on which devices, with which status.
@@ -229,6 +230,21 @@ struct Args {
     #[arg(long, env = "PRESENCE_LOCAL_REDIS_DIR", default_value_os_t = std::env::temp_dir())]
     local_redis_dir: PathBuf,
 
+    /// Reverse proxies (addresses or CIDR blocks, comma-separated, e.g.
+    /// 127.0.0.1,10.0.0.0/8) whose X-Forwarded-For names the client in the
+    /// logs. From any other peer the header is ignored.
+    #[arg(long, env = "PRESENCE_TRUST_PROXY", value_delimiter = ',')]
+    trust_proxy: Vec<String>,
+
+    /// Serve no demo page or other static file (404): for production.
+    #[arg(long, env = "PRESENCE_NO_DEMO", conflicts_with = "static_dir")]
+    no_demo: bool,
+
+    /// Serve this directory's files instead of the demo page (`/` is its
+    /// index.html).
+    #[arg(long, env = "PRESENCE_STATIC_DIR")]
+    static_dir: Option<PathBuf>,
+
     /// Log format: `text` lines or one JSON object per line; both name the node.
     #[arg(long, env = "PRESENCE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
@@ -339,6 +355,12 @@ fn start(args: Args) -> anyhow::Result<()> {
     config.contacts_only = matches!(args.watch_policy, WatchPolicy::Contacts);
     config.auth_timeout = Duration::from_millis(args.auth_timeout_ms);
     config.auth_expiring = Duration::from_millis(args.auth_expiring_ms);
+    config.trust_proxy = presence_server::proxy::TrustedProxies::parse(&args.trust_proxy)?;
+    config.static_files = match (&args.static_dir, args.no_demo) {
+        (Some(dir), _) => StaticFiles::dir(dir)?,
+        (None, true) => StaticFiles::Off,
+        (None, false) => StaticFiles::Demo,
+    };
     let security = security(&args)?;
     raise_fd_limit();
 

@@ -32,8 +32,8 @@ const SUBSCRIBE_TIMEOUT: Duration = Duration::from_secs(10);
 const RESYNC_MARGIN: Duration = Duration::from_millis(500);
 
 /// After SIGTERM/SIGINT, how long connections get to finish before they are
-/// cut and the process exits.
-const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
+/// cut and the process exits (deploy/presence.service waits a little longer).
+pub const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Who may connect and administer.
 pub struct Security {
