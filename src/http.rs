@@ -18,7 +18,7 @@ use crate::protocol::{parse_privacy, ErrorCode, ProtocolError};
 use crate::refresh::Refresher;
 use crate::registry::{GetStats, Registry};
 use crate::session::{Identity, NodeParts, Session, TokenState};
-use crate::store::{now_ms, Cursor, DeviceInfo, LeaseOwner, Store, StoreError};
+use crate::store::{now_ms, Cursor, DeviceInfo, LeaseOwner, OnlinePage, Reader, Store, StoreError};
 
 /// Default page size of `GET /api/online`.
 const ONLINE_DEFAULT_LIMIT: usize = 50;
@@ -49,6 +49,9 @@ pub struct AppState {
     pub origins: Origins,
     /// Bearer key of the admin API (contacts); `None` turns it off.
     pub admin_key: Option<String>,
+    /// Bearer key of the service view (truthful reads, nothing else);
+    /// `None` turns it off. The admin key reads the same way.
+    pub service_key: Option<String>,
     /// With development auth, the `Host` names `/ws` and `/api/*` answer to.
     pub dev_hosts: Option<DevHosts>,
     /// Redis's state as last checked, for `/healthz`.
@@ -156,11 +159,14 @@ pub fn public_routes(cfg: &mut web::ServiceConfig) {
 }
 
 /// The `--internal-listen` listener: metrics, health and the admin API
-/// (contacts, and privacy settings with the admin key).
+/// (contacts, privacy settings and service reads with the admin key).
 pub fn internal_routes(cfg: &mut web::ServiceConfig) {
     extractors(cfg);
     operations(cfg);
-    cfg.route("/api/users/{user}/privacy", web::put().to(set_privacy));
+    cfg.route("/api/users/{user}/privacy", web::put().to(set_privacy))
+        .route("/api/presence/query", web::post().to(query))
+        .route("/api/presence/{user}", web::get().to(presence))
+        .route("/api/online", web::get().to(online));
     not_found(cfg);
 }
 
@@ -327,8 +333,35 @@ struct As {
     token: Option<String>,
 }
 
-/// The viewer of an API read (`None`: anonymous, dev mode only).
-async fn viewer(req: &HttpRequest, state: &AppState, who: &As) -> Result<Option<String>, ApiError> {
+/// Who an API read is for: a viewer (`None`: anonymous, dev mode only), or
+/// the service (the admin or service key as the bearer), which reads the
+/// truth. The keys are checked first, so that under JWT auth a key is never
+/// taken for a malformed token.
+enum ReadAs {
+    /// A user, or anonymous.
+    Viewer(Option<String>),
+    /// The backend.
+    Service,
+}
+
+impl ReadAs {
+    fn reader(&self) -> Reader<'_> {
+        match self {
+            ReadAs::Viewer(v) => Reader::Viewer(v.as_deref()),
+            ReadAs::Service => Reader::Service,
+        }
+    }
+
+    /// `"service"` on a service view, absent otherwise.
+    fn view(&self) -> Option<&'static str> {
+        matches!(self, ReadAs::Service).then_some("service")
+    }
+}
+
+async fn read_as(req: &HttpRequest, state: &AppState, who: &As) -> Result<ReadAs, ApiError> {
+    if is_service(req, state) {
+        return Ok(ReadAs::Service);
+    }
     let viewer = state
         .auth
         .viewer(req, who.token.as_deref(), who.viewer.as_deref())
@@ -336,7 +369,7 @@ async fn viewer(req: &HttpRequest, state: &AppState, who: &As) -> Result<Option<
     if let Some(v) = &viewer {
         ids::validate("user", v)?;
     }
-    Ok(viewer)
+    Ok(ReadAs::Viewer(viewer))
 }
 
 /// `GET /api/presence/{user}`: what the viewer may see, with a device list.
@@ -348,12 +381,12 @@ async fn presence(
 ) -> Result<HttpResponse, ApiError> {
     let user = user.into_inner();
     ids::validate("user", &user)?;
-    let viewer = viewer(&req, &state, &who).await?;
+    let reader = read_as(&req, &state, &who).await?;
     let record = state
         .store
-        .records(
+        .records_as(
             std::slice::from_ref(&user),
-            viewer.as_deref(),
+            reader.reader(),
             state.config.contacts_only,
         )
         .await?
@@ -364,16 +397,46 @@ async fn presence(
     } else {
         Vec::new()
     };
-    #[derive(Serialize)]
-    struct Body<'a> {
-        #[serde(flatten)]
-        record: &'a Record,
-        device_list: Vec<DeviceInfo>,
-    }
-    Ok(HttpResponse::Ok().json(Body {
-        record: &record,
+    Ok(HttpResponse::Ok().json(UserPresence {
+        view: reader.view(),
+        record,
         device_list: devices,
     }))
+}
+
+/// `GET /api/presence/{user}`: a record with its device detail.
+#[derive(Serialize, utoipa::ToSchema)]
+struct UserPresence {
+    /// `"service"` when read with the admin or service key (the truth);
+    /// absent for a viewer's view.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>, example = "service")]
+    view: Option<&'static str>,
+    #[serde(flatten)]
+    record: Record,
+    /// The live devices; empty unless the reader may see the user online.
+    device_list: Vec<DeviceInfo>,
+}
+
+/// `POST /api/presence/query`: records in request order.
+#[derive(Serialize, utoipa::ToSchema)]
+struct QueryResult {
+    /// `"service"` on a service view, absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>, example = "service")]
+    view: Option<&'static str>,
+    presence: Vec<Record>,
+}
+
+/// `GET /api/online`: one page of the online list.
+#[derive(Serialize, utoipa::ToSchema)]
+struct OnlineResult {
+    /// `"service"` on a service view, absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>, example = "service")]
+    view: Option<&'static str>,
+    #[serde(flatten)]
+    page: OnlinePage,
 }
 
 /// Body of `POST /api/presence/query`.
@@ -403,16 +466,15 @@ async fn query(
     for user in &users {
         ids::validate("user", user)?;
     }
-    let viewer = viewer(&req, &state, &who).await?;
-    #[derive(Serialize)]
-    struct Body {
-        presence: Vec<Record>,
-    }
+    let reader = read_as(&req, &state, &who).await?;
     let presence = state
         .store
-        .records(&users, viewer.as_deref(), state.config.contacts_only)
+        .records_as(&users, reader.reader(), state.config.contacts_only)
         .await?;
-    Ok(HttpResponse::Ok().json(Body { presence }))
+    Ok(HttpResponse::Ok().json(QueryResult {
+        view: reader.view(),
+        presence,
+    }))
 }
 
 /// Query string of `GET /api/online`.
@@ -449,17 +511,20 @@ async fn online(
             )
         })?),
     };
-    let viewer = viewer(&req, &state, &query.who).await?;
+    let reader = read_as(&req, &state, &query.who).await?;
     let page = state
         .store
-        .online(
+        .online_as(
             limit,
             cursor.as_ref(),
-            viewer.as_deref(),
+            reader.reader(),
             state.config.contacts_only,
         )
         .await?;
-    Ok(HttpResponse::Ok().json(page))
+    Ok(HttpResponse::Ok().json(OnlineResult {
+        view: reader.view(),
+        page,
+    }))
 }
 
 /// Body of `PUT /api/users/{user}/privacy`.
@@ -513,6 +578,21 @@ fn is_admin(req: &HttpRequest, state: &AppState) -> bool {
     if req.app_data::<PublicOnly>().is_some() {
         return false;
     }
+    bearer_is(req, key)
+}
+
+/// True when the request may read the service view: the admin key (where
+/// it works) or the service key (on either listener: it reads, nothing more).
+fn is_service(req: &HttpRequest, state: &AppState) -> bool {
+    is_admin(req, state)
+        || state
+            .service_key
+            .as_deref()
+            .is_some_and(|key| bearer_is(req, key))
+}
+
+/// True when the bearer token is `key`.
+fn bearer_is(req: &HttpRequest, key: &str) -> bool {
     let given = crate::auth::bearer(req).unwrap_or("");
     // Same time whatever the key, so it cannot be guessed byte by byte.
     given.len() == key.len()

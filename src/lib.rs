@@ -24,3 +24,4 @@ pub mod server;
 pub mod session;
 pub mod store;
 pub mod subscriber;
+pub mod webhooks;
