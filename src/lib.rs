@@ -14,6 +14,7 @@ pub mod local_redis;
 pub mod logging;
 pub mod metrics;
 pub mod model;
+pub mod openapi;
 pub mod privacy;
 pub mod protocol;
 pub mod pubsub;
