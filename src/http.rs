@@ -188,11 +188,10 @@ pub fn public_routes(cfg: &mut web::ServiceConfig) {
 }
 
 /// The `--internal-listen` listener: metrics, health and the admin API
-/// (contacts, privacy settings and service reads with the admin key).
+/// (contacts, and privacy settings with the admin key).
 pub fn internal_routes(cfg: &mut web::ServiceConfig) {
     extractors(cfg);
     operations(cfg);
-    reads(cfg);
     cfg.add(
         Method::PUT,
         "/api/users/{user}/privacy",
@@ -248,7 +247,7 @@ fn api(r: &mut impl Router) {
     );
 }
 
-/// The read API (also on the internal listener, for service reads).
+/// The read API.
 fn reads(r: &mut impl Router) {
     r.add(Method::POST, "/api/presence/query", web::route().to(query));
     r.add(
