@@ -84,8 +84,8 @@ pub async fn run(
         Some(hooks) => Some(Webhooks::start(hooks.clone(), &config.node_id)?),
         None => None,
     };
-    let store =
-        Store::with_limits(conn, config.ttl, config.max_devices_per_user).with_webhooks(webhooks);
+    let store = Store::with_limits(conn, config.ttl, config.max_devices_per_user)
+        .with_webhooks(webhooks.clone());
     store.load_scripts().await.context("cannot load scripts")?;
     let store = store
         .load_deployment()
@@ -191,6 +191,11 @@ pub async fn run(
             futures_util::future::try_join(server, internal).await?;
         }
         None => server.await?,
+    }
+    if let Some(webhooks) = webhooks {
+        // Stopping is a transition-free drain (leases lapse), but what was
+        // queued before it still belongs to the receivers.
+        webhooks.drain(SHUTDOWN_TIMEOUT).await;
     }
     log::info!("node {} stopped", config.node_id);
     Ok(())

@@ -15,7 +15,8 @@
 //! answer, or any status but 2xx) retries the front of the queue with
 //! exponential backoff. A full queue drops its oldest events
 //! (`presence_webhook_dropped_total`). Delivery is at least once while the
-//! node lives; what is queued when it dies is lost (README, "Webhooks").
+//! node lives; what is queued when it dies is lost, and a node stopped with
+//! SIGTERM delivers its queue first (README, "Webhooks").
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -283,6 +284,19 @@ impl Webhooks {
     /// Events waiting, over every URL.
     pub fn queued(&self) -> usize {
         self.sinks.iter().map(|s| s.lock().events.len()).sum()
+    }
+
+    /// Waits (at most `timeout`) until every queue is delivered, for a node
+    /// that is stopping; logs what is left behind.
+    pub async fn drain(&self, timeout: Duration) {
+        let give_up = Instant::now() + timeout;
+        while self.queued() > 0 && Instant::now() < give_up {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let left = self.queued();
+        if left > 0 {
+            log::warn!("stopping with {left} webhook event(s) undelivered");
+        }
     }
 }
 

@@ -478,3 +478,44 @@ fn bad_webhook_settings_are_refused() {
         assert!(logs.contains(needle), "{args:?}: {logs}");
     }
 }
+
+/// The settings can come from the config file; a node stopped with SIGTERM
+/// first delivers what it has queued (here to a receiver that fails three
+/// times before it takes the batch).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_node_delivers_its_queue_first() {
+    let redis = Redis::start();
+    let receiver = Receiver::start(3).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("presence.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "webhook-url = [{:?}]\nwebhook-secret = {SECRET:?}\nwebhook-batch-ms = 0\n",
+            receiver.url
+        ),
+    )
+    .unwrap();
+    let mut node = Node::start_with(&redis, "n1", &["--config", config.to_str().unwrap()]);
+    let _alice = Client::connect(&node, "alice", "phone").await;
+    wait_until("a first, failed, attempt", DEADLINE, || async {
+        !receiver.deliveries().is_empty()
+    })
+    .await;
+    assert!(receiver.events().is_empty());
+    let status = node
+        .signal_and_wait(libc::SIGTERM, DEADLINE)
+        .await
+        .unwrap_or_else(|| panic!("no exit after SIGTERM:\n{}", node.logs()));
+    assert!(status.success(), "{status:?}\n{}", node.logs());
+    let online = receiver.of("alice", "online");
+    assert_eq!(
+        online.len(),
+        1,
+        "{:?}\n{}",
+        receiver.deliveries(),
+        node.logs()
+    );
+    let answered: Vec<u16> = receiver.deliveries().iter().map(|d| d.answered).collect();
+    assert_eq!(answered, [500, 500, 500, 200]);
+}
