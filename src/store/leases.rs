@@ -173,7 +173,7 @@ impl Store {
         let mut out = Vec::with_capacity(leases.len());
         for (lease, value) in leases.iter().zip(&reply) {
             let lease = lease.borrow();
-            let arrival = parse_arrival(value, &lease.user, deadline);
+            let arrival = parse_arrival(&self.report(value, false), &lease.user, deadline);
             if let Ok(Arrival::Held { .. }) = arrival {
                 let bucket = self.buckets.of(&lease.user);
                 let (deadlines, online) = by_bucket
@@ -251,7 +251,7 @@ impl Store {
         let first = reply
             .first()
             .ok_or_else(|| StoreError::reply(&keys::count(user), "depart: empty reply"))?;
-        let departure = parse_departure(first, user)?;
+        let departure = parse_departure(&self.report(first, false), user)?;
         let mut follow = redis::pipe();
         if let Departure::Removed {
             last_seen: Some(ts),

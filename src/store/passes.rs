@@ -199,17 +199,18 @@ impl Store {
         let mut follow = redis::pipe();
         for (member, value) in due.iter().zip(&reply) {
             let parsed = keys::parse_lease_member(member);
-            let departure = match parsed.map(|(user, _)| parse_departure(value, user)) {
-                Some(Ok(d)) => d,
-                None => {
-                    log::warn!("dropping {member:?} from {index}: not <user>:<device>");
-                    Departure::AlreadyGone
-                }
-                Some(Err(e)) => {
-                    log::warn!("dropping {member:?} from {index}: {e}");
-                    Departure::AlreadyGone
-                }
-            };
+            let departure =
+                match parsed.map(|(user, _)| parse_departure(&self.report(value, false), user)) {
+                    Some(Ok(d)) => d,
+                    None => {
+                        log::warn!("dropping {member:?} from {index}: not <user>:<device>");
+                        Departure::AlreadyGone
+                    }
+                    Some(Err(e)) => {
+                        log::warn!("dropping {member:?} from {index}: {e}");
+                        Departure::AlreadyGone
+                    }
+                };
             match departure {
                 Departure::Leased { ttl_ms } => {
                     let left = ttl_ms.unwrap_or(self.ttl_ms) as i64;
@@ -286,7 +287,7 @@ impl Store {
         let mut repaired = 0;
         let mut follow = redis::pipe();
         for (user, value) in users.iter().zip(&reply) {
-            let r = match parse_reconciled(value, user) {
+            let r = match parse_reconciled(&self.report(value, false), user) {
                 Ok(r) => r,
                 Err(e) => {
                     log::warn!("reconciliation of {user} failed: {e}");
