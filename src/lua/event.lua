@@ -12,8 +12,10 @@ end
 
 -- Publishes the user's true record after a transition, with what decides
 -- who may see it (chosen status, privacy settings); each node derives every
--- viewer's view from it.
-local function publish_event(channel, status_key, user, devices, last_seen, seq)
+-- viewer's view from it. `devices_only` marks a change of the device count
+-- alone (a second device came or went): nodes hand it only to the watchers
+-- who asked for device counts.
+local function publish_event(channel, status_key, user, devices, last_seen, seq, devices_only)
   local h = redis.call('HMGET', status_key, 'status', 'text', 'since', 'show_online', 'show_last_seen',
     'last_seen')
   -- The stored last seen rides along on every event, as on every read: a
@@ -23,6 +25,7 @@ local function publish_event(channel, status_key, user, devices, last_seen, seq)
   local status = 'offline'
   if devices > 0 then status = h[1] or 'online' end
   redis.call('SPUBLISH', channel, cjson.encode({
+    devices_only = devices_only or nil,
     user = user,
     status = status,
     devices = devices,
