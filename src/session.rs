@@ -577,14 +577,7 @@ impl Session {
         // a count that changed meanwhile.
         let upgraded: Vec<String> = users
             .iter()
-            .filter(|u| {
-                devices
-                    && self
-                        .watches
-                        .seen
-                        .get(*u)
-                        .is_some_and(|s| !s.devices && !s.pending)
-            })
+            .filter(|u| devices && self.watches.seen.get(*u).is_some_and(|s| !s.devices))
             .cloned()
             .collect();
         let max = self.node.config.max_watches;
@@ -628,7 +621,6 @@ impl Session {
         }
         for user in &upgraded {
             if let Some(seen) = self.watches.seen.get_mut(user) {
-                seen.pending = true;
                 seen.devices = true;
             }
         }
@@ -691,10 +683,19 @@ impl Session {
         devices: bool,
         ctx: &mut ws::WebsocketContext<Self>,
     ) {
-        // An unwatch that came while this waited its turn wins.
+        // An unwatch that came while this waited its turn wins. A user
+        // watched before whose device counts this frame asked for is read
+        // again, its events held until then like a new one's.
         let new: Vec<String> = new
             .into_iter()
-            .filter(|u| self.watches.seen.get(u).is_some_and(|s| s.pending))
+            .filter(|u| match self.watches.seen.get_mut(u) {
+                Some(seen) if seen.pending => true,
+                Some(seen) if devices && seen.devices => {
+                    seen.pending = true;
+                    true
+                }
+                _ => false,
+            })
             .collect();
         if new.is_empty() {
             self.send(ctx, protocol::snapshot_frame(&[]));

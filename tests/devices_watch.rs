@@ -86,6 +86,32 @@ async fn asking_for_devices_on_a_watched_user_reads_it_again() {
 }
 
 #[tokio::test]
+async fn asking_for_devices_while_the_first_watch_is_answered_still_counts() {
+    let redis = Redis::start();
+    let a = Node::start(&redis, "a");
+    let b = Node::start(&redis, "b");
+    let _tab1 = Client::connect(&a, "alice", "tab1").await;
+    let mut w = Client::connect(&b, "dana", "d").await;
+    // The second frame comes while the first one is still being answered
+    // (hundreds of users to subscribe to and read take a while).
+    let mut many: Vec<String> = (0..500).map(|i| format!("u{i}")).collect();
+    many.push("alice".into());
+    w.send(json!({"type": "watch", "users": many})).await;
+    w.send(json!({"type": "watch", "users": ["alice"], "devices": true}))
+        .await;
+    for _ in 0..2 {
+        let snap = w.expect("snapshot").await;
+        for r in snap["presence"].as_array().unwrap() {
+            if r["user"] == "alice" {
+                assert_eq!(r["devices"], 1, "{r}");
+            }
+        }
+    }
+    let _tab2 = Client::connect(&a, "alice", "tab2").await;
+    expect_alice(&mut w, "online", 2).await;
+}
+
+#[tokio::test]
 async fn device_counts_of_a_user_hidden_from_the_watcher_stay_hidden() {
     let redis = Redis::start();
     let a = Node::start(&redis, "a");
