@@ -11,8 +11,9 @@
 //! failovers and resharding) and, for each, competes for a short lock
 //! `presence-expiry-owner:{<primary id>}`: the holder subscribes to that
 //! primary's `expired` events, the other nodes stand by and take over
-//! within [`OWNER_HOLD`] when it dies. So each lapsed lease is departed once
-//! by its event; the deadline pass covers what falls between owners.
+//! within [`OWNER_HOLD`] when it dies. One Redis server is one primary
+//! (`presence-expiry-owner:{primary}`). So each lapsed lease is departed
+//! once by its event; the deadline pass covers what falls between owners.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -298,70 +299,106 @@ pub async fn connect(
     Ok(Some((Source::Cluster(seeds), conn, health)))
 }
 
-/// Holds the expired-key events of the cluster's primaries this node owns
-/// (see the module docs) while `alive` holds. Each announced key goes to
-/// `on_key`; `ready` runs once the first round of ownership is settled.
+/// One primary whose `expired` events some node of the fleet must hear.
+struct Stream {
+    /// Names its ownership lock: the cluster node id, or [`SINGLE`].
+    id: String,
+    /// Where it is, as shown in logs; a new address ends the old stream.
+    addr: String,
+    /// Its keyevent channel.
+    channel: String,
+    /// Connects to it.
+    source: RedisSource,
+}
+
+/// The lock name of one Redis server's (or Sentinel group's) events.
+const SINGLE: &str = "primary";
+
+/// The primaries of `source` now: one server, or every primary of the
+/// cluster (`CLUSTER SHARDS`).
+async fn streams(source: &Source, store: &Store) -> redis::RedisResult<Vec<Stream>> {
+    match source {
+        Source::Single(client) => Ok(vec![Stream {
+            id: SINGLE.to_string(),
+            addr: client.display().to_string(),
+            channel: keys::expired_channel(client.db()),
+            source: client.clone(),
+        }]),
+        Source::Cluster(seeds) => {
+            let shards = store.redis().shards().await?;
+            Ok(shards
+                .into_iter()
+                .filter_map(|shard| match seeds.client_for(&shard.primary) {
+                    Ok(client) => Some(Stream {
+                        id: shard.primary_id,
+                        addr: shard.primary.to_string(),
+                        channel: keys::expired_channel(0),
+                        source: RedisSource::direct(client),
+                    }),
+                    Err(e) => {
+                        log::warn!("{}: {e}", shard.primary);
+                        None
+                    }
+                })
+                .collect())
+        }
+    }
+}
+
+/// Holds the expired-key events of the primaries this node owns (see the
+/// module docs) while `alive` holds; one Redis server counts as one
+/// primary. Each announced key goes to `on_key`; `ready` runs once the
+/// first round of ownership is settled.
 pub async fn expiry_streams(
     store: Store,
-    seeds: Seeds,
+    source: Source,
     node_id: String,
     ready: impl FnOnce(),
     alive: impl Fn() -> bool,
     on_key: impl Fn(String) -> bool + Clone + Send + 'static,
 ) {
-    let channel = keys::expired_channel(0);
-    let mut owned: HashMap<String, (NodeAddr, tokio::task::JoinHandle<()>)> = HashMap::new();
+    let mut owned: HashMap<String, (String, tokio::task::JoinHandle<()>)> = HashMap::new();
     let mut ready = Some(ready);
     while alive() {
-        match store.redis().shards().await {
-            Ok(shards) => {
+        match streams(&source, &store).await {
+            Ok(streams) => {
                 // A primary that is no longer one (failover, resharding):
                 // its stream is over.
                 owned.retain(|id, (addr, task)| {
-                    let current = shards
-                        .iter()
-                        .any(|s| &s.primary_id == id && &s.primary == addr);
+                    let current = streams.iter().any(|s| &s.id == id && &s.addr == addr);
                     if !current {
                         log::info!("expired events of {addr}: no longer a primary");
                         task.abort();
                     }
                     current
                 });
-                for shard in &shards {
-                    let lock = keys::expiry_owner(&shard.primary_id);
+                for stream in streams {
+                    let lock = keys::expiry_owner(&stream.id);
                     match store.hold_lock(&lock, &node_id, OWNER_HOLD).await {
-                        Ok(true) if !owned.contains_key(&shard.primary_id) => {
-                            let client = match seeds.client_for(&shard.primary) {
-                                Ok(client) => RedisSource::direct(client),
-                                Err(e) => {
-                                    log::warn!("{}: {e}", shard.primary);
-                                    continue;
-                                }
-                            };
-                            log::info!("owning the expired events of {}", shard.primary);
-                            let on_key = on_key.clone();
+                        Ok(true) if !owned.contains_key(&stream.id) => {
+                            log::info!("owning the expired events of {}", stream.addr);
                             let task = tokio::spawn(crate::pubsub::run(
-                                client,
-                                channel.clone(),
+                                stream.source,
+                                stream.channel,
                                 || {},
-                                on_key,
+                                on_key.clone(),
                             ));
-                            owned.insert(shard.primary_id.clone(), (shard.primary.clone(), task));
+                            owned.insert(stream.id, (stream.addr, task));
                         }
                         Ok(true) => {}
                         Ok(false) => {
-                            if let Some((addr, task)) = owned.remove(&shard.primary_id) {
+                            if let Some((addr, task)) = owned.remove(&stream.id) {
                                 log::info!("another node owns the expired events of {addr}");
                                 task.abort();
                             }
                         }
                         // Keep what is held: two owners for a moment only
                         // cost a second, idempotent departure step.
-                        Err(e) => log::warn!("expiry lock of {}: {e}", shard.primary),
+                        Err(e) => log::warn!("expiry lock of {}: {e}", stream.addr),
                     }
                 }
             }
-            Err(e) => log::warn!("cannot read the cluster's primaries: {e}"),
+            Err(e) => log::warn!("cannot read the primaries: {e}"),
         }
         if let Some(ready) = ready.take() {
             ready();
