@@ -17,8 +17,10 @@ pub const PROBE_PREFIX: &str = "presence-probe:";
 /// Hash of deployment constants every node must agree on: `buckets` (B)
 /// and `schema` (the key schema's version).
 pub const META: &str = "presence-meta";
-/// Version of this key schema, written to [`META`].
-pub const SCHEMA_VERSION: u32 = 2;
+/// Version of this key schema, written to [`META`]. 3: a user's devices
+/// are fields of its status hash (schema 2 kept them in a set of their own,
+/// `presence-devices:{<user>}`, moved at start).
+pub const SCHEMA_VERSION: u32 = 3;
 /// B for a new deployment.
 pub const DEFAULT_BUCKETS: u32 = 16;
 /// Most buckets a deployment may have (two digits in the key).
@@ -106,14 +108,33 @@ pub fn count(user: &str) -> String {
     ["presence-count:{", user, "}"].concat()
 }
 
-/// The set of counted device ids of a user.
-pub fn devices(user: &str) -> String {
-    ["presence-devices:{", user, "}"].concat()
-}
-
-/// The status hash of a user (status, text, since, active, seq).
+/// The hash of a user: its counted devices (one [`device_field`] each)
+/// and its status (status, text, since, privacy, active, last_seen, seq).
+/// One small hash per user rather than a set beside a hash: Redis keeps it
+/// as one listpack, the cheapest shape it has.
 pub fn status(user: &str) -> String {
     ["presence-status:{", user, "}"].concat()
+}
+
+/// Prefix of a device's field in the user's [`status`] hash. Ids never
+/// contain `:`, so no device field is ever taken for a status field.
+pub const DEVICE_FIELD_PREFIX: &str = "d:";
+
+/// The field of `device` in its user's [`status`] hash; present while the
+/// device is counted.
+pub fn device_field(device: &str) -> String {
+    [DEVICE_FIELD_PREFIX, device].concat()
+}
+
+/// The device of a [`device_field`]; `None` for a status field.
+pub fn parse_device_field(field: &str) -> Option<&str> {
+    field.strip_prefix(DEVICE_FIELD_PREFIX)
+}
+
+/// Schema 2's set of a user's counted devices, moved into the user's
+/// [`status`] hash at start.
+pub fn v2_devices(user: &str) -> String {
+    ["presence-devices:{", user, "}"].concat()
 }
 
 /// The sharded pub/sub channel of one user's transitions (SPUBLISH from
@@ -133,14 +154,10 @@ pub fn contacts(user: &str) -> String {
     format!("presence-contacts:{{{user}}}")
 }
 
-/// The four per-user keys of a device, in the order the scripts expect them.
-pub fn device_keys(user: &str, device: &str) -> [String; 4] {
-    [
-        lease(user, device),
-        count(user),
-        devices(user),
-        status(user),
-    ]
+/// The three per-user keys of a device, in the order the scripts expect
+/// them: lease, counter, the user's hash.
+pub fn device_keys(user: &str, device: &str) -> [String; 3] {
+    [lease(user, device), count(user), status(user)]
 }
 
 /// Member of [`LEASES`] for one device.
@@ -160,11 +177,19 @@ pub fn parse_lease(key: &str) -> Option<(&str, &str)> {
     Some((user, device))
 }
 
-/// Pattern matching every device set (for the reconciliation scan).
-pub const DEVICES_PATTERN: &str = "presence-devices:{*}";
+/// Pattern matching every user's hash (for the reconciliation scan).
+pub const STATUS_PATTERN: &str = "presence-status:{*}";
 
-/// The user of a device-set key; `None` for any other key.
-pub fn parse_devices(key: &str) -> Option<&str> {
+/// The user of a user-hash key; `None` for any other key.
+pub fn parse_status(key: &str) -> Option<&str> {
+    key.strip_prefix("presence-status:{")?.strip_suffix('}')
+}
+
+/// Pattern matching every schema-2 device set (for the move at start).
+pub const V2_DEVICES_PATTERN: &str = "presence-devices:{*}";
+
+/// The user of a schema-2 device-set key; `None` for any other key.
+pub fn parse_v2_devices(key: &str) -> Option<&str> {
     key.strip_prefix("presence-devices:{")?.strip_suffix('}')
 }
 
@@ -202,8 +227,11 @@ mod tests {
         assert_eq!(parse_lease("other"), None);
         let member = lease_member("bob", "tab");
         assert_eq!(parse_lease_member(&member), Some(("bob", "tab")));
-        assert_eq!(parse_devices(&devices("a.b")), Some("a.b"));
-        assert_eq!(parse_devices("presence-count:{a}"), None);
+        assert_eq!(parse_status(&status("a.b")), Some("a.b"));
+        assert_eq!(parse_status("presence-count:{a}"), None);
+        assert_eq!(parse_v2_devices(&v2_devices("a.b")), Some("a.b"));
+        assert_eq!(parse_device_field(&device_field("tab|2")), Some("tab|2"));
+        assert_eq!(parse_device_field("status"), None);
     }
 
     #[test]
@@ -215,7 +243,7 @@ mod tests {
             parse_lease_member(&lease_member(user, device)),
             Some((user, device))
         );
-        assert_eq!(parse_devices(&devices(user)), Some(user));
+        assert_eq!(parse_status(&status(user)), Some(user));
     }
 
     proptest::proptest! {
@@ -227,11 +255,13 @@ mod tests {
                 && crate::ids::validate("device", &device).is_ok()
             {
                 let pair = Some((user.as_str(), device.as_str()));
-                let (key, member, set) =
-                    (lease(&user, &device), lease_member(&user, &device), devices(&user));
+                let (key, member, hash) =
+                    (lease(&user, &device), lease_member(&user, &device), status(&user));
                 proptest::prop_assert_eq!(parse_lease(&key), pair);
                 proptest::prop_assert_eq!(parse_lease_member(&member), pair);
-                proptest::prop_assert_eq!(parse_devices(&set), Some(user.as_str()));
+                proptest::prop_assert_eq!(parse_status(&hash), Some(user.as_str()));
+                let field = device_field(&device);
+                proptest::prop_assert_eq!(parse_device_field(&field), Some(device.as_str()));
             }
         }
     }

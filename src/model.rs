@@ -156,4 +156,8 @@ pub struct Event {
     /// Per-user sequence number, increasing with each transition; lets a
     /// session drop an event its snapshot already reflects.
     pub seq: u64,
+    /// Only the device count changed (a second device came or went): for
+    /// the watchers who asked for device counts alone.
+    #[serde(default)]
+    pub devices_only: bool,
 }

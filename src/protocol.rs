@@ -17,6 +17,10 @@ pub enum ClientFrame {
     Watch {
         /// Users to watch.
         users: Vec<String>,
+        /// Also a `presence` frame whenever a watched user's device count
+        /// changes (kept until the user is unwatched).
+        #[serde(default)]
+        devices: bool,
     },
     /// Stop watching users.
     Unwatch {
@@ -162,7 +166,7 @@ pub fn parse_client_frame(text: &str) -> Result<ClientFrame, ProtocolError> {
     }
     let frame: ClientFrame = serde_json::from_str(text)
         .map_err(|e| ProtocolError::new(ErrorCode::BadRequest, format!("{}: {e}", tagged.kind)))?;
-    if let ClientFrame::Watch { users } | ClientFrame::Unwatch { users } = &frame {
+    if let ClientFrame::Watch { users, .. } | ClientFrame::Unwatch { users } = &frame {
         for user in users {
             ids::validate("user", user)?;
         }
@@ -306,8 +310,20 @@ mod tests {
         assert_eq!(
             parse_client_frame(r#"{"type":"watch","users":["bob","carol"]}"#),
             Ok(ClientFrame::Watch {
-                users: vec!["bob".into(), "carol".into()]
+                users: vec!["bob".into(), "carol".into()],
+                devices: false,
             })
+        );
+        assert_eq!(
+            parse_client_frame(r#"{"type":"watch","users":["bob"],"devices":true}"#),
+            Ok(ClientFrame::Watch {
+                users: vec!["bob".into()],
+                devices: true,
+            })
+        );
+        assert_eq!(
+            code(r#"{"type":"watch","users":["bob"],"devices":"yes"}"#),
+            ErrorCode::BadRequest
         );
         assert_eq!(
             parse_client_frame(r#"{"type":"status","status":"away","text":"lunch"}"#),
@@ -421,7 +437,7 @@ mod fuzz {
 
     fn check(text: &str) {
         match parse_client_frame(text) {
-            Ok(ClientFrame::Watch { users }) | Ok(ClientFrame::Unwatch { users }) => {
+            Ok(ClientFrame::Watch { users, .. }) | Ok(ClientFrame::Unwatch { users }) => {
                 assert!(users.iter().all(|u| ids::validate("user", u).is_ok()))
             }
             Ok(ClientFrame::Status { status, text }) => {

@@ -51,6 +51,9 @@ pub struct View {
     /// What the viewer can tell apart (status and text); equal
     /// fingerprints mean nothing changed for the viewer.
     pub fingerprint: u64,
+    /// The same for a viewer who asked for device counts: status, text
+    /// and devices.
+    pub devices_fingerprint: u64,
     /// The `presence` frame.
     pub frame: ByteString,
 }
@@ -69,6 +72,9 @@ pub struct Deliver {
     pub resync: bool,
     /// The views, indexed by [`Relation::index`].
     pub views: Arc<[View; 4]>,
+    /// Only the device count changed: handed only to the watchers who
+    /// asked for device counts.
+    pub devices_only: bool,
 }
 
 impl Deliver {
@@ -78,6 +84,7 @@ impl Deliver {
             let record = privacy::view(presence, r);
             View {
                 fingerprint: fingerprint(&record),
+                devices_fingerprint: devices_fingerprint(&record),
                 frame: ByteString::from(protocol::presence_frame(&record)),
             }
         });
@@ -86,6 +93,7 @@ impl Deliver {
             seq,
             resync,
             views: Arc::new(views),
+            devices_only: false,
         }
     }
 }
@@ -108,6 +116,16 @@ pub fn fingerprint(record: &Record) -> u64 {
     h.finish()
 }
 
+/// What a watcher who asked for device counts can tell apart: status,
+/// text and the number of devices.
+pub fn devices_fingerprint(record: &Record) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    record.status.hash(&mut h);
+    record.text.hash(&mut h);
+    record.devices.hash(&mut h);
+    h.finish()
+}
+
 /// Adds `users` to what `session` watches; answers once the node is
 /// subscribed to each of their events, so that a snapshot read after it
 /// misses nothing. `Err` when Redis could not confirm the subscription.
@@ -122,6 +140,8 @@ pub struct Watch {
     pub recheck: Recipient<Recheck>,
     /// Users to watch.
     pub users: Vec<String>,
+    /// The session also wants their device-count changes.
+    pub devices: bool,
 }
 
 /// Removes `users` from what `session` watches.
@@ -258,6 +278,9 @@ pub struct Registry {
     ready: Option<oneshot::Sender<()>>,
     /// Watched user -> sessions watching it.
     by_user: HashMap<String, HashSet<SessionId>>,
+    /// Watched user -> the sessions among [`Registry::by_user`] that asked
+    /// for its device counts: the only ones a `devices_only` event wakes.
+    devices_by_user: HashMap<String, HashSet<SessionId>>,
     /// Session -> its address and watched users.
     watchers: HashMap<SessionId, Watcher>,
     /// Every open session of this node: where the shutdown notice goes,
@@ -297,6 +320,7 @@ impl Registry {
             stall_after,
             ready: Some(ready),
             by_user: HashMap::new(),
+            devices_by_user: HashMap::new(),
             watchers: HashMap::new(),
             sessions: HashMap::new(),
             round: 0,
@@ -307,6 +331,12 @@ impl Registry {
     }
 
     fn unwatch(&mut self, session: SessionId, user: &str) {
+        if let Some(sessions) = self.devices_by_user.get_mut(user) {
+            sessions.remove(&session);
+            if sessions.is_empty() {
+                self.devices_by_user.remove(user);
+            }
+        }
         if let Some(sessions) = self.by_user.get_mut(user) {
             sessions.remove(&session);
             if sessions.is_empty() {
@@ -352,7 +382,12 @@ impl Registry {
     /// runs while the socket takes bytes): it is cut off rather than allowed
     /// to grow the node's memory.
     fn deliver(&mut self, deliver: Deliver) {
-        let Some(sessions) = self.by_user.get(&*deliver.user) else {
+        let watchers = if deliver.devices_only {
+            &self.devices_by_user
+        } else {
+            &self.by_user
+        };
+        let Some(sessions) = watchers.get(&*deliver.user) else {
             return;
         };
         let mut slow = Vec::new();
@@ -589,6 +624,12 @@ impl Handler<Watch> for Registry {
                 .entry(user.clone())
                 .or_default()
                 .insert(msg.session);
+            if msg.devices {
+                self.devices_by_user
+                    .entry(user.clone())
+                    .or_default()
+                    .insert(msg.session);
+            }
             watcher.users.insert(user);
         }
         let subs = self.subscriptions.clone();
@@ -669,6 +710,7 @@ impl Handler<Disconnect> for Registry {
         shrink(&mut self.sessions);
         shrink(&mut self.watchers);
         shrink(&mut self.by_user);
+        shrink(&mut self.devices_by_user);
     }
 }
 
@@ -703,7 +745,22 @@ impl Registry {
         match wire {
             Wire::ContactsChanged { user, .. } => self.recheck(&user),
             Wire::Event(event) => {
-                crate::metrics::transition_published(event.presence.status.as_str());
+                // A change of the device count alone wakes only the
+                // watchers who asked for it; except during a resync read,
+                // which it overrides for every watcher (it carries the
+                // whole record, and the others pass it on only if their
+                // view differs).
+                if event.devices_only && !self.reading {
+                    if self.devices_by_user.contains_key(&event.presence.user) {
+                        let mut deliver = Deliver::new(&event.presence, event.seq, false);
+                        deliver.devices_only = true;
+                        self.deliver(deliver);
+                    }
+                    return;
+                }
+                if !event.devices_only {
+                    crate::metrics::transition_published(event.presence.status.as_str());
+                }
                 if !self.by_user.contains_key(&event.presence.user) {
                     return;
                 }

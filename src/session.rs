@@ -186,6 +186,20 @@ struct Seen {
     /// Asked for, but its snapshot has not been read yet: events for it
     /// are held in [`Watches::early`] until it has.
     pending: bool,
+    /// The client asked for this user's device counts (`"devices":true`):
+    /// a change of the count alone is news to it.
+    devices: bool,
+}
+
+impl Seen {
+    /// What this client can tell apart in `record`.
+    fn fingerprint_of(&self, record: &Record) -> u64 {
+        if self.devices {
+            registry::devices_fingerprint(record)
+        } else {
+            registry::fingerprint(record)
+        }
+    }
 }
 
 impl Default for Seen {
@@ -195,6 +209,7 @@ impl Default for Seen {
             fingerprint: 0,
             relation: Relation::Other,
             pending: false,
+            devices: false,
         }
     }
 }
@@ -218,8 +233,11 @@ enum Request {
     /// Register `new` with the registry, then read and send their
     /// snapshot (users watched before are not read again).
     Watch {
-        /// The users not watched before the frame, sorted.
+        /// The users not watched before the frame, sorted (and those
+        /// watched before whose device counts are now asked for).
         new: Vec<String>,
+        /// The frame asked for device counts.
+        devices: bool,
     },
     /// Set the user's status.
     Status {
@@ -507,7 +525,7 @@ impl Session {
 
     fn handle_frame(&mut self, frame: ClientFrame, ctx: &mut ws::WebsocketContext<Self>) {
         match frame {
-            ClientFrame::Watch { users } => self.watch(users, ctx),
+            ClientFrame::Watch { users, devices } => self.watch(users, devices, ctx),
             ClientFrame::Unwatch { users } => {
                 for user in &users {
                     self.watches.seen.remove(user);
@@ -541,12 +559,25 @@ impl Session {
 
     /// Checks a watch against the limit, marks its new users pending and
     /// queues it; the snapshot follows when its turn comes.
-    fn watch(&mut self, mut users: Vec<String>, ctx: &mut ws::WebsocketContext<Self>) {
+    fn watch(
+        &mut self,
+        mut users: Vec<String>,
+        devices: bool,
+        ctx: &mut ws::WebsocketContext<Self>,
+    ) {
         users.sort();
         users.dedup();
         let new: Vec<String> = users
             .iter()
             .filter(|u| !self.watches.seen.contains_key(*u))
+            .cloned()
+            .collect();
+        // Users watched before whose device counts are now asked for are
+        // read again, like new ones: the client's record of them may lack
+        // a count that changed meanwhile.
+        let upgraded: Vec<String> = users
+            .iter()
+            .filter(|u| devices && self.watches.seen.get(*u).is_some_and(|s| !s.devices))
             .cloned()
             .collect();
         let max = self.node.config.max_watches;
@@ -566,7 +597,7 @@ impl Session {
         // ones are read (in start_watch), and reads are bounded per second.
         if let Err(wait) = self
             .reads
-            .take(u32::try_from(new.len()).unwrap_or(u32::MAX))
+            .take(u32::try_from(new.len() + upgraded.len()).unwrap_or(u32::MAX))
         {
             let err = ProtocolError::new(
                 ErrorCode::RateLimited,
@@ -583,11 +614,20 @@ impl Session {
         for user in &new {
             let seen = Seen {
                 pending: true,
+                devices,
                 ..Seen::default()
             };
             self.watches.seen.insert(user.clone(), seen);
         }
-        self.request(Request::Watch { new }, ctx);
+        for user in &upgraded {
+            if let Some(seen) = self.watches.seen.get_mut(user) {
+                seen.devices = true;
+            }
+        }
+        let mut new = new;
+        new.extend(upgraded);
+        new.sort();
+        self.request(Request::Watch { new, devices }, ctx);
     }
 
     /// Queues a request for Redis and starts it if nothing is in flight.
@@ -620,7 +660,7 @@ impl Session {
         };
         self.requests.busy = true;
         match request {
-            Request::Watch { new } => self.start_watch(new, ctx),
+            Request::Watch { new, devices } => self.start_watch(new, devices, ctx),
             Request::Status { status, text } => self.start_status(status, text, ctx),
             Request::Privacy { online, last_seen } => self.start_privacy(online, last_seen, ctx),
             Request::Recheck { user } => self.start_recheck(user, ctx),
@@ -637,11 +677,25 @@ impl Session {
     /// subscribed to the new users' events), then reads the snapshot:
     /// subscribed first, so that no transition falls between the read and
     /// the subscription. Only users new to the session are read.
-    fn start_watch(&mut self, new: Vec<String>, ctx: &mut ws::WebsocketContext<Self>) {
-        // An unwatch that came while this waited its turn wins.
+    fn start_watch(
+        &mut self,
+        new: Vec<String>,
+        devices: bool,
+        ctx: &mut ws::WebsocketContext<Self>,
+    ) {
+        // An unwatch that came while this waited its turn wins. A user
+        // watched before whose device counts this frame asked for is read
+        // again, its events held until then like a new one's.
         let new: Vec<String> = new
             .into_iter()
-            .filter(|u| self.watches.seen.get(u).is_some_and(|s| s.pending))
+            .filter(|u| match self.watches.seen.get_mut(u) {
+                Some(seen) if seen.pending => true,
+                Some(seen) if devices && seen.devices => {
+                    seen.pending = true;
+                    true
+                }
+                _ => false,
+            })
             .collect();
         if new.is_empty() {
             self.send(ctx, protocol::snapshot_frame(&[]));
@@ -655,6 +709,7 @@ impl Session {
             addr: ctx.address().recipient(),
             recheck: ctx.address().recipient(),
             users: new.clone(),
+            devices,
         };
         let viewer = self.me.user.clone();
         let fut = async move {
@@ -824,7 +879,12 @@ impl Session {
                 };
                 let before = before.fingerprint;
                 let record = act.observe(&o);
-                if before != registry::fingerprint(&record) {
+                let after = act
+                    .watches
+                    .seen
+                    .get(&o.presence.user)
+                    .map(|s| s.fingerprint);
+                if after.is_some_and(|after| after != before) {
                     act.send(ctx, protocol::presence_frame(&record));
                 }
             }
@@ -842,7 +902,7 @@ impl Session {
         if let Some(seen) = self.watches.seen.get_mut(&o.presence.user) {
             seen.seq = seen.seq.max(o.seq);
             seen.relation = relation;
-            seen.fingerprint = registry::fingerprint(&record);
+            seen.fingerprint = seen.fingerprint_of(&record);
             seen.pending = false;
         }
         record
@@ -872,10 +932,15 @@ impl Session {
         }
         seen.seq = seen.seq.max(msg.seq);
         let view = &msg.views[seen.relation.index()];
-        if view.fingerprint == seen.fingerprint {
+        let fingerprint = if seen.devices {
+            view.devices_fingerprint
+        } else {
+            view.fingerprint
+        };
+        if fingerprint == seen.fingerprint {
             return;
         }
-        seen.fingerprint = view.fingerprint;
+        seen.fingerprint = fingerprint;
         crate::metrics::METRICS.transitions_delivered.inc();
         self.send(ctx, view.frame.clone());
     }

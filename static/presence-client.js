@@ -12,6 +12,7 @@
 //   client.onError = (error) => ...;            // {code, message} error frames (session goes on)
 //   client.connect();
 //   client.watch(["bob", "carol"]);             // may be called before the connection is open
+//   client.watch(["dave"], { devices: true });  // also onChange when dave's device count changes
 //   client.setStatus("away", "in a meeting");
 //
 // The client reconnects by itself with exponential backoff and full jitter,
@@ -60,6 +61,8 @@
       this.WebSocket = o.WebSocket || global.WebSocket;
       /** Users watched; re-sent after every reconnect. */
       this.watched = new Set();
+      /** The watched users whose device counts were asked for ({devices: true}). */
+      this.watchedDevices = new Set();
       /** The chosen {status, text}, re-sent after every reconnect (null: the server's default). */
       this.status = null;
       /** "idle" until connect(), then "connecting" | "open" | "reconnecting" | "closed". */
@@ -101,35 +104,54 @@
       this._setState("closed", { code: 1000, reason: "closed by client", willRetry: false });
     }
 
-    /** Watches users: answered by onSnapshot, then onChange for each transition. */
-    watch(users) {
+    /**
+     * Watches users: answered by onSnapshot, then onChange for each transition.
+     * With `{devices: true}`, onChange also fires whenever one of these users'
+     * device count changes (a second tab opening or closing), with the same
+     * status; kept until the users are unwatched.
+     */
+    watch(users, options) {
       const list = [].concat(users).filter(Boolean);
       if (!list.length) return;
-      list.forEach((u) => this.watched.add(u));
-      this._send({ type: "watch", users: list });
+      const devices = !!(options && options.devices);
+      list.forEach((u) => {
+        this.watched.add(u);
+        if (devices) this.watchedDevices.add(u);
+      });
+      this._send(devices ? { type: "watch", users: list, devices: true } : { type: "watch", users: list });
     }
 
     /** Stops watching users. */
     unwatch(users) {
       const list = [].concat(users).filter(Boolean);
       if (!list.length) return;
-      list.forEach((u) => this.watched.delete(u));
+      list.forEach((u) => {
+        this.watched.delete(u);
+        this.watchedDevices.delete(u);
+      });
       this._send({ type: "unwatch", users: list });
     }
 
     /**
      * Asks for a fresh snapshot of every watched user. Transitions are
      * pushed, but a second device arriving (or one of several leaving) is no
-     * transition, so device counts in onChange records can fall behind;
-     * call this now and then if you show them. (A watch naming users already
-     * watched reads only the new ones, so the refresh lets go of the users
-     * and watches them again; events between the two are in the snapshot.)
+     * transition, so without `{devices: true}` device counts in onChange
+     * records can fall behind; watch with it, or call this now and then, if
+     * you show them. (A watch naming users already watched reads only the
+     * new ones, so the refresh lets go of the users and watches them again;
+     * events between the two are in the snapshot.)
      */
     refresh() {
       if (!this.watched.size) return;
-      const users = [...this.watched];
-      this._send({ type: "unwatch", users });
-      this._send({ type: "watch", users });
+      this._send({ type: "unwatch", users: [...this.watched] });
+      this._sendWatches();
+    }
+
+    /** Sends the watch list: users with device counts in a frame of their own. */
+    _sendWatches() {
+      const plain = [...this.watched].filter((u) => !this.watchedDevices.has(u));
+      if (plain.length) this._send({ type: "watch", users: plain });
+      if (this.watchedDevices.size) this._send({ type: "watch", users: [...this.watchedDevices], devices: true });
     }
 
     /**
@@ -278,7 +300,7 @@
           this._setState("open", { hello: f, url: this.url });
           this.onHello(f);
           if (this.status) this._send({ type: "status", ...this.status });
-          if (this.watched.size) this._send({ type: "watch", users: [...this.watched] });
+          this._sendWatches();
           break;
         case "auth_expiring":
           this._renewToken(f);

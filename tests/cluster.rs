@@ -378,9 +378,10 @@ async fn fill_live_leases(cluster: &Cluster) {
                 .arg("PX")
                 .arg(TTL_MS)
                 .ignore();
-            pipe.cmd("SADD")
-                .arg(format!("presence-devices:{{{user}}}"))
-                .arg("d")
+            pipe.cmd("HSET")
+                .arg(format!("presence-status:{{{user}}}"))
+                .arg("d:d")
+                .arg(1)
                 .ignore();
             pipe.cmd("SET")
                 .arg(format!("presence-count:{{{user}}}"))

@@ -1,12 +1,14 @@
 //! `GET /api/online` over the bucketed `presence-online` index: a k-way
 //! merge newest first, a cursor that survives shared scores, bounded work
-//! per request; and the move of schema-1 indexes into buckets at start.
+//! per request; and the moves of older schemas' keys at start (schema-1
+//! indexes into buckets, schema-2 device sets into the users' hashes).
 
 mod common;
 
 use std::collections::HashSet;
 
 use common::*;
+use serde_json::json;
 
 /// Makes `n` users `<prefix>0..` online (lease, device set, counter) and
 /// lists them in `presence-online` with `score` each.
@@ -135,10 +137,100 @@ async fn schema_1_indexes_move_into_buckets_at_start() {
         .query_async(&mut c)
         .await
         .unwrap();
-    assert_eq!(meta, ["16", "2"]);
+    assert_eq!(meta, ["16", "3"]);
     let (seen, _) = walk(&node.http(), 20).await;
     assert_eq!(seen.len(), 50);
     assert_eq!(seen[0].0, "old49");
+}
+
+#[tokio::test]
+async fn schema_2_device_sets_move_into_the_users_hashes_at_start() {
+    let redis = Redis::start();
+    let mut c = redis.aconn().await;
+    // A schema-2 deployment: each user's devices in a set of their own.
+    let mut pipe = redis::pipe();
+    pipe.cmd("HSET")
+        .arg("presence-meta")
+        .arg("buckets")
+        .arg(16)
+        .arg("schema")
+        .arg(2)
+        .ignore();
+    for i in 0..30 {
+        let user = format!("old{i}");
+        let devices: &[&str] = if i == 0 { &["d", "tab"] } else { &["d"] };
+        for device in devices {
+            pipe.cmd("SET")
+                .arg(format!("presence:{{{user}}}:{device}"))
+                .arg("elsewhere 1 0")
+                .arg("PX")
+                .arg(600_000)
+                .ignore();
+        }
+        pipe.cmd("SADD")
+            .arg(format!("presence-devices:{{{user}}}"))
+            .arg(devices)
+            .ignore();
+        pipe.cmd("SET")
+            .arg(format!("presence-count:{{{user}}}"))
+            .arg(devices.len())
+            .ignore();
+        pipe.cmd("HSET")
+            .arg(format!("presence-status:{{{user}}}"))
+            .arg("status")
+            .arg("busy")
+            .arg("since")
+            .arg(1)
+            .ignore();
+    }
+    pipe.query_async::<()>(&mut c).await.unwrap();
+
+    let node = Node::start(&redis, "n1");
+    let sets: Vec<String> = redis::cmd("KEYS")
+        .arg("presence-devices:*")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert!(sets.is_empty(), "{sets:?}");
+    let schema: String = redis::cmd("HGET")
+        .arg("presence-meta")
+        .arg("schema")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(schema, "3");
+    let mut fields: Vec<String> = redis::cmd("HKEYS")
+        .arg("presence-status:{old0}")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    fields.sort();
+    assert_eq!(fields, ["d:d", "d:tab", "since", "status"]);
+    let (_, old0) = get(&format!("{}/api/presence/old0", node.http())).await;
+    assert_eq!(
+        (&old0["status"], &old0["devices"]),
+        (&json!("busy"), &json!(2))
+    );
+    assert_eq!(
+        old0["device_list"].as_array().map(Vec::len),
+        Some(2),
+        "{old0}"
+    );
+
+    // The moved devices are the ones the steps count: taking one over and
+    // closing it uncounts it, once.
+    let tab = Client::connect(&node, "old0", "tab").await;
+    assert_eq!(count(&redis, "old0").await, 2);
+    tab.close().await;
+    wait_until("old0's tab uncounted", DEADLINE, || async {
+        count(&redis, "old0").await == 1
+    })
+    .await;
+    let (_, old0) = get(&format!("{}/api/presence/old0", node.http())).await;
+    assert_eq!(
+        (&old0["status"], &old0["devices"]),
+        (&json!("busy"), &json!(1))
+    );
 }
 
 #[tokio::test]

@@ -128,12 +128,12 @@ async fn missed_expired_events_are_repaired_by_reconciliation() {
     let ev = w.expect_presence("alice", "offline").await;
     assert!(ev["last_seen"].as_i64().is_some());
     assert_eq!(count(&redis, "alice").await, 0);
-    let members: Vec<String> = redis::cmd("SMEMBERS")
-        .arg("presence-devices:{alice}")
+    let fields: Vec<String> = redis::cmd("HKEYS")
+        .arg("presence-status:{alice}")
         .query_async(&mut c)
         .await
         .unwrap();
-    assert!(members.is_empty());
+    assert!(!fields.iter().any(|f| f.starts_with("d:")), "{fields:?}");
     b.wait_log("reconciliation repaired alice").await;
     let (_, health) = get(&format!("{}/healthz", b.http())).await;
     assert_eq!(health["counters"]["reconcile_repairs"], 1, "{health}");

@@ -36,7 +36,7 @@ pub async fn index_len(
 }
 
 /// Writes a live lease for device `d` of users `<prefix>0` .. `<prefix>{n-1}`
-/// (lease owned by `owner`, device set, counter and, with `index`, the
+/// (lease owned by `owner`, device field of the user's hash, counter and, with `index`, the
 /// deadline in its bucket of `presence-leases`), with a TTL of ten minutes.
 pub async fn live_leases(
     conn: &mut redis::aio::MultiplexedConnection,
@@ -57,9 +57,10 @@ pub async fn live_leases(
                 .arg("PX")
                 .arg(TTL_MS)
                 .ignore();
-            pipe.cmd("SADD")
-                .arg(format!("presence-devices:{{{user}}}"))
-                .arg("d")
+            pipe.cmd("HSET")
+                .arg(format!("presence-status:{{{user}}}"))
+                .arg("d:d")
+                .arg(1)
                 .ignore();
             pipe.cmd("SET")
                 .arg(format!("presence-count:{{{user}}}"))

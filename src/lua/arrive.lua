@@ -4,8 +4,9 @@
 --
 -- KEYS[1] presence:{<user>}:<device>   the device lease
 -- KEYS[2] presence-count:{<user>}      live device counter
--- KEYS[3] presence-devices:{<user>}    set of counted device ids
--- KEYS[4] presence-status:{<user>}     status hash (status, text, since, active, last_seen, seq)
+-- KEYS[3] presence-status:{<user>}     the user's hash: d:<device> per counted
+--                                      device; status, text, since, privacy,
+--                                      active, last_seen, seq
 -- ARGV[1] lease owner (this connection's value)
 -- ARGV[2] lease TTL in ms
 -- ARGV[3] device id
@@ -30,16 +31,25 @@
 --               -1 when the user already has ARGV[11] other devices (connect
 --               only; nothing was changed)
 --   came_online 1 when this call made the user's first device arrive; the
---               `online` event has then been published
+--               `online` event has then been published (a later device
+--               publishes a `devices_only` event with the new count)
 --   status, text, since: the user's chosen status now ("" when none)
 --   show_online, show_last_seen: the user's privacy settings ("" when unset)
 local current = redis.call('GET', KEYS[1])
 if ARGV[5] == 'refresh' and current and current ~= ARGV[1] then
   return {0, 0, '', '', '0', '', ''}
 end
-if ARGV[5] == 'connect' and redis.call('SISMEMBER', KEYS[3], ARGV[3]) == 0
-    and redis.call('SCARD', KEYS[3]) >= tonumber(ARGV[11]) then
-  return {-1, 0, '', '', '0', '', ''}
+local field = 'd:' .. ARGV[3]
+if ARGV[5] == 'connect' and redis.call('HEXISTS', KEYS[3], field) == 0 then
+  -- Counted from the hash itself, not the counter: the limit holds even
+  -- while a counter awaits repair.
+  local devices = 0
+  for _, f in ipairs(redis.call('HKEYS', KEYS[3])) do
+    if string.sub(f, 1, 2) == 'd:' then devices = devices + 1 end
+  end
+  if devices >= tonumber(ARGV[11]) then
+    return {-1, 0, '', '', '0', '', ''}
+  end
 end
 if current == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -48,16 +58,16 @@ else
 end
 -- One read of everything a holder re-asserts: status, text, since, then
 -- the privacy settings.
-local st = redis.call('HMGET', KEYS[4], 'status', 'text', 'since', 'show_online', 'show_last_seen')
+local st = redis.call('HMGET', KEYS[3], 'status', 'text', 'since', 'show_online', 'show_last_seen')
 -- Redis lost the status (restart without persistence) or holds an older one
 -- re-asserted by another device: restore the newest this connection knew.
 if ARGV[8] ~= '' and (not st[1] or tonumber(st[3] or '0') < tonumber(ARGV[10])) then
-  redis.call('HSET', KEYS[4], 'status', ARGV[8], 'since', ARGV[10])
+  redis.call('HSET', KEYS[3], 'status', ARGV[8], 'since', ARGV[10])
   if ARGV[9] == '' then
-    redis.call('HDEL', KEYS[4], 'text')
+    redis.call('HDEL', KEYS[3], 'text')
     st[2] = false
   else
-    redis.call('HSET', KEYS[4], 'text', ARGV[9])
+    redis.call('HSET', KEYS[3], 'text', ARGV[9])
     st[2] = ARGV[9]
   end
   st[1], st[3] = ARGV[8], ARGV[10]
@@ -66,20 +76,25 @@ end
 -- announced: a user who hides must not flash online.
 local known_online, known_last_seen = ARGV[12] or '', ARGV[13] or ''
 if not st[4] and known_online ~= '' then
-  redis.call('HSET', KEYS[4], 'show_online', known_online)
+  redis.call('HSET', KEYS[3], 'show_online', known_online)
   st[4] = known_online
 end
 if not st[5] and known_last_seen ~= '' then
-  redis.call('HSET', KEYS[4], 'show_last_seen', known_last_seen)
+  redis.call('HSET', KEYS[3], 'show_last_seen', known_last_seen)
   st[5] = known_last_seen
 end
-redis.call('HSET', KEYS[4], 'active', ARGV[4])
+redis.call('HSET', KEYS[3], 'active', ARGV[4])
 local status, text, since = st[1] or '', st[2] or '', st[3] or '0'
 local show_online, show_last_seen = st[4] or '', st[5] or ''
 local came_online = 0
-if redis.call('SADD', KEYS[3], ARGV[3]) == 1 and redis.call('INCR', KEYS[2]) == 1 then
-  publish_event(ARGV[7], KEYS[4], ARGV[6], 1, nil, next_seq(KEYS[4], ARGV[4]))
-  came_online = 1
+if redis.call('HSETNX', KEYS[3], field, 1) == 1 then
+  local count = redis.call('INCR', KEYS[2])
+  if count == 1 then
+    publish_event(ARGV[7], KEYS[3], ARGV[6], 1, nil, next_seq(KEYS[3], ARGV[4]))
+    came_online = 1
+  else
+    publish_event(ARGV[7], KEYS[3], ARGV[6], count, nil, next_seq(KEYS[3], ARGV[4]), true)
+  end
 end
 if ARGV[5] == 'refresh' and status == ARGV[8] and text == ARGV[9] and since == ARGV[10]
     and show_online == known_online and show_last_seen == known_last_seen then

@@ -5,8 +5,9 @@
 --
 -- KEYS[1] presence:{<user>}:<device>   the device lease
 -- KEYS[2] presence-count:{<user>}      live device counter
--- KEYS[3] presence-devices:{<user>}    set of counted device ids
--- KEYS[4] presence-status:{<user>}     status hash (status, text, since, active, last_seen, seq)
+-- KEYS[3] presence-status:{<user>}     the user's hash: d:<device> per counted
+--                                      device; status, text, since, privacy,
+--                                      active, last_seen, seq
 -- ARGV[1] lease owner of the closing connection, or "" when the lease lapsed
 --         (then the device goes only if no lease exists any more)
 -- ARGV[2] device id
@@ -20,7 +21,8 @@
 --   outcome 1  this call removed the device; went_offline = 1 when it was the
 --              user's last one, and value = when it was last seen (the time
 --              published, unless the user is invisible: then its last seen
---              is left as it was)
+--              is left as it was); otherwise a `devices_only` event with the
+--              new count has been published
 --   outcome 2  nothing to do: the device was already gone
 local current = redis.call('GET', KEYS[1])
 if current then
@@ -29,25 +31,26 @@ if current then
   end
   redis.call('DEL', KEYS[1])
 end
-if redis.call('SREM', KEYS[3], ARGV[2]) == 0 then
+if redis.call('HDEL', KEYS[3], 'd:' .. ARGV[2]) == 0 then
   return {2, 0, 0}
 end
 local count = redis.call('DECR', KEYS[2])
 if count > 0 then
+  publish_event(ARGV[5], KEYS[3], ARGV[4], count, nil, next_seq(KEYS[3], ARGV[3]), true)
   return {1, 0, 0}
 end
 redis.call('DEL', KEYS[2])
 -- A lapsed lease was last seen at its last refresh, not when Redis noticed.
 local last_seen = tonumber(ARGV[3])
 if ARGV[1] == '' then
-  local active = tonumber(redis.call('HGET', KEYS[4], 'active') or '0')
+  local active = tonumber(redis.call('HGET', KEYS[3], 'active') or '0')
   if active and active > 0 and active < last_seen then
     last_seen = active
   end
 end
 -- last_seen is stored with the transition, so no read ever sees the user
 -- offline without it; an invisible user's is left as it was.
-local shown = stamp_last_seen(KEYS[4], last_seen)
-publish_event(ARGV[5], KEYS[4], ARGV[4], 0, shown, next_seq(KEYS[4], ARGV[3]))
+local shown = stamp_last_seen(KEYS[3], last_seen)
+publish_event(ARGV[5], KEYS[3], ARGV[4], 0, shown, next_seq(KEYS[3], ARGV[3]))
 -- The real time still goes back: it keeps the retention index honest.
 return {1, 1, last_seen}

@@ -17,8 +17,10 @@ local published = false
 
 -- Publishes the user's true record after a transition, with what decides
 -- who may see it (chosen status, privacy settings); each node derives every
--- viewer's view from it.
-local function publish_event(channel, status_key, user, devices, last_seen, seq)
+-- viewer's view from it. `devices_only` marks a change of the device count
+-- alone (a second device came or went): nodes hand it only to the watchers
+-- who asked for device counts.
+local function publish_event(channel, status_key, user, devices, last_seen, seq, devices_only)
   local h = redis.call('HMGET', status_key, 'status', 'text', 'since', 'show_online', 'show_last_seen',
     'last_seen')
   -- The stored last seen rides along on every event, as on every read: a
@@ -27,7 +29,8 @@ local function publish_event(channel, status_key, user, devices, last_seen, seq)
   if last_seen == nil then last_seen = tonumber(h[6]) end
   local status = 'offline'
   if devices > 0 then status = h[1] or 'online' end
-  published = cjson.encode({
+  local event = cjson.encode({
+    devices_only = devices_only or nil,
     user = user,
     status = status,
     devices = devices,
@@ -39,7 +42,9 @@ local function publish_event(channel, status_key, user, devices, last_seen, seq)
     show_last_seen = h[5] or 'everyone',
     seq = seq,
   })
-  redis.call('SPUBLISH', channel, published)
+  redis.call('SPUBLISH', channel, event)
+  -- A change of the device count alone is no transition: no webhook.
+  if not devices_only then published = event end
 end
 
 -- Stamps a user's last seen as it goes offline and returns the value to

@@ -135,7 +135,8 @@ impl Store {
     /// whatever their number: one pipeline of `arrive.lua` calls, then, for
     /// the leases still held, per bucket one `ZADD GT` of their deadlines
     /// into `presence-leases:{b<k>}` and one of their users into
-    /// `presence-online:{b<k>}`.
+    /// `presence-online:{b<k>}` (and, for users who came online, a `ZREM`
+    /// from `presence-lastseen:{b<k>}`).
     /// Returns one outcome per lease, in order; `Err` when the first round
     /// trip failed as a whole. A failed second round trip fails the leases
     /// that were held (as one refresh on its own would).
@@ -170,12 +171,19 @@ impl Store {
         // must not stand for the new owner's lease. GT keeps the latest
         // deadline when two writes cross.
         let mut by_bucket: BTreeMap<u32, (redis::Cmd, redis::Cmd)> = BTreeMap::new();
+        // Users who came online leave the last-seen index: an online user
+        // is listed in `presence-online` already, and goes back into
+        // `presence-lastseen` with its next `offline`.
+        let mut back = redis::pipe();
         let mut out = Vec::with_capacity(leases.len());
         for (lease, value) in leases.iter().zip(&reply) {
             let lease = lease.borrow();
             let arrival = parse_arrival(&self.report(value, false), &lease.user, deadline);
-            if let Ok(Arrival::Held { .. }) = arrival {
+            if let Ok(Arrival::Held { came_online, .. }) = arrival {
                 let bucket = self.buckets.of(&lease.user);
+                if came_online {
+                    back.zrem(keys::last_seen(bucket), &lease.user).ignore();
+                }
                 let (deadlines, online) = by_bucket
                     .entry(bucket)
                     .or_insert_with(|| index_writes(bucket));
@@ -187,7 +195,7 @@ impl Store {
             out.push(arrival);
         }
         if !by_bucket.is_empty() {
-            let mut pipe = redis::pipe();
+            let mut pipe = back;
             for (deadlines, online) in by_bucket.into_values() {
                 pipe.add_command(deadlines).ignore();
                 pipe.add_command(online).ignore();

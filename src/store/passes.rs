@@ -242,7 +242,7 @@ impl Store {
         Ok(removed)
     }
 
-    /// One step of the reconciliation scan over the device sets: repairs
+    /// One step of the reconciliation scan over the users' hashes: repairs
     /// each user whose devices or counter disagree with the live leases and
     /// publishes the transition that follows, once. `cursor` is the SCAN
     /// cursor (0 starts a pass) on `node`, one of [`Store::data_nodes`]:
@@ -256,15 +256,36 @@ impl Store {
         let mut scan = redis::cmd("SCAN");
         scan.arg(cursor)
             .arg("MATCH")
-            .arg(keys::DEVICES_PATTERN)
+            .arg(keys::STATUS_PATTERN)
             .arg("COUNT")
             .arg(RECONCILE_SCAN_COUNT);
         let (next, found): (u64, Vec<String>) =
             redis::from_redis_value(self.conn.query_on(node, &scan).await?)?;
-        let users: Vec<&str> = found
-            .iter()
-            .filter_map(|k| keys::parse_devices(k))
-            .collect();
+        let found: Vec<&str> = found.iter().filter_map(|k| keys::parse_status(k)).collect();
+        let mut pipe = redis::pipe();
+        for user in &found {
+            pipe.hkeys(keys::status(user));
+        }
+        let fields: Vec<Vec<String>> = if found.is_empty() {
+            Vec::new()
+        } else {
+            pipe.query_async(&mut conn).await?
+        };
+        // Users with counted devices; the hash of a user offline for good
+        // holds none and needs no look.
+        let (users, members): (Vec<&str>, Vec<Vec<String>>) = found
+            .into_iter()
+            .zip(fields)
+            .map(|(user, fields)| {
+                let devices: Vec<String> = fields
+                    .iter()
+                    .filter_map(|f| keys::parse_device_field(f))
+                    .map(str::to_string)
+                    .collect();
+                (user, devices)
+            })
+            .filter(|(_, devices)| !devices.is_empty())
+            .unzip();
         if users.is_empty() {
             return Ok(Reconciliation {
                 next_cursor: next,
@@ -272,11 +293,6 @@ impl Store {
                 repaired: 0,
             });
         }
-        let mut pipe = redis::pipe();
-        for user in &users {
-            pipe.smembers(keys::devices(user));
-        }
-        let members: Vec<Vec<String>> = pipe.query_async(&mut conn).await?;
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
         let now = now_ms();

@@ -128,9 +128,26 @@ impl Store {
         Ok(out)
     }
 
+    /// The devices counted for `user` (the device fields of its hash),
+    /// sorted.
+    async fn device_ids(&self, user: &str) -> StoreResult<Vec<String>> {
+        let mut conn = self.conn();
+        let fields: Vec<String> = redis::cmd("HKEYS")
+            .arg(keys::status(user))
+            .query_async(&mut conn)
+            .await?;
+        let mut out: Vec<String> = fields
+            .iter()
+            .filter_map(|f| keys::parse_device_field(f))
+            .map(str::to_string)
+            .collect();
+        out.sort();
+        Ok(out)
+    }
+
     /// The live devices of `user`, sorted by device id.
     pub async fn devices(&self, user: &str) -> StoreResult<Vec<DeviceInfo>> {
-        let ids = self.sorted_members(&keys::devices(user)).await?;
+        let ids = self.device_ids(user).await?;
         if ids.is_empty() {
             return Ok(Vec::new());
         }
@@ -142,7 +159,7 @@ impl Store {
         let reply = self.query(&pipe).await?;
         if reply.len() != 2 * ids.len() {
             return Err(StoreError::reply(
-                &keys::devices(user),
+                &keys::status(user),
                 format!("{} replies for {} devices", reply.len(), ids.len()),
             ));
         }

@@ -64,6 +64,7 @@ pub(super) struct Scripts {
     zrem_if: Script,
     lock_keep: Script,
     forget_offline: Script,
+    migrate_devices: Script,
 }
 
 /// Adds an EVALSHA of `script` to `pipe`; the caller chains the arguments.
@@ -110,12 +111,13 @@ impl Scripts {
             zrem_if: Script::new(include_str!("../lua/zrem_if.lua")),
             lock_keep: Script::new(include_str!("../lua/lock_keep.lua")),
             forget_offline: Script::new(include_str!("../lua/forget_offline.lua")),
+            migrate_devices: Script::new(include_str!("../lua/migrate_devices.lua")),
         };
         super::conn::name_scripts(scripts.named());
         scripts
     }
 
-    fn named(&self) -> [(&Script, &'static str); 9] {
+    fn named(&self) -> [(&Script, &'static str); 10] {
         [
             (&self.arrive, "arrive"),
             (&self.depart, "depart"),
@@ -126,6 +128,7 @@ impl Scripts {
             (&self.zrem_if, "zrem_if"),
             (&self.lock_keep, "lock_keep"),
             (&self.forget_offline, "forget_offline"),
+            (&self.migrate_devices, "migrate_devices"),
         ]
     }
 
@@ -147,12 +150,12 @@ impl Scripts {
     ) -> &'p mut Pipeline {
         let default = ChosenStatus::default();
         let known = lease.known.as_ref().unwrap_or(&default);
-        let [key, count, devices, status] = keys::device_keys(&lease.user, &lease.device);
+        let [key, count, status] = keys::device_keys(&lease.user, &lease.device);
         let mode = match mode {
             ArriveMode::Connect => "connect",
             ArriveMode::Refresh => "refresh",
         };
-        eval(pipe, &self.arrive, &[&key, &count, &devices, &status])
+        eval(pipe, &self.arrive, &[&key, &count, &status])
             .arg(&lease.owner)
             .arg(ttl_ms)
             .arg(&lease.device)
@@ -178,8 +181,8 @@ impl Scripts {
         owner: &str,
         now: i64,
     ) -> &'p mut Pipeline {
-        let [lease, count, devices, status] = keys::device_keys(user, device);
-        eval(pipe, &self.depart, &[&lease, &count, &devices, &status])
+        let [lease, count, status] = keys::device_keys(user, device);
+        eval(pipe, &self.depart, &[&lease, &count, &status])
             .arg(owner)
             .arg(device)
             .arg(now)
@@ -220,8 +223,8 @@ impl Scripts {
         eval(pipe, &self.read, &[&keys[0], &keys[1], &keys[2]]).arg(viewer.unwrap_or(""))
     }
 
-    /// `reconcile.lua` for one user and the devices found in its set; parse
-    /// the reply with [`parse_reconciled`].
+    /// `reconcile.lua` for one user and the devices found in its hash;
+    /// parse the reply with [`parse_reconciled`].
     pub(super) fn reconcile<'p>(
         &self,
         pipe: &'p mut Pipeline,
@@ -229,7 +232,7 @@ impl Scripts {
         devices: &[String],
         now: i64,
     ) -> &'p mut Pipeline {
-        let mut keys = vec![keys::count(user), keys::devices(user), keys::status(user)];
+        let mut keys = vec![keys::count(user), keys::status(user)];
         keys.extend(devices.iter().map(|d| keys::lease(user, d)));
         let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
         eval(pipe, &self.reconcile, &keys)
@@ -282,6 +285,20 @@ impl Scripts {
         hold_ms: u64,
     ) -> &'p mut Pipeline {
         eval(pipe, &self.lock_keep, &[key]).arg(value).arg(hold_ms)
+    }
+
+    /// `migrate_devices.lua`: moves `user`'s schema-2 device set into its
+    /// hash; the reply is the number of devices moved.
+    pub(super) fn migrate_devices<'p>(
+        &self,
+        pipe: &'p mut Pipeline,
+        user: &str,
+    ) -> &'p mut Pipeline {
+        eval(
+            pipe,
+            &self.migrate_devices,
+            &[&keys::v2_devices(user), &keys::status(user)],
+        )
     }
 
     /// `forget_offline.lua`: forgets an offline user's last seen, text and
@@ -424,7 +441,7 @@ pub(super) fn parse_read(value: &Value, user: &str) -> StoreResult<Observed> {
 
 /// The reply of `reconcile.lua` for `user`.
 pub(super) fn parse_reconciled(value: &Value, user: &str) -> StoreResult<Reconciled> {
-    let key = keys::devices(user);
+    let key = keys::status(user);
     let v = array(value, &key)?;
     Ok(Reconciled {
         removed: int(at(v, 0, &key)?, &key)?,

@@ -4,9 +4,14 @@
 
 impl super::Store {
     /// Reads the deployment's constants from `presence-meta`, writing the
-    /// defaults on the first start of a deployment, and moves the
-    /// unbucketed indexes of schema 1 into their buckets. Returns this
-    /// store with the deployment's buckets.
+    /// defaults on the first start of a deployment, and brings an older
+    /// deployment's keys to this schema: the unbucketed indexes of schema 1
+    /// into their buckets, the device sets of schemas 1 and 2 into the
+    /// users' hashes. Returns this store with the deployment's buckets.
+    ///
+    /// Nodes of an older version must be stopped first: they would go on
+    /// writing the old keys (and one started afterwards refuses to run on
+    /// the newer schema).
     pub async fn load_deployment(self) -> super::StoreResult<Self> {
         use super::StoreError;
         use crate::keys::{self, Buckets};
@@ -38,8 +43,11 @@ impl super::Store {
                     ),
                 ))
             }
-            _ => {
-                store.move_v1_indexes().await?;
+            old => {
+                if old.is_none_or(|v| v < 2) {
+                    store.move_v1_indexes().await?;
+                }
+                store.move_v2_device_sets().await?;
                 redis::cmd("HSET")
                     .arg(keys::META)
                     .arg("schema")
@@ -49,6 +57,47 @@ impl super::Store {
             }
         }
         Ok(store)
+    }
+
+    /// Moves every schema-2 device set (`presence-devices:{<user>}`) into
+    /// the user's hash as `d:<device>` fields, one user at a time and
+    /// atomically for each (`migrate_devices.lua`), on every data node.
+    /// Safe to run on several nodes at once.
+    async fn move_v2_device_sets(&self) -> super::StoreResult<()> {
+        use crate::keys;
+        let mut moved = 0i64;
+        let mut users = 0usize;
+        for node in self.data_nodes().await? {
+            let mut cursor = 0u64;
+            loop {
+                let mut scan = redis::cmd("SCAN");
+                scan.arg(cursor)
+                    .arg("MATCH")
+                    .arg(keys::V2_DEVICES_PATTERN)
+                    .arg("COUNT")
+                    .arg(1000);
+                let (next, found): (u64, Vec<String>) =
+                    redis::from_redis_value(self.conn.query_on(&node, &scan).await?)?;
+                let mut pipe = redis::pipe();
+                for user in found.iter().filter_map(|k| keys::parse_v2_devices(k)) {
+                    self.scripts.migrate_devices(&mut pipe, user);
+                    users += 1;
+                }
+                if !pipe.is_empty() {
+                    for n in self.query(&pipe).await? {
+                        moved += redis::from_redis_value_ref::<i64>(&n)?;
+                    }
+                }
+                cursor = next;
+                if cursor == 0 {
+                    break;
+                }
+            }
+        }
+        if users > 0 {
+            log::info!("moved {moved} devices of {users} users from their device sets into their hashes (schema 3)");
+        }
+        Ok(())
     }
 
     /// Moves every entry of the schema-1 indexes (`presence-online`,

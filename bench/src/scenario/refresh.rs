@@ -266,10 +266,9 @@ pub async fn run(common: &Common, args: &RefreshArgs) -> anyhow::Result<()> {
                     i += 1;
                     pipe.cmd("EVALSHA")
                         .arg(&sha)
-                        .arg(4)
+                        .arg(3)
                         .arg(format!("presence:{{{user}}}:d"))
                         .arg(format!("presence-count:{{{user}}}"))
-                        .arg(format!("presence-devices:{{{user}}}"))
                         .arg(format!("presence-status:{{{user}}}"))
                         .arg(owner)
                         .arg(CEILING_TTL_MS)
