@@ -21,6 +21,8 @@ declare class PresenceClient {
   WebSocket: new (url: string, protocols?: string | string[]) => WebSocket;
   /** Users watched; re-sent after every reconnect. */
   readonly watched: Set<string>;
+  /** Of those, the ones watched with `{devices: true}`. */
+  readonly watchedDevices: Set<string>;
   /** The chosen status and text, re-sent after every reconnect. */
   status: { status: PresenceClient.ChosenStatus; text: string | null } | null;
   state: PresenceClient.ConnectionState;
@@ -42,8 +44,9 @@ declare class PresenceClient {
   connect(): void;
   /** Closes for good. */
   close(): void;
-  /** Watches users: onSnapshot, then onChange for each transition. */
-  watch(users: string | string[]): void;
+  /** Watches users: onSnapshot, then onChange for each transition; with
+   * `{devices: true}` also for each change of their device count. */
+  watch(users: string | string[], options?: { devices?: boolean }): void;
   unwatch(users: string | string[]): void;
   /** Re-reads every watched user (device counts). */
   refresh(): void;

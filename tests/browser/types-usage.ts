@@ -25,6 +25,9 @@ client.onError = (e: PresenceClient.PresenceError) => console.log(e.code, e.mess
 client.connect();
 client.watch(["bob", "carol"]);
 client.watch("dave");
+client.watch(["erin"], { devices: true });
+const counted: Set<string> = client.watchedDevices;
+console.log(counted.size);
 client.unwatch("bob");
 client.setStatus("busy", "in a meeting");
 client.setStatus("online");
