@@ -11,8 +11,9 @@
 //! failovers and resharding) and, for each, competes for a short lock
 //! `presence-expiry-owner:{<primary id>}`: the holder subscribes to that
 //! primary's `expired` events, the other nodes stand by and take over
-//! within [`OWNER_HOLD`] when it dies. So each lapsed lease is departed once
-//! by its event; the deadline pass covers what falls between owners.
+//! within [`OWNER_HOLD`] when it dies. One Redis server is one primary
+//! (`presence-expiry-owner:{primary}`). So each lapsed lease is departed
+//! once by its event; the deadline pass covers what falls between owners.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -62,21 +63,35 @@ impl From<RedisSource> for Source {
     }
 }
 
-/// The seed URLs of a cluster.
+/// The seed URLs of a cluster, and the nodes it was last seen to have.
+///
+/// A new connection (after its predecessor broke or got stuck) starts from
+/// the nodes last read from `CLUSTER SHARDS`, then the given seeds: the
+/// seeds alone may all be gone by then (one seed URL naming a primary that
+/// died and was replaced).
 #[derive(Clone, Debug)]
 pub struct Seeds {
+    /// The URLs of `--redis-url`.
     infos: Vec<ConnectionInfo>,
+    /// Every node of the cluster as last read, with the seeds' credentials.
+    learned: Arc<std::sync::RwLock<Vec<ConnectionInfo>>>,
 }
 
 impl Seeds {
-    /// A cluster client builder over the seeds, with the server's retry
-    /// policy and timeouts.
+    /// A cluster client builder over the known nodes (see the type's
+    /// docs), with the server's retry policy and timeouts.
     pub fn builder(
         &self,
         connect_timeout: Duration,
         response_timeout: Duration,
     ) -> ClusterClientBuilder {
-        ClusterClientBuilder::new(self.infos.clone())
+        let mut nodes = self
+            .learned
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        nodes.extend(self.infos.iter().cloned());
+        ClusterClientBuilder::new(nodes)
             .connection_timeout(connect_timeout)
             .response_timeout(response_timeout)
             .retries(RETRIES)
@@ -85,11 +100,29 @@ impl Seeds {
             .retry_wait_formula(RETRY_WAIT_MIN_MS, 2)
     }
 
+    /// Remembers every node of `shards` as a starting point for new
+    /// connections.
+    pub fn learn(&self, shards: &[crate::store::conn::Shard]) {
+        let nodes: Vec<ConnectionInfo> = shards
+            .iter()
+            .flat_map(|s| &s.nodes)
+            .filter_map(|node| self.info_for(node).ok())
+            .collect();
+        if !nodes.is_empty() {
+            *self.learned.write().unwrap_or_else(|e| e.into_inner()) = nodes;
+        }
+    }
+
     /// A client for one node of the cluster, with the seeds' credentials.
     pub fn client_for(&self, node: &NodeAddr) -> redis::RedisResult<redis::Client> {
+        redis::Client::open(self.info_for(node)?)
+    }
+
+    /// How to reach one node of the cluster, with the seeds' credentials.
+    fn info_for(&self, node: &NodeAddr) -> redis::RedisResult<ConnectionInfo> {
         let seed = self.infos[0].clone();
         let Some((host, port)) = node.host_port() else {
-            return redis::Client::open(seed);
+            return Ok(seed);
         };
         let addr = match seed.addr() {
             ConnectionAddr::TcpTls {
@@ -104,7 +137,7 @@ impl Seeds {
             },
             _ => ConnectionAddr::Tcp(host.to_string(), port),
         };
-        redis::Client::open(seed.set_addr(addr))
+        Ok(seed.set_addr(addr))
     }
 }
 
@@ -246,7 +279,10 @@ pub async fn connect(
             "Redis at {shown} is version {version}; this server needs Redis {MIN_REDIS_MAJOR}.0 or newer"
         );
     }
-    let seeds = Seeds { infos };
+    let seeds = Seeds {
+        infos,
+        learned: Arc::default(),
+    };
     let conn = seeds
         .builder(CONNECT_TIMEOUT, RESPONSE_TIMEOUT)
         .build()
@@ -254,7 +290,11 @@ pub async fn connect(
         .get_async_connection()
         .await
         .with_context(|| format!("cannot connect to the redis cluster at {shown}"))?;
-    let conn = RedisConn::cluster(conn);
+    let again = seeds.clone();
+    let conn = RedisConn::cluster_from(
+        move || again.builder(CONNECT_TIMEOUT, RESPONSE_TIMEOUT).build(),
+        conn,
+    );
     let shards = conn
         .shards()
         .await
@@ -262,6 +302,7 @@ pub async fn connect(
     if shards.is_empty() {
         anyhow::bail!("the redis cluster at {shown} serves no slots (CLUSTER SHARDS)");
     }
+    seeds.learn(&shards);
     // Every node, replicas too: a promoted replica must announce expiries.
     let mut events = ExpiredEvents::On;
     for node in shards.iter().flat_map(|s| &s.nodes) {
@@ -298,70 +339,107 @@ pub async fn connect(
     Ok(Some((Source::Cluster(seeds), conn, health)))
 }
 
-/// Holds the expired-key events of the cluster's primaries this node owns
-/// (see the module docs) while `alive` holds. Each announced key goes to
-/// `on_key`; `ready` runs once the first round of ownership is settled.
+/// One primary whose `expired` events some node of the fleet must hear.
+struct Stream {
+    /// Names its ownership lock: the cluster node id, or [`SINGLE`].
+    id: String,
+    /// Where it is, as shown in logs; a new address ends the old stream.
+    addr: String,
+    /// Its keyevent channel.
+    channel: String,
+    /// Connects to it.
+    source: RedisSource,
+}
+
+/// The lock name of one Redis server's (or Sentinel group's) events.
+const SINGLE: &str = "primary";
+
+/// The primaries of `source` now: one server, or every primary of the
+/// cluster (`CLUSTER SHARDS`).
+async fn streams(source: &Source, store: &Store) -> redis::RedisResult<Vec<Stream>> {
+    match source {
+        Source::Single(client) => Ok(vec![Stream {
+            id: SINGLE.to_string(),
+            addr: client.display().to_string(),
+            channel: keys::expired_channel(client.db()),
+            source: client.clone(),
+        }]),
+        Source::Cluster(seeds) => {
+            let shards = store.redis().shards().await?;
+            seeds.learn(&shards);
+            Ok(shards
+                .into_iter()
+                .filter_map(|shard| match seeds.client_for(&shard.primary) {
+                    Ok(client) => Some(Stream {
+                        id: shard.primary_id,
+                        addr: shard.primary.to_string(),
+                        channel: keys::expired_channel(0),
+                        source: RedisSource::direct(client),
+                    }),
+                    Err(e) => {
+                        log::warn!("{}: {e}", shard.primary);
+                        None
+                    }
+                })
+                .collect())
+        }
+    }
+}
+
+/// Holds the expired-key events of the primaries this node owns (see the
+/// module docs) while `alive` holds; one Redis server counts as one
+/// primary. Each announced key goes to `on_key`; `ready` runs once the
+/// first round of ownership is settled.
 pub async fn expiry_streams(
     store: Store,
-    seeds: Seeds,
+    source: Source,
     node_id: String,
     ready: impl FnOnce(),
     alive: impl Fn() -> bool,
     on_key: impl Fn(String) -> bool + Clone + Send + 'static,
 ) {
-    let channel = keys::expired_channel(0);
-    let mut owned: HashMap<String, (NodeAddr, tokio::task::JoinHandle<()>)> = HashMap::new();
+    let mut owned: HashMap<String, (String, tokio::task::JoinHandle<()>)> = HashMap::new();
     let mut ready = Some(ready);
     while alive() {
-        match store.redis().shards().await {
-            Ok(shards) => {
+        match streams(&source, &store).await {
+            Ok(streams) => {
                 // A primary that is no longer one (failover, resharding):
                 // its stream is over.
                 owned.retain(|id, (addr, task)| {
-                    let current = shards
-                        .iter()
-                        .any(|s| &s.primary_id == id && &s.primary == addr);
+                    let current = streams.iter().any(|s| &s.id == id && &s.addr == addr);
                     if !current {
                         log::info!("expired events of {addr}: no longer a primary");
                         task.abort();
                     }
                     current
                 });
-                for shard in &shards {
-                    let lock = keys::expiry_owner(&shard.primary_id);
+                for stream in streams {
+                    let lock = keys::expiry_owner(&stream.id);
                     match store.hold_lock(&lock, &node_id, OWNER_HOLD).await {
-                        Ok(true) if !owned.contains_key(&shard.primary_id) => {
-                            let client = match seeds.client_for(&shard.primary) {
-                                Ok(client) => RedisSource::direct(client),
-                                Err(e) => {
-                                    log::warn!("{}: {e}", shard.primary);
-                                    continue;
-                                }
-                            };
-                            log::info!("owning the expired events of {}", shard.primary);
-                            let on_key = on_key.clone();
+                        Ok(true) if !owned.contains_key(&stream.id) => {
+                            log::info!("owning the expired events of {}", stream.addr);
                             let task = tokio::spawn(crate::pubsub::run(
-                                client,
-                                channel.clone(),
+                                stream.source,
+                                stream.channel,
                                 || {},
-                                on_key,
+                                on_key.clone(),
                             ));
-                            owned.insert(shard.primary_id.clone(), (shard.primary.clone(), task));
+                            owned.insert(stream.id, (stream.addr, task));
                         }
                         Ok(true) => {}
                         Ok(false) => {
-                            if let Some((addr, task)) = owned.remove(&shard.primary_id) {
+                            if let Some((addr, task)) = owned.remove(&stream.id) {
                                 log::info!("another node owns the expired events of {addr}");
                                 task.abort();
                             }
                         }
                         // Keep what is held: two owners for a moment only
                         // cost a second, idempotent departure step.
-                        Err(e) => log::warn!("expiry lock of {}: {e}", shard.primary),
+                        Err(e) => log::warn!("expiry lock of {}: {e}", stream.addr),
                     }
                 }
             }
-            Err(e) => log::warn!("cannot read the cluster's primaries: {e}"),
+            Err(e) => log::warn!("cannot read the primaries: {e}"),
         }
         if let Some(ready) = ready.take() {
             ready();
@@ -401,10 +479,36 @@ mod tests {
     fn a_node_client_keeps_the_seed_credentials() {
         let seeds = Seeds {
             infos: parse_urls("redis://user:pw@127.0.0.1:7000/0").unwrap(),
+            learned: Arc::default(),
         };
         let client = seeds.client_for(&NodeAddr::node("10.0.0.2", 7005)).unwrap();
         let info = client.get_connection_info();
         assert_eq!(info.addr().to_string(), "10.0.0.2:7005");
         assert_eq!(info.redis_settings().username(), Some("user"));
+    }
+
+    #[test]
+    fn new_connections_start_from_the_nodes_last_seen() {
+        let seeds = Seeds {
+            infos: parse_urls("redis://user:pw@127.0.0.1:7000").unwrap(),
+            learned: Arc::default(),
+        };
+        seeds.learn(&[crate::store::conn::Shard {
+            primary_id: "p".into(),
+            primary: NodeAddr::node("10.0.0.3", 7001),
+            nodes: vec![
+                NodeAddr::node("10.0.0.3", 7001),
+                NodeAddr::node("10.0.0.4", 7002),
+            ],
+        }]);
+        let learned = seeds.learned.read().unwrap().clone();
+        let addrs: Vec<String> = learned.iter().map(|i| i.addr().to_string()).collect();
+        assert_eq!(addrs, ["10.0.0.3:7001", "10.0.0.4:7002"]);
+        assert!(learned
+            .iter()
+            .all(|i| i.redis_settings().username() == Some("user")));
+        // A read that found nothing keeps what was known.
+        seeds.learn(&[]);
+        assert_eq!(seeds.learned.read().unwrap().len(), 2);
     }
 }

@@ -127,7 +127,7 @@ pub struct ExpiryListener {
 
 impl ExpiryListener {
     /// A listener that subscribes through `client` and signals `ready`
-    /// once first subscribed.
+    /// once its first round of stream ownership is settled.
     pub fn new(
         client: impl Into<Source>,
         store: Store,
@@ -315,28 +315,15 @@ impl Actor for ExpiryListener {
             addr.do_send(Expired { key });
             true
         };
-        match &self.client {
-            Source::Single(client) => {
-                let db = client.db();
-                actix::spawn(crate::pubsub::run(
-                    client.clone(),
-                    keys::expired_channel(db),
-                    on_subscribed,
-                    on_key,
-                ));
-            }
-            // Each primary's events, owned by one node at a time.
-            Source::Cluster(seeds) => {
-                actix::spawn(crate::cluster::expiry_streams(
-                    self.store.clone(),
-                    seeds.clone(),
-                    self.config.node_id.clone(),
-                    on_subscribed,
-                    move || alive.connected(),
-                    on_key,
-                ));
-            }
-        }
+        // Each primary's events, owned by one node of the fleet at a time.
+        actix::spawn(crate::cluster::expiry_streams(
+            self.store.clone(),
+            self.client.clone(),
+            self.config.node_id.clone(),
+            on_subscribed,
+            move || alive.connected(),
+            on_key,
+        ));
         ctx.run_interval(self.config.reaper_interval(), |act, ctx| act.tick(ctx));
     }
 }
@@ -352,8 +339,8 @@ impl Handler<Expired> for ExpiryListener {
         let (user, device) = (user.to_string(), device.to_string());
         let store = self.store.clone();
         let step = async move {
-            match store.depart(&user, &device, None).await {
-                Ok(Departure::Removed { last_seen }) => log::debug!(
+            match store.depart_lapsed(&user, &device).await {
+                Ok(Some(Departure::Removed { last_seen })) => log::debug!(
                     "lease of {user}/{device} expired; device removed{}",
                     if last_seen.is_some() {
                         ", user offline"

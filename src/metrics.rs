@@ -48,6 +48,9 @@ pub struct Metrics {
     pub expired_events: IntCounter,
     /// Devices removed by the deadline pass.
     pub devices_reaped: IntCounter,
+    /// Departure steps (Lua) this node ran, by what asked for them: a
+    /// clean `close`, an `expired` event, or the deadline `pass`.
+    pub departure_steps: IntCounterVec,
     /// Users repaired by the reconciliation pass.
     pub reconcile_repairs: IntCounter,
     /// Stale `presence-online` entries dropped by the reconciliation pass.
@@ -164,6 +167,14 @@ impl Metrics {
                 "presence_devices_reaped_total",
                 "Devices removed by the deadline pass.",
             ),
+            departure_steps: IntCounterVec::new(
+                Opts::new(
+                    "presence_departure_steps_total",
+                    "Departure steps run against Redis, by path (close, event, pass).",
+                ),
+                &["path"],
+            )
+            .expect("valid metric"),
             reconcile_repairs: counter(
                 "presence_reconcile_repairs_total",
                 "Users repaired by the reconciliation pass.",
@@ -227,6 +238,7 @@ impl Metrics {
             .unwrap();
         r.register(Box::new(m.expired_events.clone())).unwrap();
         r.register(Box::new(m.devices_reaped.clone())).unwrap();
+        r.register(Box::new(m.departure_steps.clone())).unwrap();
         r.register(Box::new(m.reconcile_repairs.clone())).unwrap();
         r.register(Box::new(m.online_pruned.clone())).unwrap();
         r.register(Box::new(m.slow_consumers_dropped.clone()))
@@ -241,6 +253,9 @@ impl Metrics {
         // Series that should read 0 rather than be missing before the first event.
         for status in ["online", "away", "busy", "offline"] {
             m.transitions_published.with_label_values(&[status]);
+        }
+        for path in DEPARTURE_PATHS {
+            m.departure_steps.with_label_values(&[path]);
         }
         m
     }
@@ -271,6 +286,19 @@ impl Metrics {
             "transitions_delivered": self.transitions_delivered.get(),
         })
     }
+}
+
+/// What may ask for a departure step: a clean close, an expired-key event,
+/// the deadline pass.
+pub const DEPARTURE_PATHS: [&str; 3] = ["close", "event", "pass"];
+
+/// Counts `n` departure steps asked for by `path`, one of
+/// [`DEPARTURE_PATHS`].
+pub fn departure_steps(path: &'static str, n: usize) {
+    METRICS
+        .departure_steps
+        .with_label_values(&[path])
+        .inc_by(n as u64);
 }
 
 /// Times one Redis command or pipeline under `label` (a command's name or
@@ -305,6 +333,7 @@ mod tests {
             "presence_reconcile_repairs_total",
             "presence_slow_consumers_dropped_total 1",
             "presence_registry_resyncs_total",
+            "presence_departure_steps_total{path=\"pass\"}",
         ] {
             assert!(text.contains(name), "{name} missing from:\n{text}");
         }

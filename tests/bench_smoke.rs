@@ -74,6 +74,35 @@ async fn online() {
     bench(&["online", "--online", "500", "--requests", "20"]).await;
 }
 
+/// A tiny fleet: `backend` flags, then 30 users and 20 dying devices.
+async fn fleet(backend: &[&str]) {
+    let mut args = vec!["fleet"];
+    args.extend_from_slice(backend);
+    args.extend_from_slice(&[
+        "--users",
+        "30",
+        "--rate",
+        "100",
+        "--hold-ms",
+        "200",
+        "--dying",
+        "20",
+        "--heartbeat-ms",
+        "500",
+    ]);
+    bench(&args).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fleet_on_a_cluster() {
+    fleet(&[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fleet_on_one_redis() {
+    fleet(&["--primaries", "0", "--nodes", "2"]).await;
+}
+
 #[test]
 fn the_bench_places_users_in_the_servers_buckets() {
     let buckets = presence_server::keys::Buckets::default();

@@ -3,7 +3,11 @@
 //! restarted nodes and Redis restarting empty; then, after a quiet period,
 //! every invariant is checked.
 //!
-//! Ignored by default (it runs for a while):
+//! In cluster mode (`chaos_on_a_cluster`) the nodes share a Redis Cluster
+//! of three primaries with a replica each, and instead of Redis restarting
+//! empty, a primary is SIGKILLed and its replica promoted (once per shard).
+//!
+//! Ignored by default (they run for a while):
 //! `CHAOS_SECS=180 cargo test --release --test chaos -- --ignored --nocapture`
 
 mod common;
@@ -11,6 +15,7 @@ mod common;
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
+use common::cluster::Cluster;
 use common::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -60,8 +65,78 @@ struct Tally {
     duplicates: Vec<String>,
 }
 
+/// The Redis the nodes share.
+enum Backend {
+    One(Redis),
+    Cluster(Cluster),
+}
+
+impl Backend {
+    fn node(&self, id: &str) -> Node {
+        let flags = [
+            "--reconcile-interval-ms",
+            "2000",
+            "--max-frames-per-sec",
+            "1000",
+        ];
+        match self {
+            Self::One(redis) => Node::start_with(redis, id, &flags),
+            Self::Cluster(cluster) => cluster.node_with(id, &flags),
+        }
+    }
+
+    /// One Redis fault: one server restarts empty; on a cluster, a
+    /// primary is SIGKILLed and its replica takes over (a shard that
+    /// already failed over once has no replica left and is spared).
+    /// Returns what it did, or None when nothing was left to do.
+    fn fault(&mut self, failed_over: &mut Vec<u16>) -> Option<&'static str> {
+        match self {
+            Self::One(redis) => {
+                redis.restart_empty();
+                Some("redis restart (empty)")
+            }
+            Self::Cluster(cluster) => {
+                let shard = cluster
+                    .shards()
+                    .into_iter()
+                    .find(|s| !s.replicas.is_empty() && !failed_over.contains(&s.primary))?;
+                cluster.kill(shard.primary);
+                failed_over.push(shard.primary);
+                failed_over.extend(&shard.replicas);
+                Some("primary SIGKILL (replica promoted)")
+            }
+        }
+    }
+
+    /// Live leases of `user`'s devices and its counter, as Redis holds them.
+    async fn leases_and_count(&self, user: &str) -> (usize, i64) {
+        let mut pipe = redis::pipe();
+        for d in 0..DEVICES_PER_USER {
+            pipe.exists(format!("presence:{{{user}}}:d{d}"));
+        }
+        pipe.get(format!("presence-count:{{{user}}}"));
+        let reply: Vec<redis::Value> = match self {
+            Self::One(redis) => pipe.query_async(&mut redis.aconn().await).await.unwrap(),
+            Self::Cluster(cluster) => {
+                // One user's keys share a slot: ask the primary serving it.
+                let port = cluster.shard_of(user).primary;
+                pipe.query(&mut cluster.conn(port)).unwrap()
+            }
+        };
+        let leases = reply[..DEVICES_PER_USER]
+            .iter()
+            .filter(|v| matches!(v, redis::Value::Int(1)))
+            .count();
+        let count = match &reply[DEVICES_PER_USER] {
+            redis::Value::Nil => 0,
+            v => redis::from_redis_value_ref::<i64>(v).unwrap(),
+        };
+        (leases, count)
+    }
+}
+
 struct World {
-    redis: Redis,
+    backend: Backend,
     nodes: Vec<Option<Node>>,
     /// (user, device) -> open client.
     devices: HashMap<(String, String), Client>,
@@ -240,29 +315,26 @@ impl World {
             if self.nodes[n].is_none() {
                 self.restarts += 1;
                 let id = format!("n{n}-{}", self.restarts);
-                self.nodes[n] = Some(node(&self.redis, &id));
+                self.nodes[n] = Some(self.backend.node(&id));
                 *self.tally.faults.entry("node restart").or_default() += 1;
             }
         }
     }
 }
 
-fn node(redis: &Redis, id: &str) -> Node {
-    Node::start_with(
-        redis,
-        id,
-        &[
-            "--reconcile-interval-ms",
-            "2000",
-            "--max-frames-per-sec",
-            "1000",
-        ],
-    )
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "runs for a while; see the module docs"]
+async fn chaos() {
+    run(Backend::One(Redis::start())).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "runs for a while; see the module docs"]
-async fn chaos() {
+async fn chaos_on_a_cluster() {
+    run(Backend::Cluster(Cluster::start())).await;
+}
+
+async fn run(backend: Backend) {
     raise_fd_limit();
     let secs: u64 = std::env::var("CHAOS_SECS")
         .ok()
@@ -272,9 +344,8 @@ async fn chaos() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(1);
-    let redis = Redis::start();
     let nodes = (0..NODES)
-        .map(|n| Some(node(&redis, &format!("n{n}"))))
+        .map(|n| Some(backend.node(&format!("n{n}"))))
         .collect();
     let mut rng = StdRng::seed_from_u64(seed);
     let watchers = (0..WATCHERS)
@@ -294,7 +365,7 @@ async fn chaos() {
         })
         .collect();
     let mut world = World {
-        redis,
+        backend,
         nodes,
         devices: HashMap::new(),
         watchers,
@@ -311,6 +382,7 @@ async fn chaos() {
     let mut next_kill = start + Duration::from_secs(5);
     let mut next_revive = None;
     let mut next_redis = start + Duration::from_secs(12);
+    let mut failed_over = Vec::new();
     while Instant::now() < end {
         world.step().await;
         world.drain_watchers().await;
@@ -324,13 +396,12 @@ async fn chaos() {
             world.restart_dead_nodes();
             next_revive = None;
         }
-        if now >= next_redis {
-            world.redis.restart_empty();
-            *world
-                .tally
-                .faults
-                .entry("redis restart (empty)")
-                .or_default() += 1;
+        // No Redis fault in the last seconds: a failover must be over
+        // before the quiet period starts.
+        if now >= next_redis && now + Duration::from_secs(8) < end {
+            if let Some(fault) = world.backend.fault(&mut failed_over) {
+                *world.tally.faults.entry(fault).or_default() += 1;
+            }
             next_redis = now + Duration::from_millis(world.rng.random_range(10_000..25_000));
         }
     }
@@ -355,27 +426,15 @@ async fn chaos() {
         *open.entry(user.clone()).or_default() += 1;
     }
     let mut violations: Vec<String> = world.tally.duplicates.clone();
-    let mut c = world.redis.aconn().await;
     for u in 0..USERS {
         let user = format!("u{u}");
-        let counter = count(&world.redis, &user).await;
-        let leases: Vec<String> = redis::cmd("KEYS")
-            .arg(format!("presence:{{{user}}}:*"))
-            .query_async(&mut c)
-            .await
-            .unwrap();
+        let (leases, counter) = world.backend.leases_and_count(&user).await;
         let truth = open.get(&user).copied().unwrap_or(0);
-        if counter != leases.len() as i64 {
-            violations.push(format!(
-                "{user}: counter {counter} != {} live leases",
-                leases.len()
-            ));
+        if counter != leases as i64 {
+            violations.push(format!("{user}: counter {counter} != {leases} live leases"));
         }
-        if leases.len() != truth {
-            violations.push(format!(
-                "{user}: {} leases but {truth} open devices",
-                leases.len()
-            ));
+        if leases != truth {
+            violations.push(format!("{user}: {leases} leases but {truth} open devices"));
         }
     }
     for w in &world.watchers {
@@ -401,6 +460,16 @@ async fn chaos() {
         world.devices.len()
     );
     println!("violations: {}", violations.len());
+    if !violations.is_empty() && std::env::var_os("CHAOS_LOGS").is_some() {
+        for n in world.nodes.iter().flatten() {
+            let logs = n.logs();
+            let tail: Vec<&str> = logs.lines().rev().take(80).collect();
+            println!("--- node {} ---", n.id);
+            for l in tail.iter().rev() {
+                println!("{l}");
+            }
+        }
+    }
     for v in violations.iter().take(30) {
         println!("  {v}");
     }

@@ -92,6 +92,10 @@ pub enum Scenario {
     /// Many users online, none visible to the viewer: latency of each
     /// `GET /api/online` page while following the cursor.
     Online(scenario::online::OnlineArgs),
+    /// N nodes on a Redis Cluster of P primaries (or one Redis): events
+    /// each node receives per event it needs, departure steps per expired
+    /// lease, commands per primary, cross-node latency.
+    Fleet(scenario::fleet::FleetArgs),
 }
 
 /// Parses `args` (the first one is the program name) and runs the scenario.
@@ -122,6 +126,7 @@ where
         Scenario::Expiry(a) => scenario::expiry::run(c, a).await,
         Scenario::Fanout(a) => scenario::fanout::run(c, a).await,
         Scenario::Online(a) => scenario::online::run(c, a).await,
+        Scenario::Fleet(a) => scenario::fleet::run(c, a).await,
     }
 }
 

@@ -105,6 +105,137 @@ impl Drop for LocalRedis {
     }
 }
 
+/// `cluster-node-timeout` of the bench's clusters, ms.
+const CLUSTER_NODE_TIMEOUT_MS: u64 = 2_000;
+
+/// A Redis Cluster of `n` primaries (no replicas) on random loopback
+/// ports, with the repository's redis.conf, joined by `redis-cli --cluster
+/// create`; killed on drop.
+pub struct LocalCluster {
+    /// The servers (their temp dirs go with them).
+    servers: Vec<(Child, tempfile::TempDir)>,
+    /// `redis://127.0.0.1:<port>` of each primary.
+    pub urls: Vec<String>,
+}
+
+impl LocalCluster {
+    /// Starts `n` (at least 3, as Redis Cluster wants) primaries and waits
+    /// until each says `cluster_state:ok`.
+    pub fn start(n: usize) -> anyhow::Result<Self> {
+        anyhow::ensure!(n >= 3, "a Redis Cluster needs at least 3 primaries");
+        let conf = redis_conf();
+        let mut cluster = Self {
+            servers: Vec::new(),
+            urls: Vec::new(),
+        };
+        while cluster.servers.len() < n {
+            let (port, bus) = (free_port()?, free_port()?);
+            if port == bus {
+                continue;
+            }
+            let dir = tempfile::Builder::new()
+                .prefix("presence-bench-cluster")
+                .tempdir()?;
+            let child = Command::new("redis-server")
+                .arg(&conf)
+                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+                .args(["--cluster-port", &bus.to_string()])
+                .arg("--dir")
+                .arg(dir.path())
+                .arg("--logfile")
+                .arg(dir.path().join("redis.log"))
+                .args(["--appendonly", "no"])
+                .args(["--cluster-enabled", "yes"])
+                .args(["--cluster-config-file", "nodes.conf"])
+                .args([
+                    "--cluster-node-timeout",
+                    &CLUSTER_NODE_TIMEOUT_MS.to_string(),
+                ])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .context("cannot run redis-server (apt-get install -y redis-server)")?;
+            let url = format!("redis://127.0.0.1:{port}");
+            cluster.servers.push((child, dir));
+            if !cluster.wait_until(&url, |c| redis::cmd("PING").query::<String>(c).is_ok())? {
+                // The port was taken before Redis bound it: try another.
+                let (mut child, _) = cluster.servers.pop().context("just pushed")?;
+                let _ = child.kill();
+                let _ = child.wait();
+                continue;
+            }
+            cluster.urls.push(url);
+        }
+        let addrs: Vec<String> = cluster
+            .urls
+            .iter()
+            .map(|u| u.trim_start_matches("redis://").to_string())
+            .collect();
+        let out = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&addrs)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdin(Stdio::null())
+            .output()
+            .context("cannot run redis-cli (apt-get install -y redis-tools)")?;
+        anyhow::ensure!(
+            out.status.success(),
+            "redis-cli --cluster create failed:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        for url in cluster.urls.clone() {
+            let ok = cluster.wait_until(&url, |c| {
+                redis::cmd("CLUSTER")
+                    .arg("INFO")
+                    .query::<String>(c)
+                    .is_ok_and(|info| info.contains("cluster_state:ok"))
+            })?;
+            anyhow::ensure!(ok, "{url} left the cluster");
+        }
+        Ok(cluster)
+    }
+
+    /// Waits until `ready` holds on `url`; false when the newest server
+    /// exited first.
+    fn wait_until(
+        &mut self,
+        url: &str,
+        ready: impl Fn(&mut redis::Connection) -> bool,
+    ) -> anyhow::Result<bool> {
+        let deadline = Instant::now() + START_TIMEOUT;
+        let client = redis::Client::open(url)?;
+        while Instant::now() < deadline {
+            if let Some((child, _)) = self.servers.last_mut() {
+                if let Ok(Some(_)) = child.try_wait() {
+                    return Ok(false);
+                }
+            }
+            if let Ok(mut c) = client.get_connection_with_timeout(Duration::from_millis(200)) {
+                if ready(&mut c) {
+                    return Ok(true);
+                }
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        bail!("{url} not ready within {START_TIMEOUT:?}")
+    }
+
+    /// The seed list a node takes as `--redis-url`.
+    pub fn seeds(&self) -> String {
+        self.urls.join(",")
+    }
+}
+
+impl Drop for LocalCluster {
+    fn drop(&mut self) {
+        for (child, _) in &mut self.servers {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
 /// A presence-server node: spawned by the bench, or given by URL.
 pub struct Node {
     /// The process, when the bench started it.
@@ -252,6 +383,17 @@ pub fn server_bin(given: Option<&Path>) -> anyhow::Result<PathBuf> {
 /// One sample of a node's `/metrics` (Prometheus text), e.g.
 /// `presence_refresh_batch_size_sum`; 0 when the node does not have it yet.
 pub async fn node_metric(node: SocketAddr, name: &str) -> anyhow::Result<f64> {
+    let body = scrape(node).await?;
+    let prefix = format!("{name} ");
+    Ok(body
+        .lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0))
+}
+
+/// A node's `/metrics` text.
+async fn scrape(node: SocketAddr) -> anyhow::Result<String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut tcp = tokio::net::TcpStream::connect(node).await?;
     tcp.write_all(b"GET /metrics HTTP/1.0\r\nHost: bench\r\n\r\n")
@@ -263,12 +405,27 @@ pub async fn node_metric(node: SocketAddr, name: &str) -> anyhow::Result<f64> {
         "GET /metrics from {node}: {}",
         body.lines().next().unwrap_or("no answer")
     );
-    let prefix = format!("{name} ");
+    Ok(body)
+}
+
+/// The sum of every series of one metric of a node's `/metrics` (e.g.
+/// `presence_transitions_published_total` over its status labels); 0 when
+/// the node has none yet.
+pub async fn node_metric_sum(node: SocketAddr, name: &str) -> anyhow::Result<f64> {
+    let body = scrape(node).await?;
     Ok(body
         .lines()
-        .find_map(|l| l.strip_prefix(prefix.as_str()))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0.0))
+        .filter_map(|l| {
+            let rest = l.strip_prefix(name)?;
+            // The name itself, not one it is a prefix of.
+            let value = match rest.as_bytes().first()? {
+                b' ' => rest,
+                b'{' => &rest[rest.find('}')? + 1..],
+                _ => return None,
+            };
+            value.trim().parse::<f64>().ok()
+        })
+        .sum())
 }
 
 /// Resident set size of a process in bytes (VmRSS of /proc/<pid>/status).

@@ -22,8 +22,9 @@
 //! one user shares the `{<user>}` tag, so no script spans slots.
 
 use std::collections::HashMap;
-use std::sync::{LazyLock, RwLock};
-use std::time::Instant;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock, RwLock};
+use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::cluster_async::ClusterConnection;
@@ -45,7 +46,113 @@ enum Inner {
     /// One Redis server (behind Sentinel, the current primary).
     Single(PrimaryConn),
     /// A Redis Cluster.
-    Cluster(ClusterConnection),
+    Cluster(Healing),
+}
+
+/// How long a cluster connection may answer nothing but timeouts before it
+/// is replaced (on top of the response timeout that made the first one).
+const STUCK_FOR: Duration = Duration::from_secs(2);
+
+/// A cluster connection that is replaced by a fresh one from the same
+/// client when it stops answering. Under load during a failover, the redis
+/// crate's cluster connection was seen to stay stuck in a slot refresh,
+/// every command timing out, for as long as the node ran, while a new
+/// connection to the same cluster worked at once.
+#[derive(Clone)]
+struct Healing {
+    shared: Arc<HealingState>,
+}
+
+/// Makes a new cluster client (from the nodes last known).
+type ClientMaker = Box<dyn Fn() -> RedisResult<redis::cluster::ClusterClient> + Send + Sync>;
+
+struct HealingState {
+    conn: RwLock<ClusterConnection>,
+    /// Makes the replacement; `None` for a connection wrapped as it is.
+    client: Option<ClientMaker>,
+    /// Since when (ms after `epoch`, plus one) only timeouts came back; 0
+    /// while the connection answers.
+    failing_since: AtomicU64,
+    epoch: Instant,
+    /// A replacement is being made.
+    replacing: AtomicBool,
+}
+
+impl Healing {
+    fn new(conn: ClusterConnection, client: Option<ClientMaker>) -> Self {
+        Self {
+            shared: Arc::new(HealingState {
+                conn: RwLock::new(conn),
+                client,
+                failing_since: AtomicU64::new(0),
+                epoch: Instant::now(),
+                replacing: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    /// The connection to send on now.
+    fn get(&self) -> ClusterConnection {
+        self.shared
+            .conn
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Takes in one outcome: an answer clears the count; timeouts for
+    /// longer than [`STUCK_FOR`] start the replacement.
+    fn note<T>(&self, result: &RedisResult<T>) {
+        let s = &self.shared;
+        match result {
+            Err(e) if e.is_timeout() => {
+                let now = s.epoch.elapsed().as_millis() as u64 + 1;
+                let since = match s.failing_since.compare_exchange(
+                    0,
+                    now,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                ) {
+                    Ok(_) => now,
+                    Err(since) => since,
+                };
+                if now - since >= STUCK_FOR.as_millis() as u64 {
+                    self.replace();
+                }
+            }
+            Err(_) => {}
+            Ok(_) => s.failing_since.store(0, Ordering::Release),
+        }
+    }
+
+    fn replace(&self) {
+        let Some(make) = &self.shared.client else {
+            return;
+        };
+        if self.shared.replacing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let client = make();
+        let me = self.clone();
+        tokio::spawn(async move {
+            let s = &me.shared;
+            let conn = match client {
+                Ok(client) => client.get_async_connection().await,
+                Err(e) => Err(e),
+            };
+            match conn {
+                Ok(conn) => {
+                    *s.conn.write().unwrap_or_else(|e| e.into_inner()) = conn;
+                    log::warn!(
+                        "the redis cluster connection answered only timeouts for {STUCK_FOR:?}; replaced it with a new one"
+                    );
+                }
+                Err(e) => log::warn!("cannot replace the stuck redis cluster connection: {e}"),
+            }
+            s.failing_since.store(0, Ordering::Release);
+            s.replacing.store(false, Ordering::Release);
+        });
+    }
 }
 
 /// One node a command can be sent to on its own (a SCAN walks one node's
@@ -87,10 +194,21 @@ impl RedisConn {
         }
     }
 
-    /// Wraps a cluster connection.
+    /// Wraps a cluster connection as it is.
     pub fn cluster(inner: ClusterConnection) -> Self {
         Self {
-            inner: Inner::Cluster(inner),
+            inner: Inner::Cluster(Healing::new(inner, None)),
+        }
+    }
+
+    /// A cluster connection, replaced by a new one from a client `make`
+    /// makes should it answer only timeouts (see [`STUCK_FOR`]).
+    pub fn cluster_from(
+        make: impl Fn() -> RedisResult<redis::cluster::ClusterClient> + Send + Sync + 'static,
+        inner: ClusterConnection,
+    ) -> Self {
+        Self {
+            inner: Inner::Cluster(Healing::new(inner, Some(Box::new(make)))),
         }
     }
 
@@ -116,16 +234,18 @@ impl RedisConn {
     /// The cluster's shards that serve slots, as `CLUSTER SHARDS` tells;
     /// empty on one server.
     pub async fn shards(&self) -> RedisResult<Vec<Shard>> {
-        let Inner::Cluster(conn) = &self.inner else {
+        let Inner::Cluster(healing) = &self.inner else {
             return Ok(Vec::new());
         };
-        let mut conn = conn.clone();
-        let reply = conn
+        let result = healing
+            .get()
             .route_command(
                 redis::cmd("CLUSTER").arg("SHARDS").clone(),
                 RoutingInfo::SingleNode(SingleNodeRoutingInfo::RandomPrimary),
             )
-            .await?;
+            .await;
+        healing.note(&result);
+        let reply = result?;
         Ok(parse_shards(&reply))
     }
 
@@ -133,10 +253,10 @@ impl RedisConn {
     /// any command).
     pub async fn query_on(&self, node: &NodeAddr, cmd: &Cmd) -> RedisResult<Value> {
         match (&self.inner, node.host_port()) {
-            (Inner::Cluster(conn), Some((host, port))) => {
+            (Inner::Cluster(healing), Some((host, port))) => {
                 let started = Instant::now();
-                let result = conn
-                    .clone()
+                let result = healing
+                    .get()
                     .route_command(
                         cmd.clone(),
                         RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
@@ -145,6 +265,7 @@ impl RedisConn {
                         }),
                     )
                     .await;
+                healing.note(&result);
                 observe(label(Some(cmd)), started, &result);
                 result
             }
@@ -250,7 +371,11 @@ impl ConnectionLike for RedisConn {
             let started = Instant::now();
             let result = match &mut self.inner {
                 Inner::Single(conn) => conn.req_packed_command(cmd).await,
-                Inner::Cluster(conn) => conn.req_packed_command(cmd).await,
+                Inner::Cluster(healing) => {
+                    let result = healing.get().req_packed_command(cmd).await;
+                    healing.note(&result);
+                    result
+                }
             };
             observe(label(Some(cmd)), started, &result);
             result
@@ -267,7 +392,7 @@ impl ConnectionLike for RedisConn {
             let started = Instant::now();
             let result = match &mut self.inner {
                 Inner::Single(conn) => conn.req_packed_commands(pipeline, offset, count).await,
-                Inner::Cluster(conn) => split_pipeline(conn, pipeline, offset, count).await,
+                Inner::Cluster(healing) => split_pipeline(healing, pipeline, offset, count).await,
             };
             observe(label(pipeline.cmd_iter().next()), started, &result);
             result
@@ -277,7 +402,7 @@ impl ConnectionLike for RedisConn {
     fn get_db(&self) -> i64 {
         match &self.inner {
             Inner::Single(conn) => conn.get_db(),
-            Inner::Cluster(conn) => conn.get_db(),
+            Inner::Cluster(healing) => healing.get().get_db(),
         }
     }
 }
@@ -309,7 +434,7 @@ fn slot_of(cmd: &Cmd) -> Option<Slot> {
 /// (or it is a transaction, which must), else split by slot (see the module
 /// docs).
 async fn split_pipeline(
-    conn: &mut ClusterConnection,
+    healing: &Healing,
     pipeline: &Pipeline,
     offset: usize,
     count: usize,
@@ -330,8 +455,14 @@ async fn split_pipeline(
             None => unkeyed.push(i),
         }
     }
+    let conn = healing.get();
     if pipeline.is_transaction() || groups.len() <= 1 {
-        return conn.req_packed_commands(pipeline, offset, count).await;
+        let result = conn
+            .clone()
+            .req_packed_commands(pipeline, offset, count)
+            .await;
+        healing.note(&result);
+        return result;
     }
     // Commands without a key ride with the first group.
     groups[0].1.extend(unkeyed);
@@ -351,6 +482,9 @@ async fn split_pipeline(
         }
     });
     let replies = futures_util::future::join_all(sends).await;
+    for reply in &replies {
+        healing.note(reply);
+    }
     if let Some(Err(e)) = replies.iter().find(|r| r.is_err()) {
         if replies.iter().all(|r| r.is_err()) {
             return Err(e.clone());

@@ -203,6 +203,26 @@ impl Store {
         Ok(out)
     }
 
+    /// The departure step for a lease Redis announced as expired, unless
+    /// it is not this node's to run: the deadline pass took the lease (its
+    /// entry in `presence-leases` is marked) or already departed it (no
+    /// entry). `None` when left alone.
+    pub async fn depart_lapsed(&self, user: &str, device: &str) -> StoreResult<Option<Departure>> {
+        let mut conn = self.conn();
+        let index = keys::leases(self.buckets.of(user));
+        let score: Option<f64> = redis::cmd("ZSCORE")
+            .arg(&index)
+            .arg(keys::lease_member(user, device))
+            .query_async(&mut conn)
+            .await?;
+        match score {
+            Some(score) if !super::passes::is_taken(score) => {
+                self.depart(user, device, None).await.map(Some)
+            }
+            _ => Ok(None),
+        }
+    }
+
     /// The departure step for one device. `owner` is the closing
     /// connection's lease value with the deadline it last wrote to
     /// `presence-leases`; `None` when the lease lapsed (expired event).
@@ -220,6 +240,7 @@ impl Store {
             owner.map_or("", |(o, _)| o),
             now_ms(),
         );
+        crate::metrics::departure_steps(if owner.is_some() { "close" } else { "event" }, 1);
         let reply = self.query(&pipe).await?;
         let first = reply
             .first()
@@ -232,18 +253,29 @@ impl Store {
         {
             record_offline(&mut follow, self.buckets, user, ts);
         }
-        if let (Some((_, deadline)), Departure::Removed { .. } | Departure::AlreadyGone) =
-            (owner, departure)
-        {
-            // Our own deadline only: a newer connection's entry stays.
-            self.scripts
-                .zrem_if(
-                    &mut follow,
-                    &keys::leases(self.buckets.of(user)),
-                    &keys::lease_member(user, device),
-                    deadline,
-                )
-                .ignore();
+        let index = keys::leases(self.buckets.of(user));
+        match (owner, departure) {
+            (_, Departure::Leased { .. }) => {}
+            (Some((_, deadline)), _) => {
+                // Our own deadline only: a newer connection's entry stays.
+                self.scripts
+                    .zrem_if(
+                        &mut follow,
+                        &index,
+                        &keys::lease_member(user, device),
+                        deadline,
+                    )
+                    .ignore();
+            }
+            // A lapsed lease, handled: its deadline entry goes, so that the
+            // deadline pass does not depart it a second time. Should the
+            // device have come back in between, its next refresh (ZADD GT)
+            // puts its entry back.
+            (None, _) => {
+                follow
+                    .zrem(&index, keys::lease_member(user, device))
+                    .ignore();
+            }
         }
         if !follow.is_empty() {
             // The departure itself is done; the indexes are repaired by the

@@ -24,6 +24,33 @@ pub struct Reaped {
     pub removed: usize,
 }
 
+/// What the deadline pass adds to the score of an entry it took: deadlines
+/// are whole milliseconds, so a half marks an entry the pass is departing.
+const TAKEN: f64 = 0.5;
+
+/// Whether a `presence-leases` score marks an entry the deadline pass took.
+pub fn is_taken(score: f64) -> bool {
+    score.fract() != 0.0
+}
+
+/// `ZADD key XX GT score member`, its reply ignored: moves an index entry's
+/// deadline up, never down, and never brings back a removed entry.
+trait ZaddXxGt {
+    fn zadd_xx_gt(&mut self, key: &str, member: &str, score: f64) -> &mut Self;
+}
+
+impl ZaddXxGt for redis::Pipeline {
+    fn zadd_xx_gt(&mut self, key: &str, member: &str, score: f64) -> &mut Self {
+        self.cmd("ZADD")
+            .arg(key)
+            .arg("XX")
+            .arg("GT")
+            .arg(score)
+            .arg(member)
+            .ignore()
+    }
+}
+
 /// What one step of the reconciliation scan did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Reconciliation {
@@ -83,12 +110,15 @@ impl Store {
         Ok(int(kept, &lock)? == 1)
     }
 
-    /// One step of the deadline pass over `bucket`: runs the departure
-    /// step for up to `max` leases whose deadline in
-    /// `presence-leases:{b<k>}` has passed. Reading each lapsed lease makes
-    /// Redis delete it and fire `expired` at once; the step itself removes
-    /// the device, so the pass is correct even when no listener hears the
-    /// event.
+    /// One step of the deadline pass over `bucket`: departs up to `max`
+    /// leases whose deadline in `presence-leases:{b<k>}` has passed.
+    ///
+    /// Each entry is first marked as taken (its score plus one half:
+    /// deadlines are whole milliseconds), then departed. Reading a lapsed
+    /// lease makes Redis delete it and announce it; the node that owns
+    /// those `expired` events finds the entry marked and leaves it to the
+    /// pass, so that an expired lease costs one departure step in the
+    /// fleet. The pass is correct without any listener.
     pub async fn reap_due(&self, bucket: u32, max: usize) -> StoreResult<Reaped> {
         let now = now_ms();
         let index = keys::leases(bucket);
@@ -99,29 +129,62 @@ impl Store {
                 removed: 0,
             });
         }
+        let mut mark = redis::pipe();
+        let mut taken = Vec::with_capacity(due.len());
+        for (member, score) in &due {
+            let Ok(score) = score.parse::<f64>() else {
+                log::warn!("dropping {member:?} from {index}: score {score:?}");
+                mark.zrem(&index, member).ignore();
+                continue;
+            };
+            let marked = if is_taken(score) {
+                score
+            } else {
+                score + TAKEN
+            };
+            mark.zadd_xx_gt(&index, member, marked);
+            taken.push((member.clone(), marked));
+        }
+        self.query(&mark).await?;
+        let removed = self.depart_due(&index, &taken, now).await?;
+        Ok(Reaped {
+            looked_at: due.len(),
+            removed,
+        })
+    }
+
+    /// Runs the departure step for each of `due` and settles its index
+    /// entry; returns how many devices it removed.
+    async fn depart_due(&self, index: &str, due: &[(String, f64)], now: i64) -> StoreResult<usize> {
+        if due.is_empty() {
+            return Ok(0);
+        }
         let mut pipe = redis::pipe();
         // One bad entry must not stall the pass for everyone.
         pipe.ignore_errors();
-        for (member, _) in &due {
+        let mut steps = 0;
+        for (member, _) in due {
             match keys::parse_lease_member(member) {
                 Some((user, device)) => {
                     self.scripts.depart(&mut pipe, user, device, "", now);
+                    steps += 1;
                 }
                 None => {
                     pipe.cmd("ECHO").arg("not a lease member");
                 }
             }
         }
+        crate::metrics::departure_steps("pass", steps);
         let reply = self.query(&pipe).await?;
         if reply.len() != due.len() {
             return Err(StoreError::reply(
-                &index,
+                index,
                 format!("{} replies to {} departures", reply.len(), due.len()),
             ));
         }
         let mut removed = 0;
         let mut follow = redis::pipe();
-        for ((member, score), value) in due.iter().zip(&reply) {
+        for ((member, _), value) in due.iter().zip(&reply) {
             let parsed = keys::parse_lease_member(member);
             let departure = match parsed.map(|(user, _)| parse_departure(value, user)) {
                 Some(Ok(d)) => d,
@@ -137,14 +200,7 @@ impl Store {
             match departure {
                 Departure::Leased { ttl_ms } => {
                     let left = ttl_ms.unwrap_or(self.ttl_ms) as i64;
-                    follow
-                        .cmd("ZADD")
-                        .arg(&index)
-                        .arg("XX")
-                        .arg("GT")
-                        .arg(now + left)
-                        .arg(member)
-                        .ignore();
+                    follow.zadd_xx_gt(index, member, (now + left) as f64);
                 }
                 Departure::Removed { .. } | Departure::AlreadyGone => {
                     if let Departure::Removed { last_seen } = departure {
@@ -153,17 +209,14 @@ impl Store {
                             record_offline(&mut follow, self.buckets, user, ts);
                         }
                     }
-                    self.scripts
-                        .zrem_if(&mut follow, &index, member, score)
-                        .ignore();
+                    // Should the device have come back meanwhile, its next
+                    // refresh (ZADD GT) puts its entry back.
+                    follow.zrem(index, member).ignore();
                 }
             }
         }
         self.query(&follow).await?;
-        Ok(Reaped {
-            looked_at: due.len(),
-            removed,
-        })
+        Ok(removed)
     }
 
     /// One step of the reconciliation scan over the device sets: repairs

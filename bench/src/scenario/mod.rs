@@ -3,13 +3,16 @@
 pub mod connections;
 pub mod expiry;
 pub mod fanout;
+pub mod fleet;
 pub mod online;
 pub mod refresh;
 pub mod transitions;
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
 
 use hdrhistogram::Histogram;
 use tokio::sync::Semaphore;
@@ -51,4 +54,27 @@ pub async fn connect_many(
 /// max_watches), one per watcher.
 pub fn watch_lists(users: &[String], per: usize) -> Vec<Vec<String>> {
     users.chunks(per.max(1)).map(<[String]>::to_vec).collect()
+}
+
+/// One device of `user` that connects to `node` from `src`, stays `hold`,
+/// then closes and waits briefly for the server's close answer. `mark(0)`
+/// runs just before the connect (the online transition's start), `mark(1)`
+/// just before the close frame (the offline one's).
+pub async fn arrive_and_leave(
+    node: SocketAddr,
+    src: IpAddr,
+    user: &str,
+    hold: Duration,
+    mark: impl Fn(usize),
+) -> anyhow::Result<()> {
+    mark(0);
+    let mut ws = client::connect(node, src, user, "d").await?;
+    tokio::time::sleep(hold).await;
+    mark(1);
+    ws.close(None).await?;
+    let _ = tokio::time::timeout(Duration::from_secs(5), async {
+        while let Some(Ok(_)) = ws.next().await {}
+    })
+    .await;
+    Ok(())
 }

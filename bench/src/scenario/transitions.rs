@@ -8,7 +8,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use futures_util::StreamExt;
 use hdrhistogram::Histogram;
 use serde_json::json;
 
@@ -126,17 +125,11 @@ pub async fn run(common: &Common, args: &TransitionsArgs) -> anyhow::Result<()> 
         tick.tick().await;
         let (starts, src, user) = (starts.clone(), sources.next(), user.clone());
         devices.push(tokio::spawn(async move {
-            starts[i][0].store(base.elapsed().as_micros().max(1) as u64, Ordering::Release);
-            let mut ws = client::connect(node_a, src, &user, "d").await?;
-            tokio::time::sleep(hold).await;
-            starts[i][1].store(base.elapsed().as_micros().max(1) as u64, Ordering::Release);
-            ws.close(None).await?;
-            // The server's close answer, briefly.
-            let _ = tokio::time::timeout(Duration::from_secs(5), async {
-                while let Some(Ok(_)) = ws.next().await {}
+            super::arrive_and_leave(node_a, src, &user, hold, |slot| {
+                let at = base.elapsed().as_micros().max(1) as u64;
+                starts[i][slot].store(at, Ordering::Release);
             })
-            .await;
-            anyhow::Ok(())
+            .await
         }));
     }
     let scheduled_for = t0.elapsed();
