@@ -10,7 +10,8 @@
 //! watchers), and one task per worker hands the event to each of its
 //! sessions' mailboxes from there: same-thread wakeups, no locks.
 //!
-//! That task yields after each list, so the sessions it woke take their
+//! That task yields after every few hundred watchers, so the first ones
+//! write while the rest are handed out, and the sessions it woke take their
 //! event in before the next list is handed out: a burst of events queued
 //! while the worker was busy reaches each mailbox one at a time, instead of
 //! filling it at once and getting a session that reads cut off as slow.
@@ -122,15 +123,21 @@ pub fn send(
         .is_ok()
 }
 
-/// A worker's delivery task: hands out each list, then lets the sessions
-/// it woke run before the next one.
+/// Sessions handed an event before the delivery task lets them run: the
+/// first watchers start writing while the rest are still being handed out.
+const HAND_OUT_BATCH: usize = 256;
+
+/// A worker's delivery task: hands out each list in batches, letting the
+/// sessions it woke run after each batch (and so before the next list).
 async fn deliver_lists(mut rx: mpsc::UnboundedReceiver<List>) {
     while let Some(list) = rx.recv().await {
-        let full = hand_out(&list.deliver, &list.sessions);
-        if !full.is_empty() {
-            list.slow.do_send(SlowWatchers { sessions: full });
+        for batch in list.sessions.chunks(HAND_OUT_BATCH) {
+            let full = hand_out(&list.deliver, batch);
+            if !full.is_empty() {
+                list.slow.do_send(SlowWatchers { sessions: full });
+            }
+            tokio::task::yield_now().await;
         }
-        tokio::task::yield_now().await;
     }
 }
 
