@@ -76,6 +76,11 @@ pub struct Config {
     /// JWT auth: how long before a session's token expires it gets an
     /// `auth_expiring` frame.
     pub auth_expiring: Duration,
+    /// `--trust-proxy`: peers whose `X-Forwarded-For` names the client
+    /// (`crate::http::client_ip`).
+    pub trust_proxy: crate::proxy::TrustedProxies,
+    /// What `/` and other non-API paths serve (`--no-demo`, `--static-dir`).
+    pub static_files: crate::static_files::StaticFiles,
 }
 
 impl Config {
@@ -96,6 +101,8 @@ impl Config {
             contacts_only: false,
             auth_timeout: DEFAULT_AUTH_TIMEOUT,
             auth_expiring: DEFAULT_AUTH_EXPIRING,
+            trust_proxy: Default::default(),
+            static_files: Default::default(),
         }
     }
 

@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use actix::Addr;
-use actix_web::http::StatusCode;
+use actix_web::http::{Method, StatusCode};
 use actix_web::{web, HttpRequest, HttpResponse, ResponseError};
 use actix_web_actors::ws;
 use serde::{Deserialize, Serialize};
@@ -18,7 +18,7 @@ use crate::protocol::{parse_privacy, ErrorCode, ProtocolError};
 use crate::refresh::Refresher;
 use crate::registry::{GetStats, Registry};
 use crate::session::{Identity, NodeParts, Session, TokenState};
-use crate::store::{now_ms, Cursor, DeviceInfo, LeaseOwner, Store, StoreError};
+use crate::store::{now_ms, Cursor, DeviceInfo, LeaseOwner, OnlinePage, Reader, Store, StoreError};
 
 /// Default page size of `GET /api/online`.
 const ONLINE_DEFAULT_LIMIT: usize = 50;
@@ -49,6 +49,9 @@ pub struct AppState {
     pub origins: Origins,
     /// Bearer key of the admin API (contacts); `None` turns it off.
     pub admin_key: Option<String>,
+    /// Bearer key of the service view (truthful reads, nothing else);
+    /// `None` turns it off. The admin key reads the same way.
+    pub service_key: Option<String>,
     /// With development auth, the `Host` names `/ws` and `/api/*` answer to.
     pub dev_hosts: Option<DevHosts>,
     /// Redis's state as last checked, for `/healthz`.
@@ -137,11 +140,41 @@ pub async fn dev_host_guard(
     next.call(req).await
 }
 
+/// Where routes go: the actix configuration of a listener, or the list of
+/// [`route_table`]. Every route is registered through it, so that the list
+/// the OpenAPI test checks is the server's own.
+pub trait Router {
+    /// Registers `route` for `method` on `path`.
+    fn add(&mut self, method: Method, path: &'static str, route: actix_web::Route);
+}
+
+impl Router for web::ServiceConfig {
+    fn add(&mut self, method: Method, path: &'static str, route: actix_web::Route) {
+        self.route(path, route.method(method));
+    }
+}
+
+impl Router for Vec<(Method, &'static str)> {
+    fn add(&mut self, method: Method, path: &'static str, _: actix_web::Route) {
+        self.push((method, path));
+    }
+}
+
+/// Every route a node serves (one listener, no `--internal-listen`), as
+/// (method, path) with actix's `{param}` placeholders.
+pub fn route_table() -> Vec<(Method, &'static str)> {
+    let mut table = Vec::new();
+    api(&mut table);
+    operations(&mut table);
+    table
+}
+
 /// Registers every route on one listener (no `--internal-listen`).
 pub fn routes(cfg: &mut web::ServiceConfig) {
     extractors(cfg);
     api(cfg);
     operations(cfg);
+    static_files(cfg);
     not_found(cfg);
 }
 
@@ -152,6 +185,7 @@ pub fn public_routes(cfg: &mut web::ServiceConfig) {
     cfg.app_data(PublicOnly);
     extractors(cfg);
     api(cfg);
+    static_files(cfg);
     not_found(cfg);
 }
 
@@ -160,7 +194,11 @@ pub fn public_routes(cfg: &mut web::ServiceConfig) {
 pub fn internal_routes(cfg: &mut web::ServiceConfig) {
     extractors(cfg);
     operations(cfg);
-    cfg.route("/api/users/{user}/privacy", web::put().to(set_privacy));
+    cfg.add(
+        Method::PUT,
+        "/api/users/{user}/privacy",
+        web::route().to(set_privacy),
+    );
     not_found(cfg);
 }
 
@@ -188,23 +226,56 @@ fn extractors(cfg: &mut web::ServiceConfig) {
     .app_data(web::PathConfig::default().error_handler(|err, _| bad_input(err)));
 }
 
-/// What clients use: the WebSocket, the read API, privacy, the demo page.
-fn api(cfg: &mut web::ServiceConfig) {
-    cfg.route("/ws", web::get().to(websocket))
-        .route("/api/presence/query", web::post().to(query))
-        .route("/api/presence/{user}", web::get().to(presence))
-        .route("/api/online", web::get().to(online))
-        .route("/api/users/{user}/privacy", web::put().to(set_privacy))
-        .route("/", web::get().to(index))
-        .route("/presence-client.js", web::get().to(client_js));
+/// What clients use: the WebSocket, the read API, privacy, the API's
+/// description and `/api/info`. The demo page is served apart
+/// ([`static_files`]): it is not API, and `--no-demo` turns it off.
+fn api(r: &mut impl Router) {
+    r.add(Method::GET, "/ws", web::route().to(websocket));
+    reads(r);
+    r.add(
+        Method::PUT,
+        "/api/users/{user}/privacy",
+        web::route().to(set_privacy),
+    );
+    r.add(
+        Method::GET,
+        "/api/openapi.json",
+        web::route().to(crate::openapi::document),
+    );
+    r.add(Method::GET, "/api/info", web::route().to(info));
+}
+
+/// The read API.
+fn reads(r: &mut impl Router) {
+    r.add(Method::POST, "/api/presence/query", web::route().to(query));
+    r.add(
+        Method::GET,
+        "/api/presence/{user}",
+        web::route().to(presence),
+    );
+    r.add(Method::GET, "/api/online", web::route().to(online));
+}
+
+/// The demo page, the operator's files or nothing: registered last, as it
+/// matches any path (`crate::static_files`).
+fn static_files(cfg: &mut web::ServiceConfig) {
+    cfg.route("/{path:.*}", web::get().to(crate::static_files::serve));
 }
 
 /// What operators use: the admin API, health and metrics.
-fn operations(cfg: &mut web::ServiceConfig) {
-    cfg.route("/api/users/{user}/contacts", web::put().to(put_contacts))
-        .route("/api/users/{user}/contacts", web::get().to(get_contacts))
-        .route("/healthz", web::get().to(healthz))
-        .route("/metrics", web::get().to(metrics));
+fn operations(r: &mut impl Router) {
+    r.add(
+        Method::PUT,
+        "/api/users/{user}/contacts",
+        web::route().to(put_contacts),
+    );
+    r.add(
+        Method::GET,
+        "/api/users/{user}/contacts",
+        web::route().to(get_contacts),
+    );
+    r.add(Method::GET, "/healthz", web::route().to(healthz));
+    r.add(Method::GET, "/metrics", web::route().to(metrics));
 }
 
 fn not_found(cfg: &mut web::ServiceConfig) {
@@ -215,7 +286,7 @@ fn not_found(cfg: &mut web::ServiceConfig) {
 
 /// Query string of the WebSocket handshake.
 #[derive(Deserialize)]
-struct Connect {
+pub(crate) struct Connect {
     /// The user (development auth; with JWT it must match the token if given).
     user: Option<String>,
     /// The device.
@@ -243,14 +314,44 @@ impl From<AuthError> for ApiError {
 
 /// `GET /ws?user=&device=` (dev auth) or `GET /ws?device=` (JWT auth: the
 /// token in `Sec-WebSocket-Protocol`, `?token=`, `Authorization`, or as the
-/// first frame): upgrades to a session.
-async fn websocket(
+/// first frame): upgrades to a session. Logs each one with the client's
+/// address.
+#[utoipa::path(get, path = "/ws", tag = "websocket",
+    params(
+        ("device" = String, Query, description = "The device id"),
+        ("user" = Option<String>, Query, description = "Development auth: the user id"),
+        ("token" = Option<String>, Query, description = "JWT auth: the token (prefer Sec-WebSocket-Protocol or the first frame)"),
+        ("status" = Option<String>, Query, description = "Status to arrive with if none is stored: online, away, busy or invisible"),
+    ),
+    responses(
+        (status = 101, description = "Upgraded: the frames are in docs/events.md"),
+        (status = 400, description = "Missing or invalid ids", body = ProtocolError),
+        (status = 401, description = "Missing or invalid token", body = ProtocolError),
+        (status = 403, description = "Refused origin or host, or token for another user", body = ProtocolError),
+    ))]
+pub(crate) async fn websocket(
     req: HttpRequest,
     stream: web::Payload,
     query: web::Query<Connect>,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, actix_web::Error> {
-    let query = query.into_inner();
+    let ip = client_ip(&req, &state.config);
+    let opened = open_session(&req, stream, query.into_inner(), &state, &ip).await;
+    if let Err(e) = &opened {
+        log::info!("websocket from {ip} refused: {e}");
+    }
+    opened
+}
+
+/// The upgrade proper, for [`websocket`].
+async fn open_session(
+    req: &HttpRequest,
+    stream: web::Payload,
+    query: Connect,
+    state: &AppState,
+    ip: &str,
+) -> Result<HttpResponse, actix_web::Error> {
+    let req = req.clone();
     state.origins.check(&req).map_err(ApiError::from)?;
     let protocol = match *state.auth {
         Auth::Jwt(_) => crate::auth::protocol_token(&req),
@@ -297,6 +398,11 @@ async fn websocket(
     crate::metrics::METRICS.sessions_opened.inc();
     let id = state.next_session.fetch_add(1, Ordering::Relaxed);
     let owner = LeaseOwner::format(&state.config.node_id, &id.to_string(), now_ms());
+    if user.is_empty() {
+        log::info!("device {device}: websocket from {ip}, awaiting its auth frame");
+    } else {
+        log::info!("{user}/{device}: websocket from {ip}");
+    }
     let who = Identity {
         id,
         user,
@@ -322,13 +428,40 @@ async fn websocket(
 
 /// Who reads: `?viewer=` in dev mode, a token with JWT.
 #[derive(Deserialize)]
-struct As {
+pub(crate) struct As {
     viewer: Option<String>,
     token: Option<String>,
 }
 
-/// The viewer of an API read (`None`: anonymous, dev mode only).
-async fn viewer(req: &HttpRequest, state: &AppState, who: &As) -> Result<Option<String>, ApiError> {
+/// Who an API read is for: a viewer (`None`: anonymous, dev mode only), or
+/// the service (the admin or service key as the bearer), which reads the
+/// truth. The keys are checked first, so that under JWT auth a key is never
+/// taken for a malformed token.
+enum ReadAs {
+    /// A user, or anonymous.
+    Viewer(Option<String>),
+    /// The backend.
+    Service,
+}
+
+impl ReadAs {
+    fn reader(&self) -> Reader<'_> {
+        match self {
+            ReadAs::Viewer(v) => Reader::Viewer(v.as_deref()),
+            ReadAs::Service => Reader::Service,
+        }
+    }
+
+    /// `"service"` on a service view, absent otherwise.
+    fn view(&self) -> Option<&'static str> {
+        matches!(self, ReadAs::Service).then_some("service")
+    }
+}
+
+async fn read_as(req: &HttpRequest, state: &AppState, who: &As) -> Result<ReadAs, ApiError> {
+    if is_service(req, state) {
+        return Ok(ReadAs::Service);
+    }
     let viewer = state
         .auth
         .viewer(req, who.token.as_deref(), who.viewer.as_deref())
@@ -336,11 +469,21 @@ async fn viewer(req: &HttpRequest, state: &AppState, who: &As) -> Result<Option<
     if let Some(v) = &viewer {
         ids::validate("user", v)?;
     }
-    Ok(viewer)
+    Ok(ReadAs::Viewer(viewer))
 }
 
 /// `GET /api/presence/{user}`: what the viewer may see, with a device list.
-async fn presence(
+#[utoipa::path(get, path = "/api/presence/{user}", tag = "read",
+    params(("user" = String, Path, description = "The user id"), ("viewer" = Option<String>, Query, description = "Development auth: read as this user"),
+        ("token" = Option<String>, Query, description = "JWT auth: the reader's token, instead of Authorization: Bearer")),
+    responses(
+        (status = 200, description = "What the reader may see; the truth with the admin or service key", body = UserPresence),
+        (status = 400, description = "Invalid user id", body = ProtocolError),
+        (status = 401, description = "JWT auth: missing or invalid token", body = ProtocolError),
+        (status = 503, description = "Redis unavailable", body = ProtocolError),
+    ),
+    security((), ("bearer" = [])))]
+pub(crate) async fn presence(
     req: HttpRequest,
     user: web::Path<String>,
     who: web::Query<As>,
@@ -348,12 +491,12 @@ async fn presence(
 ) -> Result<HttpResponse, ApiError> {
     let user = user.into_inner();
     ids::validate("user", &user)?;
-    let viewer = viewer(&req, &state, &who).await?;
+    let reader = read_as(&req, &state, &who).await?;
     let record = state
         .store
-        .records(
+        .records_as(
             std::slice::from_ref(&user),
-            viewer.as_deref(),
+            reader.reader(),
             state.config.contacts_only,
         )
         .await?
@@ -364,26 +507,68 @@ async fn presence(
     } else {
         Vec::new()
     };
-    #[derive(Serialize)]
-    struct Body<'a> {
-        #[serde(flatten)]
-        record: &'a Record,
-        device_list: Vec<DeviceInfo>,
-    }
-    Ok(HttpResponse::Ok().json(Body {
-        record: &record,
+    Ok(HttpResponse::Ok().json(UserPresence {
+        view: reader.view(),
+        record,
         device_list: devices,
     }))
 }
 
+/// `GET /api/presence/{user}`: a record with its device detail.
+#[derive(Serialize, utoipa::ToSchema)]
+pub(crate) struct UserPresence {
+    /// `"service"` when read with the admin or service key (the truth);
+    /// absent for a viewer's view.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>, example = "service")]
+    view: Option<&'static str>,
+    #[serde(flatten)]
+    record: Record,
+    /// The live devices; empty unless the reader may see the user online.
+    device_list: Vec<DeviceInfo>,
+}
+
+/// `POST /api/presence/query`: records in request order.
+#[derive(Serialize, utoipa::ToSchema)]
+pub(crate) struct QueryResult {
+    /// `"service"` on a service view, absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>, example = "service")]
+    view: Option<&'static str>,
+    presence: Vec<Record>,
+}
+
+/// `GET /api/online`: one page of the online list.
+#[derive(Serialize, utoipa::ToSchema)]
+pub(crate) struct OnlineResult {
+    /// `"service"` on a service view, absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>, example = "service")]
+    view: Option<&'static str>,
+    #[serde(flatten)]
+    page: OnlinePage,
+}
+
 /// Body of `POST /api/presence/query`.
-#[derive(Deserialize)]
-struct Query {
+#[derive(Deserialize, utoipa::ToSchema)]
+pub(crate) struct Query {
     users: Vec<String>,
 }
 
 /// `POST /api/presence/query`: records of up to 1,000 users, in request order.
-async fn query(
+#[utoipa::path(post, path = "/api/presence/query", tag = "read",
+    params(("viewer" = Option<String>, Query, description = "Development auth: read as this user"),
+        ("token" = Option<String>, Query, description = "JWT auth: the reader's token, instead of Authorization: Bearer")),
+    request_body = Query,
+    responses(
+        (status = 200, description = "Records in request order", body = QueryResult),
+        (status = 400, description = "Invalid body or user id", body = ProtocolError),
+        (status = 401, description = "JWT auth: missing or invalid token", body = ProtocolError),
+        (status = 413, description = "More than 1,000 users", body = ProtocolError),
+        (status = 503, description = "Redis unavailable", body = ProtocolError),
+    ),
+    security((), ("bearer" = [])))]
+pub(crate) async fn query(
     req: HttpRequest,
     body: web::Json<Query>,
     who: web::Query<As>,
@@ -403,21 +588,20 @@ async fn query(
     for user in &users {
         ids::validate("user", user)?;
     }
-    let viewer = viewer(&req, &state, &who).await?;
-    #[derive(Serialize)]
-    struct Body {
-        presence: Vec<Record>,
-    }
+    let reader = read_as(&req, &state, &who).await?;
     let presence = state
         .store
-        .records(&users, viewer.as_deref(), state.config.contacts_only)
+        .records_as(&users, reader.reader(), state.config.contacts_only)
         .await?;
-    Ok(HttpResponse::Ok().json(Body { presence }))
+    Ok(HttpResponse::Ok().json(QueryResult {
+        view: reader.view(),
+        presence,
+    }))
 }
 
 /// Query string of `GET /api/online`.
 #[derive(Deserialize)]
-struct OnlineQuery {
+pub(crate) struct OnlineQuery {
     limit: Option<usize>,
     cursor: Option<String>,
     #[serde(flatten)]
@@ -426,7 +610,20 @@ struct OnlineQuery {
 
 /// `GET /api/online?limit=&cursor=`: users the viewer may see online now,
 /// most recently active first.
-async fn online(
+#[utoipa::path(get, path = "/api/online", tag = "read",
+    params(
+        ("limit" = Option<usize>, Query, description = "Page size, 1 to 1000 (default 50)"),
+        ("cursor" = Option<String>, Query, description = "next_cursor of the previous page"),
+        ("viewer" = Option<String>, Query, description = "Development auth: read as this user"),
+        ("token" = Option<String>, Query, description = "JWT auth: the reader's token, instead of Authorization: Bearer")),
+    responses(
+        (status = 200, description = "Users online now, most recently active first", body = OnlineResult),
+        (status = 400, description = "Bad limit or cursor", body = ProtocolError),
+        (status = 401, description = "JWT auth: missing or invalid token", body = ProtocolError),
+        (status = 503, description = "Redis unavailable", body = ProtocolError),
+    ),
+    security((), ("bearer" = [])))]
+pub(crate) async fn online(
     req: HttpRequest,
     query: web::Query<OnlineQuery>,
     state: web::Data<AppState>,
@@ -449,29 +646,43 @@ async fn online(
             )
         })?),
     };
-    let viewer = viewer(&req, &state, &query.who).await?;
+    let reader = read_as(&req, &state, &query.who).await?;
     let page = state
         .store
-        .online(
+        .online_as(
             limit,
             cursor.as_ref(),
-            viewer.as_deref(),
+            reader.reader(),
             state.config.contacts_only,
         )
         .await?;
-    Ok(HttpResponse::Ok().json(page))
+    Ok(HttpResponse::Ok().json(OnlineResult {
+        view: reader.view(),
+        page,
+    }))
 }
 
 /// Body of `PUT /api/users/{user}/privacy`.
-#[derive(Deserialize)]
-struct PrivacyBody {
+#[derive(Deserialize, utoipa::ToSchema)]
+pub(crate) struct PrivacyBody {
     online: Option<String>,
     last_seen: Option<String>,
 }
 
 /// `PUT /api/users/{user}/privacy`: the user itself (its token; in dev mode
 /// anyone) or the admin changes who may see the user.
-async fn set_privacy(
+#[utoipa::path(put, path = "/api/users/{user}/privacy", tag = "users",
+    params(("user" = String, Path, description = "The user id"), ("viewer" = Option<String>, Query, description = "Development auth: read as this user"),
+        ("token" = Option<String>, Query, description = "JWT auth: the reader's token, instead of Authorization: Bearer")),
+    request_body = PrivacyBody,
+    responses(
+        (status = 204, description = "Saved"),
+        (status = 400, description = "Invalid value", body = ProtocolError),
+        (status = 401, description = "JWT auth: missing or invalid token", body = ProtocolError),
+        (status = 403, description = "Another user's token", body = ProtocolError),
+    ),
+    security((), ("bearer" = [])))]
+pub(crate) async fn set_privacy(
     req: HttpRequest,
     user: web::Path<String>,
     body: web::Json<PrivacyBody>,
@@ -499,8 +710,8 @@ async fn set_privacy(
 }
 
 /// Body of `PUT /api/users/{user}/contacts`.
-#[derive(Deserialize, Serialize)]
-struct Contacts {
+#[derive(Deserialize, Serialize, utoipa::ToSchema)]
+pub(crate) struct Contacts {
     contacts: Vec<String>,
 }
 
@@ -513,6 +724,21 @@ fn is_admin(req: &HttpRequest, state: &AppState) -> bool {
     if req.app_data::<PublicOnly>().is_some() {
         return false;
     }
+    bearer_is(req, key)
+}
+
+/// True when the request may read the service view: the admin key (where
+/// it works) or the service key (on either listener: it reads, nothing more).
+fn is_service(req: &HttpRequest, state: &AppState) -> bool {
+    is_admin(req, state)
+        || state
+            .service_key
+            .as_deref()
+            .is_some_and(|key| bearer_is(req, key))
+}
+
+/// True when the bearer token is `key`.
+fn bearer_is(req: &HttpRequest, key: &str) -> bool {
     let given = crate::auth::bearer(req).unwrap_or("");
     // Same time whatever the key, so it cannot be guessed byte by byte.
     given.len() == key.len()
@@ -543,7 +769,17 @@ fn require_admin(req: &HttpRequest, state: &AppState) -> Result<(), ApiError> {
 
 /// `PUT /api/users/{user}/contacts` (admin): replaces the users who count
 /// as `user`'s contacts for its privacy settings.
-async fn put_contacts(
+#[utoipa::path(put, path = "/api/users/{user}/contacts", tag = "admin",
+    params(("user" = String, Path, description = "The user id")),
+    request_body = Contacts,
+    responses(
+        (status = 200, description = "The contacts now, sorted", body = Contacts),
+        (status = 401, description = "No admin key", body = ProtocolError),
+        (status = 403, description = "The admin API is off", body = ProtocolError),
+        (status = 413, description = "More than 1,000 contacts", body = ProtocolError),
+    ),
+    security(("bearer" = [])))]
+pub(crate) async fn put_contacts(
     req: HttpRequest,
     user: web::Path<String>,
     body: web::Json<Contacts>,
@@ -570,7 +806,15 @@ async fn put_contacts(
 }
 
 /// `GET /api/users/{user}/contacts` (admin).
-async fn get_contacts(
+#[utoipa::path(get, path = "/api/users/{user}/contacts", tag = "admin",
+    params(("user" = String, Path, description = "The user id")),
+    responses(
+        (status = 200, description = "The contacts, sorted", body = Contacts),
+        (status = 401, description = "No admin key", body = ProtocolError),
+        (status = 403, description = "The admin API is off", body = ProtocolError),
+    ),
+    security(("bearer" = [])))]
+pub(crate) async fn get_contacts(
     req: HttpRequest,
     user: web::Path<String>,
     state: web::Data<AppState>,
@@ -585,7 +829,12 @@ async fn get_contacts(
 /// `GET /healthz`: 200 when the process is up and Redis answered the last
 /// health check (at most about a second ago), else 503. Answers from that
 /// cached state, so it is as fast with Redis down as up.
-async fn healthz(state: web::Data<AppState>) -> HttpResponse {
+#[utoipa::path(get, path = "/healthz", tag = "operations",
+    responses(
+        (status = 200, description = "Up, Redis reachable", body = Object),
+        (status = 503, description = "Redis unreachable", body = Object),
+    ))]
+pub(crate) async fn healthz(state: web::Data<AppState>) -> HttpResponse {
     let stats = state.registry.send(GetStats).await.unwrap_or_default();
     let redis = state.redis_health.report();
     if redis.up {
@@ -603,23 +852,37 @@ async fn healthz(state: web::Data<AppState>) -> HttpResponse {
 }
 
 /// `GET /metrics`: Prometheus text exposition; answers even when Redis does not.
-async fn metrics(state: web::Data<AppState>) -> HttpResponse {
+#[utoipa::path(get, path = "/metrics", tag = "operations",
+    responses((status = 200, description = "Prometheus text exposition", content_type = "text/plain", body = String)))]
+pub(crate) async fn metrics(state: web::Data<AppState>) -> HttpResponse {
     let stats = state.registry.send(GetStats).await.unwrap_or_default();
     HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4; charset=utf-8")
         .body(crate::metrics::METRICS.render(stats.into()))
 }
 
-/// `GET /`: the demo page.
-async fn index() -> HttpResponse {
+/// `GET /api/info`: what a client needs to know before it connects (the
+/// demo page asks it whether to show a token field).
+#[utoipa::path(get, path = "/api/info", tag = "presence",
+    responses((status = 200, description = "The server, its version, its auth mode (dev or jwt) and heartbeat", body = Object)))]
+pub(crate) async fn info(state: web::Data<AppState>) -> HttpResponse {
+    // Public facts: a page served from elsewhere (`?server=`) may read them.
     HttpResponse::Ok()
-        .content_type("text/html; charset=utf-8")
-        .body(include_str!("../static/index.html"))
+        .insert_header(("access-control-allow-origin", "*"))
+        .json(serde_json::json!({
+            "server": "presence-server",
+            "version": env!("CARGO_PKG_VERSION"),
+            "auth": match *state.auth { Auth::Dev => "dev", Auth::Jwt(_) => "jwt" },
+            "heartbeat_ms": state.config.heartbeat.as_millis() as u64,
+        }))
 }
 
-/// `GET /presence-client.js`: the JavaScript client used by the demo page.
-async fn client_js() -> HttpResponse {
-    HttpResponse::Ok()
-        .content_type("text/javascript; charset=utf-8")
-        .body(include_str!("../static/presence-client.js"))
+/// The client's address: the peer, or with `--trust-proxy` the one its
+/// proxy names ([`crate::proxy`]). The one source of the client's address:
+/// logs use it, and so must any per-IP limit.
+pub fn client_ip(req: &HttpRequest, config: &Config) -> String {
+    config
+        .trust_proxy
+        .client_ip(req.peer_addr(), req.headers())
+        .map_or_else(|| "unknown".to_string(), |ip| ip.to_string())
 }

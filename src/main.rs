@@ -12,6 +12,8 @@ use presence_server::local_redis::LocalRedis;
 use presence_server::logging::{self, LogFormat};
 use presence_server::redis_setup::RedisOptions;
 use presence_server::server::Security;
+use presence_server::static_files::StaticFiles;
+use presence_server::webhooks::{self, WebhookConfig};
 use presence_server::{config_file, ids, server};
 
 /// Presence server: who is online, on which devices, with which status.
@@ -213,6 +215,47 @@ struct Args {
     #[arg(long, env = "PRESENCE_ADMIN_KEY", hide_env_values = true)]
     admin_key: Option<String>,
 
+    /// Bearer key that reads the REST API (GET /api/presence/{user}, POST
+    /// /api/presence/query, GET /api/online) as the truth, for a backend:
+    /// invisible users' real status, exact devices. Read-only; the admin key
+    /// reads the same way.
+    #[arg(long, env = "PRESENCE_SERVICE_KEY", hide_env_values = true)]
+    service_key: Option<String>,
+
+    /// POST every transition this node makes (online, offline, status
+    /// change) to this URL, in signed JSON batches; repeat the flag (or
+    /// separate with commas) for several receivers. Needs --webhook-secret.
+    #[arg(long, env = "PRESENCE_WEBHOOK_URL", value_delimiter = ',')]
+    webhook_url: Vec<String>,
+
+    /// HMAC-SHA256 key (at least 16 bytes) of the `Presence-Signature`
+    /// header of each webhook POST. Prefer --webhook-secret-file or the
+    /// environment over the command line.
+    #[arg(long, env = "PRESENCE_WEBHOOK_SECRET", hide_env_values = true)]
+    webhook_secret: Option<String>,
+
+    /// File holding the webhook secret.
+    #[arg(long, env = "PRESENCE_WEBHOOK_SECRET_FILE")]
+    webhook_secret_file: Option<PathBuf>,
+
+    /// Most events in one webhook POST.
+    #[arg(long, env = "PRESENCE_WEBHOOK_BATCH_SIZE", default_value_t = webhooks::DEFAULT_BATCH_SIZE as u64,
+          value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    webhook_batch_size: u64,
+
+    /// Longest time, in ms, an event waits for its webhook batch to fill.
+    #[arg(long, env = "PRESENCE_WEBHOOK_BATCH_MS",
+          default_value_t = webhooks::DEFAULT_BATCH_INTERVAL.as_millis() as u64,
+          value_parser = clap::value_parser!(u64).range(0..=60_000))]
+    webhook_batch_ms: u64,
+
+    /// Most webhook events waiting per URL (a receiver that is down or
+    /// slow); when full, the oldest are dropped and counted in
+    /// presence_webhook_dropped_total.
+    #[arg(long, env = "PRESENCE_WEBHOOK_QUEUE_LIMIT", default_value_t = webhooks::DEFAULT_QUEUE_LIMIT as u64,
+          value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    webhook_queue_limit: u64,
+
     /// `open`: anyone may watch anyone (privacy settings still apply);
     /// `contacts`: a watch on a user who does not list the watcher as a
     /// contact shows only `offline`, without revealing whether it exists.
@@ -228,6 +271,21 @@ struct Args {
     /// directory is made inside, and removed on exit).
     #[arg(long, env = "PRESENCE_LOCAL_REDIS_DIR", default_value_os_t = std::env::temp_dir())]
     local_redis_dir: PathBuf,
+
+    /// Reverse proxies (addresses or CIDR blocks, comma-separated, e.g.
+    /// 127.0.0.1,10.0.0.0/8) whose X-Forwarded-For names the client in the
+    /// logs. From any other peer the header is ignored.
+    #[arg(long, env = "PRESENCE_TRUST_PROXY", value_delimiter = ',')]
+    trust_proxy: Vec<String>,
+
+    /// Serve no demo page or other static file (404): for production.
+    #[arg(long, env = "PRESENCE_NO_DEMO", conflicts_with = "static_dir")]
+    no_demo: bool,
+
+    /// Serve this directory's files instead of the demo page (`/` is its
+    /// index.html).
+    #[arg(long, env = "PRESENCE_STATIC_DIR")]
+    static_dir: Option<PathBuf>,
 
     /// Log format: `text` lines or one JSON object per line; both name the node.
     #[arg(long, env = "PRESENCE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
@@ -339,6 +397,12 @@ fn start(args: Args) -> anyhow::Result<()> {
     config.contacts_only = matches!(args.watch_policy, WatchPolicy::Contacts);
     config.auth_timeout = Duration::from_millis(args.auth_timeout_ms);
     config.auth_expiring = Duration::from_millis(args.auth_expiring_ms);
+    config.trust_proxy = presence_server::proxy::TrustedProxies::parse(&args.trust_proxy)?;
+    config.static_files = match (&args.static_dir, args.no_demo) {
+        (Some(dir), _) => StaticFiles::dir(dir)?,
+        (None, true) => StaticFiles::Off,
+        (None, false) => StaticFiles::Demo,
+    };
     let security = security(&args)?;
     raise_fd_limit();
 
@@ -440,7 +504,39 @@ fn security(args: &Args) -> anyhow::Result<Security> {
             anyhow::bail!("--admin-key must be at least 16 characters");
         }
     }
+    if let Some(key) = &args.service_key {
+        if key.len() < 16 {
+            anyhow::bail!("--service-key must be at least 16 characters");
+        }
+    }
+    let webhooks = if args.webhook_url.is_empty() {
+        if args.webhook_secret.is_some() || args.webhook_secret_file.is_some() {
+            log::warn!("--webhook-secret without --webhook-url: no webhooks are sent");
+        }
+        None
+    } else {
+        let secret = match (&args.webhook_secret, &args.webhook_secret_file) {
+            (Some(s), _) => s.trim().as_bytes().to_vec(),
+            (None, Some(path)) => std::fs::read_to_string(path)
+                .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?
+                .trim()
+                .as_bytes()
+                .to_vec(),
+            (None, None) => Vec::new(),
+        };
+        let config = WebhookConfig {
+            urls: args.webhook_url.clone(),
+            secret,
+            batch_size: args.webhook_batch_size as usize,
+            batch_interval: Duration::from_millis(args.webhook_batch_ms),
+            queue_limit: args.webhook_queue_limit as usize,
+        };
+        config.validate()?;
+        Some(config)
+    };
     Ok(Security {
+        service_key: args.service_key.clone(),
+        webhooks,
         auth,
         origins: Origins::new(args.allowed_origins.iter().cloned()),
         admin_key: args.admin_key.clone(),

@@ -69,6 +69,16 @@ pub struct Metrics {
     pub redis_errors: IntCounterVec,
     /// Lease refreshes per batch sent by the refresher.
     pub refresh_batch_size: Histogram,
+    /// Webhook events queued (once per URL).
+    pub webhook_events: IntCounter,
+    /// Webhook events a receiver took (2xx).
+    pub webhook_delivered: IntCounter,
+    /// Webhook events dropped, oldest first, from a full queue.
+    pub webhook_dropped: IntCounter,
+    /// Webhook POSTs that failed (no answer or not 2xx) and will be retried.
+    pub webhook_failures: IntCounter,
+    /// Webhook events waiting, over every URL.
+    pub webhook_queued: IntGauge,
 }
 
 /// What the registry holds now, read at scrape time rather than kept twice.
@@ -224,6 +234,26 @@ impl Metrics {
                 .buckets(BATCH_BUCKETS.to_vec()),
             )
             .expect("valid metric"),
+            webhook_events: counter(
+                "presence_webhook_events_total",
+                "Webhook events queued by this node (once per URL).",
+            ),
+            webhook_delivered: counter(
+                "presence_webhook_delivered_total",
+                "Webhook events a receiver answered 2xx to.",
+            ),
+            webhook_dropped: counter(
+                "presence_webhook_dropped_total",
+                "Webhook events dropped, oldest first, because the queue was full.",
+            ),
+            webhook_failures: counter(
+                "presence_webhook_failures_total",
+                "Webhook POSTs that failed (no answer or not 2xx) and are retried.",
+            ),
+            webhook_queued: gauge(
+                "presence_webhook_queued",
+                "Webhook events waiting to be delivered, over every URL.",
+            ),
         };
         let r = &m.registry;
         // Registering distinct names cannot fail.
@@ -250,6 +280,15 @@ impl Metrics {
         r.register(Box::new(m.redis_latency.clone())).unwrap();
         r.register(Box::new(m.redis_errors.clone())).unwrap();
         r.register(Box::new(m.refresh_batch_size.clone())).unwrap();
+        for c in [
+            &m.webhook_events,
+            &m.webhook_delivered,
+            &m.webhook_dropped,
+            &m.webhook_failures,
+        ] {
+            r.register(Box::new(c.clone())).unwrap();
+        }
+        r.register(Box::new(m.webhook_queued.clone())).unwrap();
         // Series that should read 0 rather than be missing before the first event.
         for status in ["online", "away", "busy", "offline"] {
             m.transitions_published.with_label_values(&[status]);

@@ -130,11 +130,14 @@ pub struct ChosenStatus {
 }
 
 /// What a viewer sees of one user.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Record {
     /// The user.
+    #[schema(example = "bob")]
     pub user: String,
-    /// online, away, busy or offline.
+    /// online, away, busy or offline (`invisible` only in the user's own
+    /// view and in a service view).
+    #[schema(example = "online")]
     pub status: String,
     /// Number of live devices.
     pub devices: u32,

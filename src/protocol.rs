@@ -66,7 +66,7 @@ impl std::fmt::Debug for Token {
 const CLIENT_TYPES: [&str; 6] = ["watch", "unwatch", "status", "heartbeat", "privacy", "auth"];
 
 /// Stable error codes, shared by error frames and HTTP error bodies.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorCode {
     /// Not JSON, not an object, or fields of the wrong shape.
@@ -98,7 +98,7 @@ pub enum ErrorCode {
 }
 
 /// A refused request: what goes into an error frame or HTTP error body.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, thiserror::Error, utoipa::ToSchema)]
 #[error("{code:?}: {message}")]
 pub struct ProtocolError {
     /// Machine-readable code.

@@ -19,6 +19,7 @@ use crate::redis_setup::{self, RedisOptions};
 use crate::refresh::Refresher;
 use crate::registry::{Registry, Shutdown};
 use crate::store::{RedisConn, Store};
+use crate::webhooks::Webhooks;
 
 /// Longest time an HTTP request may take before it is answered 503: the
 /// README promises REST errors within 2 s when Redis is unreachable or
@@ -32,8 +33,8 @@ const SUBSCRIBE_TIMEOUT: Duration = Duration::from_secs(10);
 const RESYNC_MARGIN: Duration = Duration::from_millis(500);
 
 /// After SIGTERM/SIGINT, how long connections get to finish before they are
-/// cut and the process exits.
-const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
+/// cut and the process exits (deploy/presence.service waits a little longer).
+pub const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Who may connect and administer.
 pub struct Security {
@@ -46,6 +47,11 @@ pub struct Security {
     /// Host names besides loopback that `/ws` and `/api/*` answer to under
     /// development auth (`--allowed-host`).
     pub allowed_hosts: Vec<String>,
+    /// Bearer key that reads the REST API as the truth, like the admin key
+    /// but with nothing else (`--service-key`); `None` turns it off.
+    pub service_key: Option<String>,
+    /// Where to POST this node's transitions (`--webhook-url`), if anywhere.
+    pub webhooks: Option<crate::webhooks::WebhookConfig>,
 }
 
 /// Runs a node on an already bound `listener` until SIGINT or SIGTERM;
@@ -74,7 +80,12 @@ pub async fn run(
             )
         }
     };
-    let store = Store::with_limits(conn, config.ttl, config.max_devices_per_user);
+    let webhooks = match &security.webhooks {
+        Some(hooks) => Some(Webhooks::start(hooks.clone(), &config.node_id)?),
+        None => None,
+    };
+    let store = Store::with_limits(conn, config.ttl, config.max_devices_per_user)
+        .with_webhooks(webhooks.clone());
     store.load_scripts().await.context("cannot load scripts")?;
     let store = store
         .load_deployment()
@@ -118,6 +129,7 @@ pub async fn run(
         auth: Arc::new(security.auth),
         origins: security.origins,
         admin_key: security.admin_key,
+        service_key: security.service_key,
         dev_hosts,
         redis_health,
     });
@@ -179,6 +191,11 @@ pub async fn run(
             futures_util::future::try_join(server, internal).await?;
         }
         None => server.await?,
+    }
+    if let Some(webhooks) = webhooks {
+        // Stopping is a transition-free drain (leases lapse), but what was
+        // queued before it still belongs to the receivers.
+        webhooks.drain(SHUTDOWN_TIMEOUT).await;
     }
     log::info!("node {} stopped", config.node_id);
     Ok(())

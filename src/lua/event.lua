@@ -10,6 +10,11 @@ local function next_seq(status_key, now)
   return seq
 end
 
+-- The event this call published (its JSON), for the scripts that report it
+-- to their caller (`reporting!` in store/scripts.rs): the node that made a
+-- transition is the one that sends its webhook.
+local published = false
+
 -- Publishes the user's true record after a transition, with what decides
 -- who may see it (chosen status, privacy settings); each node derives every
 -- viewer's view from it.
@@ -22,7 +27,7 @@ local function publish_event(channel, status_key, user, devices, last_seen, seq)
   if last_seen == nil then last_seen = tonumber(h[6]) end
   local status = 'offline'
   if devices > 0 then status = h[1] or 'online' end
-  redis.call('SPUBLISH', channel, cjson.encode({
+  published = cjson.encode({
     user = user,
     status = status,
     devices = devices,
@@ -33,7 +38,8 @@ local function publish_event(channel, status_key, user, devices, last_seen, seq)
     show_online = h[4] or 'everyone',
     show_last_seen = h[5] or 'everyone',
     seq = seq,
-  }))
+  })
+  redis.call('SPUBLISH', channel, published)
 end
 
 -- Stamps a user's last seen as it goes offline and returns the value to

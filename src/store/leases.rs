@@ -173,7 +173,7 @@ impl Store {
         let mut out = Vec::with_capacity(leases.len());
         for (lease, value) in leases.iter().zip(&reply) {
             let lease = lease.borrow();
-            let arrival = parse_arrival(value, &lease.user, deadline);
+            let arrival = parse_arrival(&self.report(value, false), &lease.user, deadline);
             if let Ok(Arrival::Held { .. }) = arrival {
                 let bucket = self.buckets.of(&lease.user);
                 let (deadlines, online) = by_bucket
@@ -203,24 +203,30 @@ impl Store {
         Ok(out)
     }
 
-    /// The departure step for a lease Redis announced as expired, unless
-    /// it is not this node's to run: the deadline pass took the lease (its
-    /// entry in `presence-leases` is marked) or already departed it (no
-    /// entry). `None` when left alone.
+    /// The departure step for a lease Redis announced as expired, if this
+    /// node claims its entry in `presence-leases` (see
+    /// [`super::passes::claim_score`]): not when the deadline pass (or
+    /// another owner) claimed it first or already departed it (no entry).
+    /// `None` when left alone.
     pub async fn depart_lapsed(&self, user: &str, device: &str) -> StoreResult<Option<Departure>> {
         let mut conn = self.conn();
         let index = keys::leases(self.buckets.of(user));
+        let member = keys::lease_member(user, device);
         let score: Option<f64> = redis::cmd("ZSCORE")
             .arg(&index)
-            .arg(keys::lease_member(user, device))
+            .arg(&member)
             .query_async(&mut conn)
             .await?;
-        match score {
-            Some(score) if !super::passes::is_taken(score) => {
-                self.depart(user, device, None).await.map(Some)
-            }
-            _ => Ok(None),
+        let Some(score) = score.filter(|s| !super::passes::is_taken(*s)) else {
+            return Ok(None);
+        };
+        let mut claim = redis::pipe();
+        super::passes::claim(&mut claim, &index, &member, score);
+        let won: Vec<i64> = claim.query_async(&mut conn).await?;
+        if won.first() != Some(&1) {
+            return Ok(None);
         }
+        self.depart(user, device, None).await.map(Some)
     }
 
     /// The departure step for one device. `owner` is the closing
@@ -245,7 +251,7 @@ impl Store {
         let first = reply
             .first()
             .ok_or_else(|| StoreError::reply(&keys::count(user), "depart: empty reply"))?;
-        let departure = parse_departure(first, user)?;
+        let departure = parse_departure(&self.report(first, false), user)?;
         let mut follow = redis::pipe();
         if let Departure::Removed {
             last_seen: Some(ts),

@@ -5,12 +5,12 @@
 use std::time::Duration;
 
 use super::reply::int;
-use super::{now_ms, Store, StoreError, StoreResult};
+use super::{now_ms, Reader, Store, StoreError, StoreResult};
 use crate::keys::{self, Buckets};
 use crate::model::Record;
 
 /// One page of `GET /api/online`.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
 pub struct OnlinePage {
     /// Users online now, most recently active first.
     pub users: Vec<OnlineUser>,
@@ -19,7 +19,7 @@ pub struct OnlinePage {
 }
 
 /// One entry of [`OnlinePage`].
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
 pub struct OnlineUser {
     /// The user's record.
     #[serde(flatten)]
@@ -106,6 +106,18 @@ impl Store {
         viewer: Option<&str>,
         contacts_only: bool,
     ) -> StoreResult<OnlinePage> {
+        self.online_as(limit, cursor, Reader::Viewer(viewer), contacts_only)
+            .await
+    }
+
+    /// [`Store::online`] for any reader; the service sees invisible users too.
+    pub async fn online_as(
+        &self,
+        limit: usize,
+        cursor: Option<&Cursor>,
+        reader: Reader<'_>,
+        contacts_only: bool,
+    ) -> StoreResult<OnlinePage> {
         let limit = limit.max(1);
         let budget = (EXAMINE_PER_LIMIT * limit).min(MAX_EXAMINED).max(limit);
         let buckets = self.buckets.count() as usize;
@@ -185,7 +197,7 @@ impl Store {
                 };
                 first = false;
                 let names: Vec<String> = chunk.iter().map(|(_, u, _)| u.clone()).collect();
-                let records = self.records(&names, viewer, contacts_only).await?;
+                let records = self.records_as(&names, reader, contacts_only).await?;
                 let mut entries = chunk.into_iter().zip(records);
                 // Examined one by one, so that a page that fills up stops
                 // the walk right after its last user: what follows is the

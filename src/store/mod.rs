@@ -31,6 +31,7 @@ mod scripts;
 pub mod setup;
 pub mod status;
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -39,9 +40,10 @@ use redis::{Pipeline, RedisError, Value};
 pub use conn::RedisConn;
 pub use leases::{Arrival, ArriveMode, Departure, Lease, LeaseOwner};
 pub use lists::{Cursor, OnlinePage, OnlineUser};
-pub use records::{DeviceInfo, Observed};
+pub use records::{DeviceInfo, Observed, Reader};
 
 use crate::keys::Buckets;
+use crate::webhooks::Webhooks;
 use scripts::Scripts;
 
 /// A failed Redis operation.
@@ -107,6 +109,8 @@ pub struct Store {
     max_devices: u32,
     /// How the indexes over all users are split (from `presence-meta`).
     buckets: Buckets,
+    /// Where the transitions this node's steps make are sent, if anywhere.
+    webhooks: Option<Webhooks>,
 }
 
 impl Store {
@@ -124,7 +128,25 @@ impl Store {
             ttl_ms: ttl.as_millis() as u64,
             max_devices,
             buckets: Buckets::default(),
+            webhooks: None,
         }
+    }
+
+    /// This store, sending each transition its steps make to `webhooks`.
+    pub fn with_webhooks(self, webhooks: Option<Webhooks>) -> Self {
+        Self { webhooks, ..self }
+    }
+
+    /// The reply of a reporting step (`arrive`, `depart`, `status`,
+    /// `reconcile`) without its event, which goes to the webhooks: this node
+    /// made that transition, so this node announces it. `status_step` tells
+    /// a status change from an arrival or departure.
+    fn report<'v>(&self, value: &'v Value, status_step: bool) -> Cow<'v, Value> {
+        let (step, event) = scripts::reported(value);
+        if let (Some(webhooks), Some(event)) = (&self.webhooks, event) {
+            webhooks.transition(status_step, &event);
+        }
+        step
     }
 
     /// This store with the deployment's buckets (see

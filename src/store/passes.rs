@@ -24,31 +24,42 @@ pub struct Reaped {
     pub removed: usize,
 }
 
-/// What the deadline pass adds to the score of an entry it took: deadlines
-/// are whole milliseconds, so a half marks an entry the pass is departing.
+/// The fraction a claimed entry's score carries: deadlines are whole
+/// milliseconds, so a half marks an entry someone is departing.
 const TAKEN: f64 = 0.5;
 
-/// Whether a `presence-leases` score marks an entry the deadline pass took.
+/// How long a claim holds: an entry whose claimant failed to depart it (and
+/// remove it) comes due again this long after its deadline.
+const CLAIM_MS: f64 = 1_000.0;
+
+/// Whether a `presence-leases` score marks a claimed entry.
 pub fn is_taken(score: f64) -> bool {
     score.fract() != 0.0
 }
 
-/// `ZADD key XX GT score member`, its reply ignored: moves an index entry's
-/// deadline up, never down, and never brings back a removed entry.
-trait ZaddXxGt {
-    fn zadd_xx_gt(&mut self, key: &str, member: &str, score: f64) -> &mut Self;
+/// The score that claims an entry whose score is `score`: its deadline plus
+/// [`CLAIM_MS`], marked with [`TAKEN`] (a claimed one's, `CLAIM_MS` later).
+/// It depends only on the entry, so two nodes claiming the same entry write
+/// the same score and `ZADD XX GT CH` tells exactly one of them it changed
+/// anything; a refresh that moved the deadline beyond it wins.
+pub fn claim_score(score: f64) -> f64 {
+    if is_taken(score) {
+        score + CLAIM_MS
+    } else {
+        score + CLAIM_MS + TAKEN
+    }
 }
 
-impl ZaddXxGt for redis::Pipeline {
-    fn zadd_xx_gt(&mut self, key: &str, member: &str, score: f64) -> &mut Self {
-        self.cmd("ZADD")
-            .arg(key)
-            .arg("XX")
-            .arg("GT")
-            .arg(score)
-            .arg(member)
-            .ignore()
-    }
+/// Adds the claim of `member` (score `score`) to `pipe`: its reply is 1 for
+/// the one caller that claimed it, 0 for everyone else.
+pub fn claim(pipe: &mut redis::Pipeline, index: &str, member: &str, score: f64) {
+    pipe.cmd("ZADD")
+        .arg(index)
+        .arg("XX")
+        .arg("GT")
+        .arg("CH")
+        .arg(claim_score(score))
+        .arg(member);
 }
 
 /// What one step of the reconciliation scan did.
@@ -113,12 +124,13 @@ impl Store {
     /// One step of the deadline pass over `bucket`: departs up to `max`
     /// leases whose deadline in `presence-leases:{b<k>}` has passed.
     ///
-    /// Each entry is first marked as taken (its score plus one half:
-    /// deadlines are whole milliseconds), then departed. Reading a lapsed
-    /// lease makes Redis delete it and announce it; the node that owns
-    /// those `expired` events finds the entry marked and leaves it to the
-    /// pass, so that an expired lease costs one departure step in the
-    /// fleet. The pass is correct without any listener.
+    /// Each entry is first claimed (see [`claim_score`]), and only the
+    /// entries this call claimed are departed. Reading a lapsed lease makes
+    /// Redis delete it and announce it; the node that owns those `expired`
+    /// events claims the same way, so that whichever comes first departs
+    /// the lease and the other leaves it: an expired lease costs one
+    /// departure step in the fleet. The pass is correct without any
+    /// listener, and an entry whose claimant failed comes due again.
     pub async fn reap_due(&self, bucket: u32, max: usize) -> StoreResult<Reaped> {
         let now = now_ms();
         let index = keys::leases(bucket);
@@ -129,24 +141,25 @@ impl Store {
                 removed: 0,
             });
         }
-        let mut mark = redis::pipe();
-        let mut taken = Vec::with_capacity(due.len());
+        let mut claims = redis::pipe();
+        let mut asked = Vec::with_capacity(due.len());
         for (member, score) in &due {
             let Ok(score) = score.parse::<f64>() else {
                 log::warn!("dropping {member:?} from {index}: score {score:?}");
-                mark.zrem(&index, member).ignore();
+                claims.zrem(&index, member).ignore();
                 continue;
             };
-            let marked = if is_taken(score) {
-                score
-            } else {
-                score + TAKEN
-            };
-            mark.zadd_xx_gt(&index, member, marked);
-            taken.push((member.clone(), marked));
+            claim(&mut claims, &index, member, score);
+            asked.push(member);
         }
-        self.query(&mark).await?;
-        let removed = self.depart_due(&index, &taken, now).await?;
+        let replies = self.query(&claims).await?;
+        let claimed: Vec<String> = asked
+            .into_iter()
+            .zip(replies)
+            .filter(|(_, won)| matches!(won, redis::Value::Int(1)))
+            .map(|(member, _)| member.clone())
+            .collect();
+        let removed = self.depart_due(&index, &claimed, now).await?;
         Ok(Reaped {
             looked_at: due.len(),
             removed,
@@ -155,7 +168,7 @@ impl Store {
 
     /// Runs the departure step for each of `due` and settles its index
     /// entry; returns how many devices it removed.
-    async fn depart_due(&self, index: &str, due: &[(String, f64)], now: i64) -> StoreResult<usize> {
+    async fn depart_due(&self, index: &str, due: &[String], now: i64) -> StoreResult<usize> {
         if due.is_empty() {
             return Ok(0);
         }
@@ -163,7 +176,7 @@ impl Store {
         // One bad entry must not stall the pass for everyone.
         pipe.ignore_errors();
         let mut steps = 0;
-        for (member, _) in due {
+        for member in due {
             match keys::parse_lease_member(member) {
                 Some((user, device)) => {
                     self.scripts.depart(&mut pipe, user, device, "", now);
@@ -184,23 +197,33 @@ impl Store {
         }
         let mut removed = 0;
         let mut follow = redis::pipe();
-        for ((member, _), value) in due.iter().zip(&reply) {
+        for (member, value) in due.iter().zip(&reply) {
             let parsed = keys::parse_lease_member(member);
-            let departure = match parsed.map(|(user, _)| parse_departure(value, user)) {
-                Some(Ok(d)) => d,
-                None => {
-                    log::warn!("dropping {member:?} from {index}: not <user>:<device>");
-                    Departure::AlreadyGone
-                }
-                Some(Err(e)) => {
-                    log::warn!("dropping {member:?} from {index}: {e}");
-                    Departure::AlreadyGone
-                }
-            };
+            let departure =
+                match parsed.map(|(user, _)| parse_departure(&self.report(value, false), user)) {
+                    Some(Ok(d)) => d,
+                    None => {
+                        log::warn!("dropping {member:?} from {index}: not <user>:<device>");
+                        Departure::AlreadyGone
+                    }
+                    Some(Err(e)) => {
+                        log::warn!("dropping {member:?} from {index}: {e}");
+                        Departure::AlreadyGone
+                    }
+                };
             match departure {
                 Departure::Leased { ttl_ms } => {
                     let left = ttl_ms.unwrap_or(self.ttl_ms) as i64;
-                    follow.zadd_xx_gt(index, member, (now + left) as f64);
+                    // The deadline moves up, never down, and a removed
+                    // entry is not brought back.
+                    follow
+                        .cmd("ZADD")
+                        .arg(index)
+                        .arg("XX")
+                        .arg("GT")
+                        .arg(now + left)
+                        .arg(member)
+                        .ignore();
                 }
                 Departure::Removed { .. } | Departure::AlreadyGone => {
                     if let Departure::Removed { last_seen } = departure {
@@ -264,7 +287,7 @@ impl Store {
         let mut repaired = 0;
         let mut follow = redis::pipe();
         for (user, value) in users.iter().zip(&reply) {
-            let r = match parse_reconciled(value, user) {
+            let r = match parse_reconciled(&self.report(value, false), user) {
                 Ok(r) => r,
                 Err(e) => {
                     log::warn!("reconciliation of {user} failed: {e}");

@@ -26,8 +26,18 @@ impl Observed {
     }
 }
 
+/// Who reads records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reader<'a> {
+    /// A user (`None`: anonymous), who sees what privacy lets it.
+    Viewer(Option<&'a str>),
+    /// The app's backend (admin or service key), which sees the truth:
+    /// `invisible`, exact devices, text and last seen.
+    Service,
+}
+
 /// One live device of a user, as shown by `GET /api/presence/{user}`.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
 pub struct DeviceInfo {
     /// Device id.
     pub device: String,
@@ -77,11 +87,33 @@ impl Store {
         viewer: Option<&str>,
         contacts_only: bool,
     ) -> StoreResult<Vec<Record>> {
+        self.records_as(users, Reader::Viewer(viewer), contacts_only)
+            .await
+    }
+
+    /// What `reader` may see of `users`, in order: a viewer's view, or for
+    /// the service the truth (each user as it sees itself).
+    pub async fn records_as(
+        &self,
+        users: &[String],
+        reader: Reader<'_>,
+        contacts_only: bool,
+    ) -> StoreResult<Vec<Record>> {
+        let viewer = match reader {
+            Reader::Viewer(v) => v,
+            Reader::Service => None,
+        };
         Ok(self
             .presences(users, viewer)
             .await?
             .iter()
-            .map(|o| view(&o.presence, o.relation(viewer, contacts_only)))
+            .map(|o| {
+                let relation = match reader {
+                    Reader::Viewer(v) => o.relation(v, contacts_only),
+                    Reader::Service => Relation::Owner,
+                };
+                view(&o.presence, relation)
+            })
             .collect())
     }
 

@@ -3,6 +3,8 @@
 //! to a pipeline (the only place that knows its KEYS and ARGV order), and
 //! each reply is parsed into a named type by one function beside it.
 
+use std::borrow::Cow;
+
 use redis::{Pipeline, Script, Value};
 
 use super::leases::{Arrival, ArriveMode, Departure, Lease};
@@ -18,6 +20,37 @@ macro_rules! with_events {
     ($file:literal) => {
         concat!(include_str!("../lua/event.lua"), "\n", include_str!($file))
     };
+}
+
+/// A script that publishes transitions and reports the one it made to its
+/// caller: its body runs as a function, and its reply gains one last
+/// element, the published event's JSON or "" (split off by [`reported`]).
+macro_rules! reporting {
+    ($file:literal) => {
+        concat!(
+            include_str!("../lua/event.lua"),
+            "\nlocal function step()\n",
+            include_str!($file),
+            "\nend\nlocal reply = step()\nreply[#reply + 1] = published or ''\nreturn reply\n"
+        )
+    };
+}
+
+/// Splits the reply of a [`reporting!`] script into the step's own reply
+/// and the JSON of the event it published, if it published one. Anything
+/// else (an error, a reply of another shape) comes back as it was.
+pub(super) fn reported(value: &Value) -> (Cow<'_, Value>, Option<String>) {
+    let Value::Array(items) = value else {
+        return (Cow::Borrowed(value), None);
+    };
+    let Some((last, step)) = items.split_last() else {
+        return (Cow::Borrowed(value), None);
+    };
+    let event = match last {
+        Value::BulkString(b) if !b.is_empty() => Some(String::from_utf8_lossy(b).into_owned()),
+        _ => None,
+    };
+    (Cow::Owned(Value::Array(step.to_vec())), event)
 }
 
 /// Every script of the store.
@@ -68,11 +101,11 @@ impl Scripts {
     /// Compiles the scripts (hashes them) and names them for the metrics.
     pub(super) fn new() -> Self {
         let scripts = Self {
-            arrive: Script::new(with_events!("../lua/arrive.lua")),
-            depart: Script::new(with_events!("../lua/depart.lua")),
-            status: Script::new(with_events!("../lua/status.lua")),
+            arrive: Script::new(reporting!("../lua/arrive.lua")),
+            depart: Script::new(reporting!("../lua/depart.lua")),
+            status: Script::new(reporting!("../lua/status.lua")),
             read: Script::new(include_str!("../lua/read.lua")),
-            reconcile: Script::new(with_events!("../lua/reconcile.lua")),
+            reconcile: Script::new(reporting!("../lua/reconcile.lua")),
             privacy: Script::new(with_events!("../lua/privacy.lua")),
             zrem_if: Script::new(include_str!("../lua/zrem_if.lua")),
             lock_keep: Script::new(include_str!("../lua/lock_keep.lua")),

@@ -23,7 +23,7 @@ impl Store {
         let first = reply
             .first()
             .ok_or_else(|| StoreError::reply(&keys::status(user), "status: empty reply"))?;
-        Ok(parse_status_set(first, user)?.since)
+        Ok(parse_status_set(&self.report(first, true), user)?.since)
     }
 
     /// Changes who may see `user` online and its last seen; publishes the

@@ -192,7 +192,8 @@ before(async () => {
   browser = await chromium.launch({
     executablePath: CHROMIUM,
     // playwright-core gives each launch a fresh temporary user-data-dir.
-    args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    // presence.test: a host name the dev-auth node does not answer to (its 403 test).
+    args: ["--headless", "--no-sandbox", "--host-resolver-rules=MAP presence.test 127.0.0.1", "--disable-gpu", "--disable-quic", "--no-first-run",
       "--disable-background-networking", "--disable-component-update", "--disable-sync"],
     timeout: 60_000,
   });
@@ -222,10 +223,16 @@ test("dots follow other users through online, away, busy and offline", { timeout
     await a.locator('#contacts li[data-user="bob"][data-devices="1"]').waitFor({ timeout: DEADLINE_MS });
   });
 
-  await step("bob goes away by himself when idle", async () => {
+  await step("bob goes away by himself when idle: away (idle) on his card, his choice untouched", async () => {
     await b.fill("#idle", "1");
     await b.dispatchEvent("#idle", "change");
     await expectStatus(a, "bob", "away");
+    await b.locator("#my-status", { hasText: "Away (idle)" }).waitFor({ timeout: DEADLINE_MS });
+    assert.equal(await b.inputValue("#status"), "online", "the status picker must keep bob's choice");
+    // Opened without a click: any pointer activity would end the idleness.
+    await b.evaluate(() => { document.getElementById("log-details").open = true; });
+    fs.mkdirSync(ARTIFACTS, { recursive: true });
+    await b.screenshot({ path: path.join(ARTIFACTS, "demo-idle.png") });
   });
   await step("bob's activity brings him back online", async () => {
     await b.mouse.move(200, 200);
@@ -239,12 +246,32 @@ test("dots follow other users through online, away, busy and offline", { timeout
     await b.click("#setStatus");
     const row = await expectStatus(a, "bob", "busy");
     await row.locator(".text", { hasText: "in a meeting" }).waitFor({ timeout: DEADLINE_MS });
+    // His own card shows what others see: status and text.
+    await b.locator('#me[data-status="busy"] #my-status', { hasText: "Busy" }).waitFor({ timeout: DEADLINE_MS });
+    await b.locator("#my-text", { hasText: "in a meeting" }).waitFor({ timeout: DEADLINE_MS });
+  });
+  await step("a second tab of bob's shares his status both ways", async () => {
+    const tab = await openAs("bob", "device=tablet&idle=300");
+    // The new tab shows the status and text set on the first.
+    await tab.page.locator('#me[data-status="busy"]').waitFor({ timeout: DEADLINE_MS });
+    await tab.page.locator("#my-text", { hasText: "in a meeting" }).waitFor({ timeout: DEADLINE_MS });
+    assert.equal(await tab.page.inputValue("#status"), "busy");
+    await tab.page.locator("#my-meta", { hasText: "2 devices" }).waitFor({ timeout: DEADLINE_MS });
+    // A change there shows here, picker included.
+    await tab.page.selectOption("#status", "away");
+    await tab.page.fill("#text", "on the train");
+    await tab.page.click("#setStatus");
+    await b.locator('#me[data-status="away"]').waitFor({ timeout: DEADLINE_MS });
+    await b.locator("#my-text", { hasText: "on the train" }).waitFor({ timeout: DEADLINE_MS });
+    await until("bob's first tab's picker to follow", DEADLINE_MS, async () => (await b.inputValue("#status")) === "away");
+    await expectStatus(a, "bob", "away");
+    await tab.context.close();
   });
   await step("bob goes invisible: grey to alice, invisible to himself", async () => {
     await b.selectOption("#status", "invisible");
     await b.click("#setStatus");
     await expectStatus(a, "bob", "offline");
-    await b.locator("#my-meta", { hasText: "Invisible" }).waitFor({ timeout: DEADLINE_MS });
+    await b.locator("#my-status", { hasText: "Invisible" }).waitFor({ timeout: DEADLINE_MS });
     assert.equal(await b.locator("#status-error").textContent(), "", "no error shown");
   });
   await step("bob is busy again", async () => {
@@ -272,7 +299,7 @@ test("dots follow other users through online, away, busy and offline", { timeout
     return [d1, d2];
   });
 
-  await step("screenshot", async () => {
+  await step("screenshots", async () => {
     await expectStatus(a, "erin", "offline");
     fs.mkdirSync(ARTIFACTS, { recursive: true });
     await a.screenshot({ path: path.join(ARTIFACTS, "demo.png") });
@@ -292,6 +319,60 @@ test("dots follow other users through online, away, busy and offline", { timeout
   await a.screenshot({ path: path.join(ARTIFACTS, "demo-after-close.png") });
 
   for (const c of [carol, ...dave, alice]) await c.context.close();
+});
+
+test("a first visit: no contacts prefilled, the log collapsed, add and remove contacts", { timeout: 120_000 }, async () => {
+  const zed = await step("zed signs in with no contacts", () => openAs("zed", "device=first"));
+  const z = zed.page;
+  await step("nothing prefilled, the log folded away", async () => {
+    assert.equal(await z.locator("#contacts li").count(), 0);
+    assert.ok(await z.locator("#contacts-empty").isVisible(), "the empty-list hint is shown");
+    assert.equal(await z.locator("#log-details").getAttribute("open"), null, "log collapsed by default");
+    assert.ok(!(await z.locator("#log").isVisible()), "log hidden until opened");
+    assert.ok(await z.locator("#token-row").isHidden(), "no token field under dev auth");
+    assert.match(await z.locator("header").textContent(), /Who is online/);
+  });
+  await step("add a contact, then remove it", async () => {
+    await z.fill("#watchUser", "yan");
+    await z.click('#watchForm button[type="submit"]');
+    await expectStatus(z, "yan", "offline");
+    await z.click('#contacts li[data-user="yan"] .remove');
+    await until("yan's row to go", DEADLINE_MS, async () => (await z.locator("#contacts li").count()) === 0);
+  });
+  await step("last seen is relative and ticks", async () => {
+    const yan = await openAs("yan", "device=phone");
+    await z.fill("#watchUser", "yan");
+    await z.click('#watchForm button[type="submit"]');
+    await expectStatus(z, "yan", "online");
+    await yan.context.close();
+    const row = await expectStatus(z, "yan", "offline");
+    await row.locator(".meta-line", { hasText: /last seen (now|\d+ seconds? ago)/ }).waitFor({ timeout: DEADLINE_MS });
+    const first = await row.locator(".meta-line").textContent();
+    await until("the relative time to move on", DEADLINE_MS, async () => (await row.locator(".meta-line").textContent()) !== first);
+  });
+  await zed.context.close();
+});
+
+test("a refused origin and a refused host name are explained, not looped on silently", { timeout: 120_000 }, async () => {
+  const strict = await step("a node that allows no other origin", () => startNode(redis.port, "browser-strict"));
+  const context = await browser.newContext({ viewport: { width: 1120, height: 780 }, colorScheme: "light", locale: "en-US" });
+  const page = await context.newPage();
+  page.on("console", (m) => pageLogs.push(`[origin] ${m.type()}: ${m.text()}`));
+  await step("a page from one node pointed at another: --allowed-origins is named", async () => {
+    const server = strict.base.replace(/^http/, "ws") + "/ws";
+    await page.goto(`${node.base}/?user=olga&device=tab&server=${encodeURIComponent(server)}`);
+    await page.locator("#notice", { hasText: "--allowed-origins " + node.base }).waitFor({ timeout: DEADLINE_MS });
+    fs.mkdirSync(ARTIFACTS, { recursive: true });
+    await page.screenshot({ path: path.join(ARTIFACTS, "demo-refused-origin.png") });
+  });
+  await step("a host name dev auth does not answer to: 403 and --allowed-host are named", async () => {
+    const port = new URL(node.base).port;
+    await page.goto(`http://presence.test:${port}/?user=olga&device=tab`);
+    await page.locator("#notice", { hasText: "403" }).waitFor({ timeout: DEADLINE_MS });
+    assert.match(await page.locator("#notice").textContent(), /--allowed-host presence\.test/);
+  });
+  await context.close();
+  strict.child.kill("SIGKILL");
 });
 
 test("a page given two nodes rides out the death of the one it is on", { timeout: 180_000 }, async () => {
@@ -336,6 +417,44 @@ function hs256(secret, sub) {
   const body = `${b64({ alg: "HS256", typ: "JWT" })}.${b64({ sub, exp: Math.floor(Date.now() / 1000) + 3600 })}`;
   return `${body}.${crypto.createHmac("sha256", secret).update(body).digest("base64url")}`;
 }
+
+test("under JWT auth the page asks for a token and explains a refused one", { timeout: 120_000 }, async () => {
+  const secret = "0123456789abcdef0123456789abcdef-browser-secret";
+  const jwt = await step("a JWT node starts", () => startNode(redis.port, "browser-jwt-page", ["--auth", "jwt", "--jwt-secret", secret]));
+  const context = await browser.newContext({ viewport: { width: 1120, height: 780 }, colorScheme: "light", locale: "en-US" });
+  const page = await context.newPage();
+  page.on("console", (m) => pageLogs.push(`[jwt-page] ${m.type()}: ${m.text()}`));
+  await step("the page learns JWT auth from /api/info: a token field, no user field", async () => {
+    // ?user= would sign in at once under dev auth; here it must not.
+    await page.goto(`${jwt.base}/?user=mallory&device=tab`);
+    await page.locator('body[data-auth="jwt"]').waitFor({ timeout: DEADLINE_MS });
+    assert.ok(await page.locator("#token").isVisible(), "token field shown");
+    assert.ok(await page.locator("#user-row").isHidden(), "no user field: the token names the user");
+    assert.match(await page.locator("#server-hint").textContent(), /JWT/);
+  });
+  await step("signing in without a token says a token is needed", async () => {
+    await page.click("#connect");
+    assert.match(await page.locator("#signin-error").textContent(), /--auth jwt/);
+  });
+  await step("a token signed with another key: a clear message, and no reconnect loop", async () => {
+    await page.fill("#token", hs256("another-secret-of-at-least-32-bytes!!", "mallory"));
+    await page.click("#connect");
+    await page.locator("#notice", { hasText: "refused the token" }).waitFor({ timeout: DEADLINE_MS });
+    await page.locator('#state[data-state="closed"]').waitFor({ timeout: DEADLINE_MS });
+    assert.ok(await page.locator("#signin-card").isVisible(), "back at sign-in");
+    fs.mkdirSync(ARTIFACTS, { recursive: true });
+    await page.screenshot({ path: path.join(ARTIFACTS, "demo-jwt-refused.png") });
+  });
+  await step("a good token signs in; the notice goes", async () => {
+    await page.fill("#token", hs256(secret, "auth0|mallory"));
+    await page.click("#connect");
+    await page.locator('#state[data-state="open"]').waitFor({ timeout: DEADLINE_MS });
+    assert.equal(await page.locator("#notice").textContent(), "");
+    assert.match(await page.locator("#my-name").textContent(), /auth0\|mallory/);
+  });
+  await context.close();
+  jwt.child.kill("SIGKILL");
+});
 
 test("with JWT auth the page sends its token as the first frame, never in the URL", { timeout: 120_000 }, async () => {
   const secret = "0123456789abcdef0123456789abcdef-browser-secret";

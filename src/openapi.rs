@@ -1,0 +1,83 @@
+//! `GET /api/openapi.json`: the HTTP API described as OpenAPI, generated
+//! from the handlers' `#[utoipa::path]` annotations in [`crate::http`] and
+//! the types they answer with. The WebSocket frames and webhook payloads
+//! are in `docs/events.md`; the webhook batch is here as a schema too.
+
+use std::sync::LazyLock;
+
+use actix_web::HttpResponse;
+use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
+use utoipa::{Modify, OpenApi};
+
+use crate::http::{Contacts, OnlineResult, PrivacyBody, Query, QueryResult, UserPresence};
+use crate::model::Record;
+use crate::protocol::{ErrorCode, ProtocolError};
+use crate::store::{DeviceInfo, OnlinePage, OnlineUser};
+use crate::webhooks::{Kind, WebhookBatch, WebhookEvent};
+
+/// The document.
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "presence-server",
+        description = "Who is online, on which devices, with which status. Reads take `?viewer=` (development auth) or a token (JWT auth); the admin key or `--service-key` as `Authorization: Bearer` reads the truth, marked `\"view\": \"service\"`. WebSocket frames and webhook payloads: docs/events.md."
+    ),
+    paths(
+        crate::http::websocket,
+        crate::http::presence,
+        crate::http::query,
+        crate::http::online,
+        crate::http::set_privacy,
+        crate::http::put_contacts,
+        crate::http::get_contacts,
+        crate::http::healthz,
+        crate::http::metrics,
+        crate::http::info,
+        document,
+    ),
+    components(schemas(
+        Record, DeviceInfo, OnlinePage, OnlineUser, UserPresence, QueryResult, OnlineResult,
+        Query, PrivacyBody, Contacts, ProtocolError, ErrorCode, WebhookBatch, WebhookEvent, Kind,
+    )),
+    modifiers(&BearerKey),
+    tags(
+        (name = "read", description = "Presence records"),
+        (name = "users", description = "A user's own settings"),
+        (name = "admin", description = "The admin API (--admin-key)"),
+        (name = "operations", description = "Health and metrics (--internal-listen)"),
+        (name = "websocket", description = "The WebSocket upgrade"),
+        (name = "demo", description = "The demo page"),
+        (name = "meta", description = "This document"),
+    )
+)]
+pub struct ApiDoc;
+
+/// The `bearer` scheme: a JWT, the admin key or the service key.
+struct BearerKey;
+
+impl Modify for BearerKey {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)),
+        );
+    }
+}
+
+/// The document as JSON, made once.
+static DOCUMENT: LazyLock<String> = LazyLock::new(|| {
+    ApiDoc::openapi()
+        .to_pretty_json()
+        // Serializing a document of plain strings and maps cannot fail.
+        .expect("the OpenAPI document serializes")
+});
+
+/// `GET /api/openapi.json`: this document.
+#[utoipa::path(get, path = "/api/openapi.json", tag = "meta",
+    responses((status = 200, description = "This document (OpenAPI 3.1)", body = Object)))]
+pub(crate) async fn document() -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("application/json")
+        .body(DOCUMENT.as_str())
+}

@@ -1,0 +1,142 @@
+// Type declarations for presence-client.js (keep in step with it: the
+// browser test type-checks tests/browser/types-usage.ts against this file).
+
+declare class PresenceClient {
+  constructor(options: PresenceClient.Options);
+  /** The statuses setStatus accepts. */
+  static readonly STATUSES: readonly PresenceClient.ChosenStatus[];
+
+  /** Endpoints tried in turn on reconnects. */
+  urls: string[];
+  /** The endpoint of the current (or last) connection. */
+  url: string;
+  user: string | null;
+  token: string | null;
+  /** Asked for a fresh token (options.refreshToken). */
+  refreshToken: (() => string | Promise<string>) | null;
+  device: string;
+  minBackoffMs: number;
+  maxBackoffMs: number;
+  /** The WebSocket class in use. */
+  WebSocket: new (url: string, protocols?: string | string[]) => WebSocket;
+  /** Users watched; re-sent after every reconnect. */
+  readonly watched: Set<string>;
+  /** The chosen status and text, re-sent after every reconnect. */
+  status: { status: PresenceClient.ChosenStatus; text: string | null } | null;
+  state: PresenceClient.ConnectionState;
+  /** The last hello frame. */
+  hello: PresenceClient.Hello | null;
+  /** Reconnect attempts since the last hello. */
+  attempt: number;
+  /** True when frames can be sent now. */
+  readonly connected: boolean;
+
+  onHello: (hello: PresenceClient.Hello) => void;
+  onSnapshot: (records: PresenceClient.PresenceRecord[]) => void;
+  onChange: (record: PresenceClient.PresenceRecord) => void;
+  onState: (state: PresenceClient.ConnectionState, info: PresenceClient.StateInfo) => void;
+  onError: (error: PresenceClient.PresenceError) => void;
+  onAuthExpiring: (info: { in_ms: number }) => void;
+
+  /** Opens the connection and keeps it open until close(). */
+  connect(): void;
+  /** Closes for good. */
+  close(): void;
+  /** Watches users: onSnapshot, then onChange for each transition. */
+  watch(users: string | string[]): void;
+  unwatch(users: string | string[]): void;
+  /** Re-reads every watched user (device counts). */
+  refresh(): void;
+  /** Sets the status of all of this user's devices. */
+  setStatus(status: PresenceClient.ChosenStatus, text?: string | null): void;
+  /** Refreshes the lease explicitly. */
+  heartbeat(): void;
+}
+
+declare namespace PresenceClient {
+  /** A status a client may choose; `invisible` shows `offline` to everyone else. */
+  export type ChosenStatus = "online" | "away" | "busy" | "invisible";
+
+  /** A status as others see it (`invisible` only in a user's own record). */
+  export type Status = "online" | "away" | "busy" | "offline" | "invisible";
+
+  /** One user's presence, as in `snapshot` and `presence` frames. */
+  export interface PresenceRecord {
+    user: string;
+    status: Status;
+    /** Live devices (0 when offline or hidden). */
+    devices: number;
+    /** Epoch ms of the last activity, or null when unknown or hidden. */
+    last_seen: number | null;
+    /** Status text, or null. */
+    text: string | null;
+    /** Newer servers may add fields. */
+    [field: string]: unknown;
+  }
+
+  /** The `hello` frame sent once a connection is accepted. */
+  export interface Hello {
+    type: "hello";
+    user: string;
+    device: string;
+    heartbeat_ms: number;
+    ttl_ms: number;
+    [field: string]: unknown;
+  }
+
+  /** An error: a server `error` frame, or `code: "client"` for the client's own. */
+  export interface PresenceError {
+    code: string;
+    message: string;
+    /** With `invalid_status`: the refused choice. */
+    status?: ChosenStatus;
+  }
+
+  export type ConnectionState = "idle" | "connecting" | "open" | "reconnecting" | "closed";
+
+  /** What onState receives with each state. */
+  export interface StateInfo {
+    /** The WebSocket close code (1006: dropped or refused, 1008: policy, 4401: token expired...). */
+    code?: number;
+    reason?: string;
+    /** False when the client gave up (close(), 4001, a malformed URL). */
+    willRetry?: boolean;
+    delayMs?: number;
+    attempt?: number;
+    url?: string;
+    hello?: Hello;
+  }
+
+  export interface Options {
+    /** WebSocket endpoint(s), e.g. "wss://example.com/ws"; with several, reconnects try the next. */
+    url: string | string[];
+    /** This device's id, stable across reconnects. */
+    device: string;
+    /** User id (development auth). One of `user` and `token` is required. */
+    user?: string;
+    /** A JWT, sent as the first frame. */
+    token?: string;
+    /** Returns a fresh JWT when the current one expires soon or expired (4401). */
+    refreshToken?: () => string | Promise<string>;
+    /** First reconnect delay bound, ms (default 500). */
+    minBackoffMs?: number;
+    /** Largest reconnect delay, ms (default 15000). */
+    maxBackoffMs?: number;
+    /** WebSocket class (default: the global one). */
+    WebSocket?: new (url: string, protocols?: string | string[]) => WebSocket;
+    onHello?: (hello: Hello) => void;
+    onSnapshot?: (records: PresenceRecord[]) => void;
+    onChange?: (record: PresenceRecord) => void;
+    onState?: (state: ConnectionState, info: StateInfo) => void;
+    onError?: (error: PresenceError) => void;
+    onAuthExpiring?: (info: { in_ms: number }) => void;
+  }
+}
+
+export = PresenceClient;
+
+declare global {
+  interface Window {
+    PresenceClient: typeof PresenceClient;
+  }
+}
