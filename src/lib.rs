@@ -6,6 +6,7 @@ pub mod config;
 pub mod config_file;
 pub mod conn;
 pub mod expiry;
+pub mod fanout;
 pub mod frames;
 pub mod http;
 pub mod ids;

@@ -28,6 +28,7 @@ use tokio::sync::oneshot;
 
 use crate::cluster::Source;
 use crate::conn::ConnHandle;
+use crate::fanout::{self, Home, SlowWatchers};
 use crate::keys;
 use crate::model::{Audience, Event, Presence, Record};
 use crate::privacy::{self, Relation};
@@ -134,8 +135,6 @@ pub fn devices_fingerprint(record: &Record) -> u64 {
 pub struct Watch {
     /// The watching session.
     pub session: SessionId,
-    /// Where its events go.
-    pub addr: Recipient<Deliver>,
     /// Where re-read requests go.
     pub recheck: Recipient<Recheck>,
     /// Users to watch.
@@ -166,6 +165,8 @@ pub struct Join {
     pub conn: Option<ConnHandle>,
     /// When its client was last heard from, epoch ms (kept by the session).
     pub alive: Arc<AtomicI64>,
+    /// The worker it runs on, where its events are handed out.
+    pub home: Home,
 }
 
 /// Tells a session that the node is shutting down.
@@ -241,12 +242,13 @@ struct Joined {
     conn: Option<ConnHandle>,
     /// When its client was last heard from, epoch ms.
     alive: Arc<AtomicI64>,
+    /// Its worker: an index into [`Registry::homes`].
+    home: usize,
 }
 
-/// One watching session.
+/// One watching session; its events go through its worker's delivery
+/// list ([`fanout`]).
 struct Watcher {
-    /// Where its events go.
-    addr: Recipient<Deliver>,
     /// Where re-read requests go.
     recheck: Recipient<Recheck>,
     /// What it watches, so that a disconnect can be undone in one step.
@@ -281,11 +283,15 @@ pub struct Registry {
     /// Watched user -> the sessions among [`Registry::by_user`] that asked
     /// for its device counts: the only ones a `devices_only` event wakes.
     devices_by_user: HashMap<String, HashSet<SessionId>>,
-    /// Session -> its address and watched users.
+    /// Session -> its re-read address and watched users.
     watchers: HashMap<SessionId, Watcher>,
     /// Every open session of this node: where the shutdown notice goes,
-    /// and its connection.
+    /// its connection and its worker.
     sessions: HashMap<SessionId, Joined>,
+    /// The workers sessions run on (a handful, one per HTTP worker).
+    homes: Vec<Home>,
+    /// This actor, where the delivery lists report slow watchers.
+    me: Option<Addr<Registry>>,
     /// Current resync round (0: none yet).
     round: u64,
     /// A resync read is in flight.
@@ -323,6 +329,8 @@ impl Registry {
             devices_by_user: HashMap::new(),
             watchers: HashMap::new(),
             sessions: HashMap::new(),
+            homes: Vec::new(),
+            me: None,
             round: 0,
             reading: false,
             touched: HashSet::new(),
@@ -377,10 +385,12 @@ impl Registry {
         self.subscribed.shrink_to_fit();
     }
 
-    /// Hands `deliver` to every local watcher of its user. A session whose
-    /// mailbox is full has a client that stopped reading (its actor only
-    /// runs while the socket takes bytes): it is cut off rather than allowed
-    /// to grow the node's memory.
+    /// Hands `deliver` to every local watcher of its user: one delivery
+    /// list per worker, which puts the event into its watchers' mailboxes
+    /// from there ([`fanout`]). A session whose mailbox is full has a client
+    /// that stopped reading (its actor only runs while the socket takes
+    /// bytes): the list reports it ([`SlowWatchers`]) and it is cut off
+    /// rather than allowed to grow the node's memory.
     fn deliver(&mut self, deliver: Deliver) {
         let watchers = if deliver.devices_only {
             &self.devices_by_user
@@ -390,16 +400,19 @@ impl Registry {
         let Some(sessions) = watchers.get(&*deliver.user) else {
             return;
         };
-        let mut slow = Vec::new();
+        let Some(me) = &self.me else {
+            return;
+        };
+        let mut lists: Vec<Vec<SessionId>> = vec![Vec::new(); self.homes.len()];
         for session in sessions {
-            if let Some(w) = self.watchers.get(session) {
-                if let Err(SendError::Full(_)) = w.addr.try_send(deliver.clone()) {
-                    slow.push(*session);
-                }
+            if let Some(joined) = self.sessions.get(session) {
+                lists[joined.home].push(*session);
             }
         }
-        for session in slow {
-            self.cut_off(session);
+        for (home, list) in self.homes.iter().zip(lists) {
+            if !list.is_empty() {
+                fanout::send(home, deliver.clone(), list, me.clone().recipient());
+            }
         }
     }
 
@@ -512,6 +525,7 @@ impl Actor for Registry {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Self::Context) {
+        self.me = Some(ctx.address());
         // After a freeze of the node (its clock jumped) every session looks
         // silent: skip judging for one stall period, so that each session's
         // own heartbeat gets its client heard first.
@@ -610,7 +624,6 @@ impl Handler<Watch> for Registry {
 
     fn handle(&mut self, msg: Watch, _: &mut Self::Context) -> Self::Result {
         let watcher = self.watchers.entry(msg.session).or_insert_with(|| Watcher {
-            addr: msg.addr,
             recheck: msg.recheck,
             users: HashSet::new(),
         });
@@ -673,14 +686,35 @@ impl Handler<Join> for Registry {
     type Result = ();
 
     fn handle(&mut self, msg: Join, _: &mut Self::Context) {
+        let home = match self.homes.iter().position(|h| h.thread == msg.home.thread) {
+            Some(i) => i,
+            None => {
+                self.homes.push(msg.home);
+                self.homes.len() - 1
+            }
+        };
         self.sessions.insert(
             msg.session,
             Joined {
                 going_away: msg.addr,
                 conn: msg.conn,
                 alive: msg.alive,
+                home,
             },
         );
+    }
+}
+
+impl Handler<SlowWatchers> for Registry {
+    type Result = ();
+
+    fn handle(&mut self, msg: SlowWatchers, _: &mut Self::Context) {
+        for session in msg.sessions {
+            // Still watching: not cut off yet by an earlier list.
+            if self.watchers.contains_key(&session) {
+                self.cut_off(session);
+            }
+        }
     }
 }
 

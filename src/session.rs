@@ -27,6 +27,7 @@ use bytestring::ByteString;
 
 use crate::bucket::TokenBucket;
 use crate::conn::ConnHandle;
+use crate::fanout;
 use crate::frames::{Assembled, Fragments};
 use crate::model::{Audience, ChosenStatus, Record, Status};
 use crate::privacy::{self, Relation};
@@ -706,7 +707,6 @@ impl Session {
         let session = self.me.id;
         let watch = registry::Watch {
             session,
-            addr: ctx.address().recipient(),
             recheck: ctx.address().recipient(),
             users: new.clone(),
             devices,
@@ -1065,11 +1065,14 @@ impl Session {
     /// The session proper, once the user is known: join the registry,
     /// ping, claim the lease (then greet, and watch the token's expiry).
     fn begin(&mut self, ctx: &mut ws::WebsocketContext<Self>) {
+        // Events come through this worker's delivery lists.
+        fanout::register(self.me.id, ctx.address().recipient());
         self.node.registry.do_send(registry::Join {
             session: self.me.id,
             addr: ctx.address().recipient(),
             conn: self.conn.take(),
             alive: self.liveness.alive.clone(),
+            home: fanout::Home::current(),
         });
         self.hb(ctx);
         // Frames that come meanwhile are taken in; requests among them wait
@@ -1084,6 +1087,7 @@ impl Session {
 
     /// The connection closed: leave the registry and release the lease.
     fn release_on_stop(&mut self) {
+        fanout::unregister(self.me.id);
         // The deadline is set once the lease was claimed (`claimed` may be
         // cleared since, by a shutdown or a takeover).
         if self.lease.state.deadline() != 0 {

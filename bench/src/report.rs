@@ -13,8 +13,27 @@ pub fn latency_histogram() -> Histogram<u64> {
 pub struct Report {
     /// Scenario name, the first field of every line.
     scenario: &'static str,
-    /// Every figure printed so far, for the table.
-    rows: Vec<(String, String, String)>,
+    /// Every figure printed so far, for the table: name, value, unit and
+    /// target (empty when the figure has none).
+    rows: Vec<(String, String, String, String)>,
+}
+
+/// The 1-minute load average, printed beside every figure: on a shared box
+/// it says how much to trust a latency (CPU per operation and ratios to a
+/// floor or ceiling of the same run move much less).
+pub fn load1() -> Option<f64> {
+    let text = std::fs::read_to_string("/proc/loadavg").ok()?;
+    text.split_whitespace().next()?.parse().ok()
+}
+
+/// A figure's target as the table shows it, from its `target_max` or
+/// `target_min` note.
+fn target_of(extra: &Value) -> String {
+    match (extra.get("target_max"), extra.get("target_min")) {
+        (Some(v), _) => format!("<= {v}"),
+        (None, Some(v)) => format!(">= {v}"),
+        _ => String::new(),
+    }
 }
 
 impl Report {
@@ -33,6 +52,9 @@ impl Report {
         let mut out = Map::new();
         out.insert("scenario".into(), scenario);
         out.extend(line);
+        if let Some(load) = load1() {
+            out.insert("load1".into(), json!(load));
+        }
         println!("{}", Value::Object(out));
     }
 
@@ -43,12 +65,13 @@ impl Report {
         line.insert("figure".into(), json!(name));
         line.insert("value".into(), json!(round3(value)));
         line.insert("unit".into(), json!(unit));
+        let target = target_of(&extra);
         if let Value::Object(m) = extra {
             line.extend(m);
         }
         self.emit(line);
         self.rows
-            .push((name.to_string(), fmt_num(value), unit.to_string()));
+            .push((name.to_string(), fmt_num(value), unit.to_string(), target));
     }
 
     /// A latency distribution in ms: count, p50, p90, p99, p99.9, max.
@@ -63,6 +86,7 @@ impl Report {
         line.insert("p99".into(), json!(ms(h.value_at_quantile(0.99))));
         line.insert("p999".into(), json!(ms(h.value_at_quantile(0.999))));
         line.insert("max".into(), json!(ms(h.max())));
+        let target = target_of(&extra);
         if let Value::Object(m) = extra {
             line.extend(m);
         }
@@ -78,6 +102,7 @@ impl Report {
                 ms(h.max())
             ),
             "ms".to_string(),
+            target,
         ));
     }
 
@@ -98,11 +123,14 @@ impl Report {
             .unwrap_or(5)
             .max(5);
         println!();
-        println!("{} results", self.scenario);
-        println!("{:<w0$}  {:>w1$}  unit", "figure", "value");
-        println!("{:-<w0$}  {:->w1$}  ----", "", "");
-        for (name, value, unit) in &self.rows {
-            println!("{name:<w0$}  {value:>w1$}  {unit}");
+        match load1() {
+            Some(load) => println!("{} results (load average {load})", self.scenario),
+            None => println!("{} results", self.scenario),
+        }
+        println!("{:<w0$}  {:>w1$}  {:<5}  target", "figure", "value", "unit");
+        println!("{:-<w0$}  {:->w1$}  -----  ------", "", "");
+        for (name, value, unit, target) in &self.rows {
+            println!("{name:<w0$}  {value:>w1$}  {unit:<5}  {target}");
         }
     }
 }

@@ -138,7 +138,7 @@ pub async fn run(common: &Common, args: &ConnectionsArgs) -> anyhow::Result<()> 
         "held_after_hold",
         open as f64,
         "connections",
-        json!({"hold_s": args.hold_secs, "leases_in_redis": leases}),
+        json!({"hold_s": args.hold_secs, "leases_in_redis": leases, "target_min": 100_000}),
     );
 
     let mem_after = redis_used_memory(&mut redis).await?;
@@ -154,7 +154,8 @@ pub async fn run(common: &Common, args: &ConnectionsArgs) -> anyhow::Result<()> 
             "server_rss_per_connection",
             (after as f64 - before as f64) / n.max(1) as f64,
             "bytes",
-            json!({"rss_before": before, "rss_after": after, "target_max": 10240}),
+            json!({"rss_before": before, "rss_after": after,
+                       "target_max": if args.chatter_ms > 0 { 5120 } else { 4096 }}),
         );
     }
     if let Some(s) = sampler {

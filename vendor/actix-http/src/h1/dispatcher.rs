@@ -1517,6 +1517,26 @@ where
                     if inner_p.flags.intersects(Flags::LINGER | Flags::SHUTDOWN) {
                         cx.waker().wake_by_ref();
                     }
+
+                    // presence-server patch: a long-lived streaming exchange (a WebSocket: its
+                    // request payload is still open and its response still streaming) gives its
+                    // empty buffers back between messages. Such a connection is idle nearly all
+                    // of its life, and two idle buffers were half of a node's memory per
+                    // connection; the next read or write allocates again (a cheap thread-cache
+                    // hit for the allocator).
+                    if inner_p.payload.is_some()
+                        && !state_is_none
+                        && inner_p.read_buf.is_empty()
+                        && inner_p.write_buf.is_empty()
+                    {
+                        if inner_p.read_buf.capacity() != 0 {
+                            *inner_p.read_buf = BytesMut::new();
+                        }
+                        if inner_p.write_buf.capacity() != 0 {
+                            *inner_p.write_buf = BytesMut::new();
+                            *inner_p.write_buf_needs_reset = false;
+                        }
+                    }
                     Poll::Pending
                 };
 
