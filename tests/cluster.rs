@@ -359,42 +359,16 @@ const LIVE_LEASES: usize = 30_000;
 /// Devices of the node that is killed.
 const DYING_DEVICES: usize = 300;
 
-/// Writes `LIVE_LEASES` live leases (lease, device set, counter, deadline
-/// in its bucket) through the server's own cluster connection, which
-/// splits the pipelines by slot.
+/// Writes `LIVE_LEASES` live leases (as the bench's fixture writes them)
+/// through the server's own cluster connection, which splits the pipelines
+/// by slot.
 async fn fill_live_leases(cluster: &Cluster) {
     let client = redis::cluster::ClusterClient::new(vec![cluster.url()]).unwrap();
     let mut conn =
         presence_server::store::RedisConn::cluster(client.get_async_connection().await.unwrap());
-    const TTL_MS: i64 = 600_000;
-    let deadline = presence_server::store::now_ms() + TTL_MS;
-    for start in (0..LIVE_LEASES).step_by(5_000) {
-        let mut pipe = redis::pipe();
-        for i in start..start + 5_000 {
-            let user = format!("live{i}");
-            pipe.cmd("SET")
-                .arg(format!("presence:{{{user}}}:d"))
-                .arg("elsewhere 1 0")
-                .arg("PX")
-                .arg(TTL_MS)
-                .ignore();
-            pipe.cmd("HSET")
-                .arg(format!("presence-status:{{{user}}}"))
-                .arg("d:d")
-                .arg(1)
-                .ignore();
-            pipe.cmd("SET")
-                .arg(format!("presence-count:{{{user}}}"))
-                .arg(1)
-                .ignore();
-            pipe.cmd("ZADD")
-                .arg(index_key("presence-leases", &user))
-                .arg(deadline)
-                .arg(format!("{user}:d"))
-                .ignore();
-        }
-        pipe.query_async::<()>(&mut conn).await.unwrap();
-    }
+    presence_bench::fixture::live_leases(&mut conn, "live", LIVE_LEASES, "elsewhere 1 0", true)
+        .await
+        .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -39,7 +39,7 @@ pub async fn index_len(
 /// (lease owned by `owner`, device field of the user's hash, counter and, with `index`, the
 /// deadline in its bucket of `presence-leases`), with a TTL of ten minutes.
 pub async fn live_leases(
-    conn: &mut redis::aio::MultiplexedConnection,
+    conn: &mut impl redis::aio::ConnectionLike,
     prefix: &str,
     n: usize,
     owner: &str,

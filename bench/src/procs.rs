@@ -108,6 +108,28 @@ impl Drop for LocalRedis {
 /// `cluster-node-timeout` of the bench's clusters, ms.
 const CLUSTER_NODE_TIMEOUT_MS: u64 = 2_000;
 
+/// The command that runs one Redis Cluster node on loopback `port` (bus
+/// port `bus`) with the repository's redis.conf, its data and log in
+/// `dir`, no persistence, and `cluster-node-timeout` of `node_timeout_ms`.
+/// The tests' cluster harness starts its nodes with it too.
+pub fn cluster_server(port: u16, bus: u16, dir: &Path, node_timeout_ms: u64) -> Command {
+    let mut cmd = Command::new("redis-server");
+    cmd.arg(redis_conf())
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args(["--cluster-port", &bus.to_string()])
+        .arg("--dir")
+        .arg(dir)
+        .arg("--logfile")
+        .arg(dir.join("redis.log"))
+        .args(["--appendonly", "no"])
+        .args(["--cluster-enabled", "yes"])
+        .args(["--cluster-config-file", "nodes.conf"])
+        .args(["--cluster-node-timeout", &node_timeout_ms.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    cmd
+}
+
 /// A Redis Cluster of `n` primaries (no replicas) on random loopback
 /// ports, with the repository's redis.conf, joined by `redis-cli --cluster
 /// create`; killed on drop.
@@ -123,7 +145,6 @@ impl LocalCluster {
     /// until each says `cluster_state:ok`.
     pub fn start(n: usize) -> anyhow::Result<Self> {
         anyhow::ensure!(n >= 3, "a Redis Cluster needs at least 3 primaries");
-        let conf = redis_conf();
         let mut cluster = Self {
             servers: Vec::new(),
             urls: Vec::new(),
@@ -136,23 +157,7 @@ impl LocalCluster {
             let dir = tempfile::Builder::new()
                 .prefix("presence-bench-cluster")
                 .tempdir()?;
-            let child = Command::new("redis-server")
-                .arg(&conf)
-                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-                .args(["--cluster-port", &bus.to_string()])
-                .arg("--dir")
-                .arg(dir.path())
-                .arg("--logfile")
-                .arg(dir.path().join("redis.log"))
-                .args(["--appendonly", "no"])
-                .args(["--cluster-enabled", "yes"])
-                .args(["--cluster-config-file", "nodes.conf"])
-                .args([
-                    "--cluster-node-timeout",
-                    &CLUSTER_NODE_TIMEOUT_MS.to_string(),
-                ])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
+            let child = cluster_server(port, bus, dir.path(), CLUSTER_NODE_TIMEOUT_MS)
                 .spawn()
                 .context("cannot run redis-server (apt-get install -y redis-server)")?;
             let url = format!("redis://127.0.0.1:{port}");
@@ -409,8 +414,8 @@ async fn scrape(node: SocketAddr) -> anyhow::Result<String> {
 }
 
 /// The sum of every series of one metric of a node's `/metrics` (e.g.
-/// `presence_transitions_published_total` over its status labels); 0 when
-/// the node has none yet.
+/// `presence_transitions_published_total` over its status labels, or one
+/// series when `name` carries its labels); 0 when the node has none yet.
 pub async fn node_metric_sum(node: SocketAddr, name: &str) -> anyhow::Result<f64> {
     let body = scrape(node).await?;
     Ok(body

@@ -99,9 +99,8 @@ impl Store {
     pub async fn hold_lock(&self, lock: &str, node: &str, hold: Duration) -> StoreResult<bool> {
         let mut conn = self.conn();
         let ms = hold.as_millis() as u64;
-        let lock = lock.to_string();
         let taken: Option<String> = redis::cmd("SET")
-            .arg(&lock)
+            .arg(lock)
             .arg(node)
             .arg("NX")
             .arg("PX")
@@ -113,12 +112,12 @@ impl Store {
         }
         // Keep it only if it is still ours (it may have lapsed meanwhile).
         let mut pipe = redis::pipe();
-        self.scripts.lock_keep(&mut pipe, &lock, node, ms);
+        self.scripts.lock_keep(&mut pipe, lock, node, ms);
         let reply = self.query(&pipe).await?;
         let kept = reply
             .first()
-            .ok_or_else(|| StoreError::reply(&lock, "lock_keep: empty reply"))?;
-        Ok(int(kept, &lock)? == 1)
+            .ok_or_else(|| StoreError::reply(lock, "lock_keep: empty reply"))?;
+        Ok(int(kept, lock)? == 1)
     }
 
     /// One step of the deadline pass over `bucket`: departs up to `max`

@@ -4,7 +4,6 @@
 //! `cluster-node-timeout` so that a killed primary's replica takes over in
 //! a couple of seconds. Every process is killed on drop.
 
-use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -24,21 +23,7 @@ pub struct ClusterNode {
 impl ClusterNode {
     fn spawn(port: u16, bus: u16) -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let conf = Path::new(env!("CARGO_MANIFEST_DIR")).join("redis.conf");
-        let child = Command::new("redis-server")
-            .arg(conf)
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--cluster-port", &bus.to_string()])
-            .arg("--dir")
-            .arg(dir.path())
-            .arg("--logfile")
-            .arg(dir.path().join("redis.log"))
-            .args(["--appendonly", "no"])
-            .args(["--cluster-enabled", "yes"])
-            .args(["--cluster-config-file", "nodes.conf"])
-            .args(["--cluster-node-timeout", &NODE_TIMEOUT_MS.to_string()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
+        let child = presence_bench::procs::cluster_server(port, bus, dir.path(), NODE_TIMEOUT_MS)
             .spawn()
             .expect("redis-server must be installed (apt-get install -y redis-server)");
         Self {

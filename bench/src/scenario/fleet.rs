@@ -157,17 +157,10 @@ async fn fleet_sum(nodes: &[SocketAddr], name: &str) -> anyhow::Result<f64> {
 
 /// Lapsed-lease departure steps (expired events and the deadline pass).
 async fn lapsed_departures(nodes: &[SocketAddr]) -> anyhow::Result<f64> {
-    let mut sum = 0.0;
-    for &n in nodes {
-        let body = [
-            "presence_departure_steps_total{path=\"event\"}",
-            "presence_departure_steps_total{path=\"pass\"}",
-        ];
-        for series in body {
-            sum += crate::procs::node_metric(n, series).await?;
-        }
-    }
-    Ok(sum)
+    Ok(
+        fleet_sum(nodes, "presence_departure_steps_total{path=\"event\"}").await?
+            + fleet_sum(nodes, "presence_departure_steps_total{path=\"pass\"}").await?,
+    )
 }
 
 pub async fn run(common: &Common, args: &FleetArgs) -> anyhow::Result<()> {
