@@ -24,7 +24,7 @@ use crate::cluster::Source;
 use crate::config::Config;
 use crate::keys;
 use crate::metrics::METRICS;
-use crate::store::{Departure, Store, StoreError};
+use crate::store::{Store, StoreError};
 
 /// A deadline-pass lock is held for this many ticks of the pass; its holder
 /// renews it once half of that has gone, and a node that found it taken
@@ -340,14 +340,9 @@ impl Handler<Expired> for ExpiryListener {
         let store = self.store.clone();
         let step = async move {
             match store.depart_lapsed(&user, &device).await {
-                Ok(Some(Departure::Removed { last_seen })) => log::debug!(
-                    "lease of {user}/{device} expired; device removed{}",
-                    if last_seen.is_some() {
-                        ", user offline"
-                    } else {
-                        ""
-                    }
-                ),
+                Ok(Some(removed)) if removed > 0 => {
+                    log::debug!("lease of {user}/{device} expired; device removed")
+                }
                 Ok(_) => {}
                 Err(e) => log::warn!("departure of expired {user}/{device} failed: {e}"),
             }

@@ -1015,7 +1015,7 @@ async fn release(store: Store, user: String, device: String, owner: String, dead
     let give_up = Instant::now() + Duration::from_millis(store.ttl_ms());
     let mut wait = RELEASE_RETRY_MIN;
     loop {
-        match store.depart(&user, &device, Some((&owner, deadline))).await {
+        match store.depart(&user, &device, (&owner, deadline)).await {
             Ok(Departure::Removed { last_seen }) => {
                 let offline = if last_seen.is_some() {
                     ", user offline"

@@ -215,8 +215,8 @@ impl Store {
     /// node claims its entry in `presence-leases` (see
     /// [`super::passes::claim_score`]): not when the deadline pass (or
     /// another owner) claimed it first or already departed it (no entry).
-    /// `None` when left alone.
-    pub async fn depart_lapsed(&self, user: &str, device: &str) -> StoreResult<Option<Departure>> {
+    /// The devices it removed (0 or 1); `None` when left alone.
+    pub async fn depart_lapsed(&self, user: &str, device: &str) -> StoreResult<Option<usize>> {
         let mut conn = self.conn();
         let index = keys::leases(self.buckets.of(user));
         let member = keys::lease_member(user, device);
@@ -234,27 +234,26 @@ impl Store {
         if won.first() != Some(&1) {
             return Ok(None);
         }
-        self.depart(user, device, None).await.map(Some)
+        // Settled as the pass settles what it claimed.
+        self.depart_due(&index, &[member], now_ms(), "event")
+            .await
+            .map(Some)
     }
 
-    /// The departure step for one device. `owner` is the closing
-    /// connection's lease value with the deadline it last wrote to
-    /// `presence-leases`; `None` when the lease lapsed (expired event).
+    /// The departure step for a device whose connection closed. `owner` is
+    /// its lease value with the deadline it last wrote to
+    /// `presence-leases`. (A lapsed lease is departed by
+    /// [`Store::depart_lapsed`] or the deadline pass.)
     pub async fn depart(
         &self,
         user: &str,
         device: &str,
-        owner: Option<(&str, i64)>,
+        (owner, deadline): (&str, i64),
     ) -> StoreResult<Departure> {
         let mut pipe = redis::pipe();
-        self.scripts.depart(
-            &mut pipe,
-            user,
-            device,
-            owner.map_or("", |(o, _)| o),
-            now_ms(),
-        );
-        crate::metrics::departure_steps(if owner.is_some() { "close" } else { "event" }, 1);
+        self.scripts
+            .depart(&mut pipe, user, device, owner, now_ms());
+        crate::metrics::departure_steps("close", 1);
         let reply = self.query(&pipe).await?;
         let first = reply
             .first()
@@ -267,29 +266,16 @@ impl Store {
         {
             record_offline(&mut follow, self.buckets, user, ts);
         }
-        let index = keys::leases(self.buckets.of(user));
-        match (owner, departure) {
-            (_, Departure::Leased { .. }) => {}
-            (Some((_, deadline)), _) => {
-                // Our own deadline only: a newer connection's entry stays.
-                self.scripts
-                    .zrem_if(
-                        &mut follow,
-                        &index,
-                        &keys::lease_member(user, device),
-                        deadline,
-                    )
-                    .ignore();
-            }
-            // A lapsed lease, handled: its deadline entry goes, so that the
-            // deadline pass does not depart it a second time. Should the
-            // device have come back in between, its next refresh (ZADD GT)
-            // puts its entry back.
-            (None, _) => {
-                follow
-                    .zrem(&index, keys::lease_member(user, device))
-                    .ignore();
-            }
+        if !matches!(departure, Departure::Leased { .. }) {
+            // Our own deadline only: a newer connection's entry stays.
+            self.scripts
+                .zrem_if(
+                    &mut follow,
+                    &keys::leases(self.buckets.of(user)),
+                    &keys::lease_member(user, device),
+                    deadline,
+                )
+                .ignore();
         }
         if !follow.is_empty() {
             // The departure itself is done; the indexes are repaired by the

@@ -158,16 +158,24 @@ impl Store {
             .filter(|(_, won)| matches!(won, redis::Value::Int(1)))
             .map(|(member, _)| member.clone())
             .collect();
-        let removed = self.depart_due(&index, &claimed, now).await?;
+        let removed = self.depart_due(&index, &claimed, now, "pass").await?;
         Ok(Reaped {
             looked_at: due.len(),
             removed,
         })
     }
 
-    /// Runs the departure step for each of `due` and settles its index
-    /// entry; returns how many devices it removed.
-    async fn depart_due(&self, index: &str, due: &[String], now: i64) -> StoreResult<usize> {
+    /// Runs the departure step for each of `due`, lapsed leases this node
+    /// claimed in `index`, and settles each entry (counted under `path`,
+    /// one of [`crate::metrics::DEPARTURE_PATHS`]); returns how many
+    /// devices it removed.
+    pub(super) async fn depart_due(
+        &self,
+        index: &str,
+        due: &[String],
+        now: i64,
+        path: &'static str,
+    ) -> StoreResult<usize> {
         if due.is_empty() {
             return Ok(0);
         }
@@ -186,7 +194,7 @@ impl Store {
                 }
             }
         }
-        crate::metrics::departure_steps("pass", steps);
+        crate::metrics::departure_steps(path, steps);
         let reply = self.query(&pipe).await?;
         if reply.len() != due.len() {
             return Err(StoreError::reply(
