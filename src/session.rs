@@ -446,16 +446,20 @@ impl Session {
                 ctx.stop();
                 return;
             }
-            // A client that sent frames of its own since the last tick is
-            // alive without a ping, and its frames refresh the lease: the
-            // ping and its pong would cost a write and a read for nothing.
-            // (The pong answering our ping does not count: a quiet client
-            // is pinged every heartbeat, as before.) Every other tick pings
-            // anyway, so that the node writes at least every two
-            // heartbeats: a proxy in between (nginx's proxy_read_timeout)
+            // A client that sent frames of its own since the last tick, and
+            // was heard from within the last half heartbeat, is alive without
+            // a ping, and its frames refresh the lease: the ping and its pong
+            // would cost a write and a read for nothing. (The pong answering
+            // our ping does not count: a quiet client is pinged every
+            // heartbeat, as before.) The half heartbeat keeps the margin of
+            // the silence check above: at the next tick the client has been
+            // silent for at most 1.5 heartbeats, and is pinged then. Every
+            // other tick pings anyway, so that the node writes at least every
+            // two heartbeats: a proxy in between (nginx's proxy_read_timeout)
             // cuts a connection its upstream left silent.
             let spoke = std::mem::take(&mut act.liveness.spoke);
-            if spoke && !act.liveness.skipped_ping {
+            let recent = act.liveness.last_activity.elapsed() <= act.node.config.heartbeat / 2;
+            if spoke && recent && !act.liveness.skipped_ping {
                 act.liveness.skipped_ping = true;
                 return;
             }
