@@ -115,7 +115,7 @@ pub fn count(user: &str) -> String {
 }
 
 /// The hash of a user: its counted devices (one [`device_field`] each)
-/// and its status (status, text, since, privacy, active, last_seen, seq).
+/// and its status (status, text, since, privacy, last_seen, seq).
 /// One small hash per user rather than a set beside a hash: Redis keeps it
 /// as one listpack, the cheapest shape it has.
 pub fn status(user: &str) -> String {

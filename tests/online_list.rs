@@ -456,3 +456,66 @@ async fn v3_online_index(redis: &Redis, prefix: &str, n: usize) {
     }
     pipe.query_async::<()>(&mut c).await.unwrap();
 }
+
+/// Fails on schema 3, which kept `active` beside `seq`: at start each
+/// user's `active` (its last refresh) is folded into `seq`, the larger of
+/// the two kept, and deleted; running the move again changes nothing.
+#[tokio::test]
+async fn schema_3_active_is_folded_into_seq_at_start() {
+    let redis = Redis::start();
+    let mut c = redis.aconn().await;
+    let mut pipe = redis::pipe();
+    pipe.cmd("HSET")
+        .arg("presence-meta")
+        .arg("buckets")
+        .arg(16)
+        .arg("schema")
+        .arg(3)
+        .ignore();
+    // (user, active, seq): a refresh after the last transition, and the
+    // other way round; and a user never refreshed since schema 3 wrote it.
+    for (user, active, seq) in [
+        ("f1", Some(5_000), 4_000),
+        ("f2", Some(3_000), 9_000),
+        ("f3", None, 7_000),
+    ] {
+        let key = format!("presence-status:{{{user}}}");
+        pipe.cmd("HSET").arg(&key).arg("seq").arg(seq).ignore();
+        if let Some(active) = active {
+            pipe.cmd("HSET")
+                .arg(&key)
+                .arg("active")
+                .arg(active)
+                .ignore();
+        }
+    }
+    pipe.query_async::<()>(&mut c).await.unwrap();
+    let fields = |user: &'static str| {
+        let redis = &redis;
+        async move {
+            let mut c = redis.aconn().await;
+            let mut all: Vec<(String, String)> = redis::cmd("HGETALL")
+                .arg(format!("presence-status:{{{user}}}"))
+                .query_async(&mut c)
+                .await
+                .unwrap();
+            all.sort();
+            all
+        }
+    };
+    let want = |seq: &str| vec![("seq".to_string(), seq.to_string())];
+    let _n1 = Node::start(&redis, "n1");
+    assert_eq!(fields("f1").await, want("5000"));
+    assert_eq!(fields("f2").await, want("9000"));
+    assert_eq!(fields("f3").await, want("7000"));
+    redis::cmd("HSET")
+        .arg("presence-meta")
+        .arg("schema")
+        .arg(3)
+        .query_async::<()>(&mut c)
+        .await
+        .unwrap();
+    let _n2 = Node::start(&redis, "n2");
+    assert_eq!(fields("f1").await, want("5000"));
+    assert_eq!(fields("f2").await, want("9000"));
+}

@@ -53,6 +53,7 @@ impl super::Store {
                     store.move_v2_device_sets().await?;
                 }
                 store.drop_v3_online_index().await?;
+                store.fold_v3_active().await?;
                 redis::cmd("HSET")
                     .arg(keys::META)
                     .arg("schema")
@@ -79,6 +80,46 @@ impl super::Store {
         let deleted: i64 = deleted.iter().sum();
         if deleted > 0 {
             log::info!("deleted {deleted} keys of the online index of schema 3 (schema 4 lists who is online from presence-leases)");
+        }
+        Ok(())
+    }
+
+    /// Folds every user's schema-3 `active` field (its last refresh) into
+    /// `seq` (`fold_active.lua`, one user at a time and atomically), on
+    /// every data node: since schema 4, `seq` is raised to every refresh
+    /// and dates the user's last activity. Safe to run on several nodes at
+    /// once.
+    async fn fold_v3_active(&self) -> super::StoreResult<()> {
+        use crate::keys;
+        let mut folded = 0i64;
+        for node in self.data_nodes().await? {
+            let mut cursor = 0u64;
+            loop {
+                let mut scan = redis::cmd("SCAN");
+                scan.arg(cursor)
+                    .arg("MATCH")
+                    .arg(keys::STATUS_PATTERN)
+                    .arg("COUNT")
+                    .arg(1000);
+                let (next, found): (u64, Vec<String>) =
+                    redis::from_redis_value(self.conn.query_on(&node, &scan).await?)?;
+                let mut pipe = redis::pipe();
+                for user in found.iter().filter_map(|k| keys::parse_status(k)) {
+                    self.scripts.fold_active(&mut pipe, user);
+                }
+                if !pipe.is_empty() {
+                    for n in self.query(&pipe).await? {
+                        folded += redis::from_redis_value_ref::<i64>(&n)?;
+                    }
+                }
+                cursor = next;
+                if cursor == 0 {
+                    break;
+                }
+            }
+        }
+        if folded > 0 {
+            log::info!("folded the last refresh of {folded} users into their seq (schema 4)");
         }
         Ok(())
     }
