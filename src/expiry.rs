@@ -266,28 +266,15 @@ impl ExpiryListener {
                     }
                 }
             }
-            let mut pruned = 0;
-            for bucket in store.buckets().all() {
-                loop {
-                    let step = store.prune_online_step(bucket, cursor).await?;
-                    let (next, dropped) = (step.next_cursor, step.dropped);
-                    pruned += dropped;
-                    METRICS.online_pruned.inc_by(dropped as u64);
-                    cursor = next;
-                    if cursor == 0 {
-                        break;
-                    }
-                }
-            }
-            Ok::<_, StoreError>((users, repaired, pruned))
+            Ok::<_, StoreError>((users, repaired))
         };
         ctx.spawn(pass.into_actor(self).map(|res, act, _| {
             act.reconciling = false;
             match res {
-                Ok((users, 0, 0)) => log::debug!("reconciliation: {users} users consistent"),
-                Ok((users, repaired, pruned)) => log::info!(
-                    "reconciliation: {users} users checked, {repaired} repaired, {pruned} stale online entries dropped"
-                ),
+                Ok((users, 0)) => log::debug!("reconciliation: {users} users consistent"),
+                Ok((users, repaired)) => {
+                    log::info!("reconciliation: {users} users checked, {repaired} repaired")
+                }
                 Err(e) => log::warn!("reconciliation failed: {e}"),
             }
         }));

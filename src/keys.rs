@@ -2,7 +2,7 @@
 //!
 //! Per-user keys carry the `{<user>}` hash tag so that the atomic per-user
 //! scripts touch a single Redis Cluster slot. The indexes over all users
-//! (online, last seen, lease deadlines) are split into [`Buckets`], each
+//! (last seen, lease deadlines) are split into [`Buckets`], each
 //! with its own hash tag (`{b00}`..), so that no single key takes every
 //! refresh and a cluster spreads them over its slots; they are updated
 //! idempotently beside the scripts.
@@ -19,14 +19,20 @@ pub const PROBE_PREFIX: &str = "presence-probe:";
 pub const META: &str = "presence-meta";
 /// Version of this key schema, written to [`META`]. 3: a user's devices
 /// are fields of its status hash (schema 2 kept them in a set of their own,
-/// `presence-devices:{<user>}`, moved at start).
-pub const SCHEMA_VERSION: u32 = 3;
+/// `presence-devices:{<user>}`, moved at start). 4: the online list reads
+/// the deadlines in [`leases`]; schema 3's own index of online users,
+/// `presence-online:{b<k>}` ([`v3_online`]), is deleted at start.
+pub const SCHEMA_VERSION: u32 = 4;
 /// B for a new deployment.
 pub const DEFAULT_BUCKETS: u32 = 16;
 /// Most buckets a deployment may have (two digits in the key).
 pub const MAX_BUCKETS: u32 = 100;
-/// The unbucketed indexes of schema version 1, moved into buckets at start.
-pub const V1_INDEXES: [&str; 3] = ["presence-lastseen", "presence-online", "presence-leases"];
+/// The unbucketed indexes of schema version 1 that are moved into buckets
+/// at start.
+pub const V1_INDEXES: [&str; 2] = ["presence-lastseen", "presence-leases"];
+/// The unbucketed online index of schema version 1, deleted at start (as
+/// its buckets of schemas 2 and 3 are).
+pub const V1_ONLINE: &str = "presence-online";
 
 /// How the indexes over all users are split: B buckets, a user's bucket a
 /// stable hash of its id modulo B. B is fixed per deployment (stored in
@@ -74,14 +80,14 @@ pub fn last_seen(bucket: u32) -> String {
     format!("presence-lastseen:{{b{bucket:02}}}")
 }
 
-/// Sorted set of one bucket: user -> last refresh epoch ms, for users
-/// online now.
-pub fn online(bucket: u32) -> String {
+/// Schemas 2 and 3's sorted set of one bucket: user -> last refresh epoch
+/// ms, for users online now; deleted at start since schema 4.
+pub fn v3_online(bucket: u32) -> String {
     format!("presence-online:{{b{bucket:02}}}")
 }
 
 /// Sorted set of one bucket: `<user>:<device>` -> lease deadline epoch ms;
-/// drives timely expiry.
+/// drives timely expiry, and lists who is online (`GET /api/online`).
 pub fn leases(bucket: u32) -> String {
     format!("presence-leases:{{b{bucket:02}}}")
 }
@@ -109,7 +115,7 @@ pub fn count(user: &str) -> String {
 }
 
 /// The hash of a user: its counted devices (one [`device_field`] each)
-/// and its status (status, text, since, privacy, active, last_seen, seq).
+/// and its status (status, text, since, privacy, last_seen, seq).
 /// One small hash per user rather than a set beside a hash: Redis keeps it
 /// as one listpack, the cheapest shape it has.
 pub fn status(user: &str) -> String {

@@ -1,29 +1,38 @@
-//! `GET /api/online` over the bucketed `presence-online` index: a k-way
-//! merge newest first, a cursor that survives shared scores, bounded work
-//! per request; and the moves of older schemas' keys at start (schema-1
-//! indexes into buckets, schema-2 device sets into the users' hashes).
+//! `GET /api/online` over the bucketed `presence-leases` index (one entry
+//! per device, its lease deadline): a k-way merge newest first, each user
+//! once however many devices it has, a cursor that survives shared scores,
+//! bounded work per request; and the moves of older schemas' keys at start
+//! (schema-1 indexes into buckets, schema-2 device sets into the users'
+//! hashes, schema 3's online index deleted).
 
 mod common;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use common::*;
 use serde_json::json;
 
-/// Makes `n` users `<prefix>0..` online (lease, device set, counter) and
-/// lists them in `presence-online` with `score` each.
-async fn online_users(redis: &Redis, prefix: &str, n: usize, score: impl Fn(usize) -> i64) {
+/// Where the tests' deadlines start: five minutes ahead (their leases live
+/// ten), so that no deadline pass touches them while a test runs.
+fn deadline_base() -> i64 {
+    presence_server::store::now_ms() + 300_000
+}
+
+/// Makes `n` users `<prefix>0..` online (lease, device field, counter) and
+/// writes their device `d`'s deadline as `deadline_base() + offset(i)`.
+async fn online_users(redis: &Redis, prefix: &str, n: usize, offset: impl Fn(usize) -> i64) {
     let mut c = redis.aconn().await;
-    presence_bench::fixture::live_leases(&mut c, prefix, n, "elsewhere 1 0", true)
+    presence_bench::fixture::live_leases(&mut c, prefix, n, "elsewhere 1 0", false)
         .await
         .unwrap();
+    let base = deadline_base();
     let mut pipe = redis::pipe();
     for i in 0..n {
         let user = format!("{prefix}{i}");
         pipe.cmd("ZADD")
-            .arg(index_key("presence-online", &user))
-            .arg(score(i))
-            .arg(&user)
+            .arg(index_key("presence-leases", &user))
+            .arg(base + offset(i))
+            .arg(format!("{user}:d"))
             .ignore();
     }
     pipe.query_async::<()>(&mut c).await.unwrap();
@@ -63,7 +72,7 @@ async fn pages_cover_every_user_once_even_when_scores_are_shared() {
     let redis = Redis::start();
     // 300 users, in runs of 50 sharing one score (a batch of refreshes
     // writes one time), spread over every bucket.
-    online_users(&redis, "tie", 300, |i| 1_000_000 + (i / 50) as i64).await;
+    online_users(&redis, "tie", 300, |i| (i / 50) as i64).await;
     let node = Node::start(&redis, "n1");
     for limit in [1, 7, 50, 1000] {
         let (seen, _) = walk(&node.http(), limit).await;
@@ -80,7 +89,7 @@ async fn pages_cover_every_user_once_even_when_scores_are_shared() {
 #[tokio::test]
 async fn a_viewer_who_sees_nobody_gets_short_pages_with_a_cursor() {
     let redis = Redis::start();
-    online_users(&redis, "hidden", 1_000, |i| 2_000_000 + i as i64).await;
+    online_users(&redis, "hidden", 1_000, |i| i as i64).await;
     // Watch policy `contacts`: an anonymous reader sees no one online.
     let node = Node::start_with(&redis, "n1", &["--watch-policy", "contacts"]);
     let (seen, pages) = walk(&node.http(), 10).await;
@@ -127,7 +136,8 @@ async fn schema_1_indexes_move_into_buckets_at_start() {
             .unwrap();
         assert_eq!(exists, 0, "{old} still there");
     }
-    assert_eq!(index_members(&redis, "presence-online").await.len(), 50);
+    // Schema 4 lists who is online from the deadlines: no online index.
+    assert!(index_members(&redis, "presence-online").await.is_empty());
     assert_eq!(index_members(&redis, "presence-leases").await.len(), 50);
     assert_eq!(index_members(&redis, "presence-lastseen").await.len(), 50);
     let meta: Vec<String> = redis::cmd("HMGET")
@@ -137,10 +147,10 @@ async fn schema_1_indexes_move_into_buckets_at_start() {
         .query_async(&mut c)
         .await
         .unwrap();
-    assert_eq!(meta, ["16", "3"]);
+    assert_eq!(meta, ["16", "4"]);
     let (seen, _) = walk(&node.http(), 20).await;
-    assert_eq!(seen.len(), 50);
-    assert_eq!(seen[0].0, "old49");
+    let names: HashSet<&str> = seen.iter().map(|(u, _)| u.as_str()).collect();
+    assert_eq!((seen.len(), names.len()), (50, 50), "{seen:?}");
 }
 
 #[tokio::test]
@@ -198,7 +208,7 @@ async fn schema_2_device_sets_move_into_the_users_hashes_at_start() {
         .query_async(&mut c)
         .await
         .unwrap();
-    assert_eq!(schema, "3");
+    assert_eq!(schema, "4");
     let mut fields: Vec<String> = redis::cmd("HKEYS")
         .arg("presence-status:{old0}")
         .query_async(&mut c)
@@ -236,7 +246,7 @@ async fn schema_2_device_sets_move_into_the_users_hashes_at_start() {
 #[tokio::test]
 async fn a_viewer_who_sees_some_gets_every_visible_user_once() {
     let redis = Redis::start();
-    online_users(&redis, "mix", 300, |i| 5_000_000 + (i / 20) as i64).await;
+    online_users(&redis, "mix", 300, |i| (i / 20) as i64).await;
     // Two of every three hide their online status from everyone.
     let mut c = redis.aconn().await;
     let mut pipe = redis::pipe();
@@ -261,4 +271,251 @@ async fn a_viewer_who_sees_some_gets_every_visible_user_once() {
         want.sort();
         assert_eq!(names, want, "limit {limit}");
     }
+}
+
+/// Writes `user` online with `devices` as the nodes would: for each
+/// (device, deadline), a lease, the device's field and its deadline entry;
+/// then the counter. `extra` entries go into the index alone (a claimed
+/// entry, or one of a device no longer counted).
+async fn user_with_devices(
+    redis: &Redis,
+    user: &str,
+    devices: &[(&str, i64)],
+    extra: &[(&str, f64)],
+) {
+    let mut c = redis.aconn().await;
+    let index = index_key("presence-leases", user);
+    let mut pipe = redis::pipe();
+    for (device, deadline) in devices {
+        pipe.cmd("SET")
+            .arg(format!("presence:{{{user}}}:{device}"))
+            .arg("elsewhere 1 0")
+            .arg("PX")
+            .arg(600_000)
+            .ignore();
+        pipe.cmd("HSET")
+            .arg(format!("presence-status:{{{user}}}"))
+            .arg(format!("d:{device}"))
+            .arg(1)
+            .ignore();
+        pipe.cmd("ZADD")
+            .arg(&index)
+            .arg(deadline)
+            .arg(format!("{user}:{device}"))
+            .ignore();
+    }
+    for (device, score) in extra {
+        pipe.cmd("ZADD")
+            .arg(&index)
+            .arg(score)
+            .arg(format!("{user}:{device}"))
+            .ignore();
+    }
+    pipe.cmd("SET")
+        .arg(format!("presence-count:{{{user}}}"))
+        .arg(devices.len())
+        .ignore();
+    pipe.query_async::<()>(&mut c).await.unwrap();
+}
+
+/// Fails on schema 3, which listed users from `presence-online` (written
+/// here by no one): the list reads the deadlines, one entry per device.
+#[tokio::test]
+async fn a_user_with_several_devices_is_listed_once_at_its_newest_device() {
+    let redis = Redis::start();
+    let base = deadline_base();
+    // user -> the deadline of its newest device, which dates its entry.
+    let mut newest: HashMap<String, i64> = HashMap::new();
+    for i in 0..60usize {
+        let user = format!("multi{i}");
+        let names = ["phone", "laptop", "tab", "watch"];
+        // 1 to 4 devices, deadlines shared within and across users.
+        let devices: Vec<(&str, i64)> = (0..=i % 4)
+            .map(|j| (names[j], base + ((i * 7 + j * 13) % 50) as i64))
+            .collect();
+        newest.insert(user.clone(), devices.iter().map(|d| d.1).max().unwrap());
+        user_with_devices(&redis, &user, &devices, &[]).await;
+    }
+    // The newest entry of each of these lists no one: a device no longer
+    // counted (its entry not yet removed), and a lapsed lease claimed for
+    // departure (deadline + 1 s + 0.5).
+    user_with_devices(
+        &redis,
+        "stale",
+        &[("d", base + 5)],
+        &[("gone", (base + 100) as f64)],
+    )
+    .await;
+    newest.insert("stale".into(), base + 5);
+    user_with_devices(
+        &redis,
+        "lapsing",
+        &[("a", base + 3), ("b", base + 4)],
+        &[("a", (base + 1_200) as f64 + 0.5)],
+    )
+    .await;
+    newest.insert("lapsing".into(), base + 4);
+    // Several devices, hidden from everyone: never listed.
+    user_with_devices(&redis, "hider", &[("a", base + 60), ("b", base + 61)], &[]).await;
+    let mut c = redis.aconn().await;
+    redis::cmd("HSET")
+        .arg("presence-status:{hider}")
+        .arg("show_online")
+        .arg("nobody")
+        .query_async::<()>(&mut c)
+        .await
+        .unwrap();
+
+    let node = Node::start(&redis, "n1");
+    let ttl = TTL.as_millis() as i64;
+    for limit in [1, 2, 3, 7, 50] {
+        let (seen, _) = walk(&node.http(), limit).await;
+        let names: HashSet<&str> = seen.iter().map(|(u, _)| u.as_str()).collect();
+        assert_eq!(
+            seen.len(),
+            names.len(),
+            "limit {limit}: a user listed twice: {seen:?}"
+        );
+        assert_eq!(names.len(), newest.len(), "limit {limit}: {seen:?}");
+        for (user, active_at) in &seen {
+            assert_eq!(
+                *active_at + ttl,
+                newest[user],
+                "limit {limit}: {user} not dated by its newest device"
+            );
+        }
+        assert!(
+            seen.windows(2).all(|w| w[0].1 >= w[1].1),
+            "limit {limit}: not newest first: {seen:?}"
+        );
+    }
+}
+
+/// Fails on schema 3, which kept `presence-online` and wrote schema 3.
+#[tokio::test]
+async fn schema_3_online_index_is_deleted_at_start_and_idempotently() {
+    let redis = Redis::start();
+    let mut c = redis.aconn().await;
+    redis::cmd("HSET")
+        .arg("presence-meta")
+        .arg("buckets")
+        .arg(16)
+        .arg("schema")
+        .arg(3)
+        .query_async::<()>(&mut c)
+        .await
+        .unwrap();
+    online_users(&redis, "s3_", 40, |i| i as i64).await;
+    v3_online_index(&redis, "s3_", 40).await;
+    assert_eq!(index_members(&redis, "presence-online").await.len(), 40);
+
+    let n1 = Node::start(&redis, "n1");
+    assert!(index_members(&redis, "presence-online").await.is_empty());
+    let schema = || async {
+        let mut c = redis.aconn().await;
+        redis::cmd("HGET")
+            .arg("presence-meta")
+            .arg("schema")
+            .query_async::<String>(&mut c)
+            .await
+            .unwrap()
+    };
+    assert_eq!(schema().await, "4");
+    let (seen, _) = walk(&n1.http(), 15).await;
+    assert_eq!(seen.len(), 40);
+    assert_eq!(seen[0].0, "s3_39");
+
+    // The move again, as a second node starting at the same time would
+    // run it: nothing breaks, the index goes again, the list is the same.
+    redis::cmd("HSET")
+        .arg("presence-meta")
+        .arg("schema")
+        .arg(3)
+        .query_async::<()>(&mut c)
+        .await
+        .unwrap();
+    v3_online_index(&redis, "s3_", 40).await;
+    let n2 = Node::start(&redis, "n2");
+    assert!(index_members(&redis, "presence-online").await.is_empty());
+    assert_eq!(schema().await, "4");
+    let (again, _) = walk(&n2.http(), 15).await;
+    assert_eq!(again, seen);
+}
+
+/// Schema 3's own index of who is online, for users `<prefix>0..`.
+async fn v3_online_index(redis: &Redis, prefix: &str, n: usize) {
+    let mut c = redis.aconn().await;
+    let mut pipe = redis::pipe();
+    for i in 0..n {
+        let user = format!("{prefix}{i}");
+        pipe.cmd("ZADD")
+            .arg(index_key("presence-online", &user))
+            .arg(1_000 + i)
+            .arg(&user)
+            .ignore();
+    }
+    pipe.query_async::<()>(&mut c).await.unwrap();
+}
+
+/// Fails on schema 3, which kept `active` beside `seq`: at start each
+/// user's `active` (its last refresh) is folded into `seq`, the larger of
+/// the two kept, and deleted; running the move again changes nothing.
+#[tokio::test]
+async fn schema_3_active_is_folded_into_seq_at_start() {
+    let redis = Redis::start();
+    let mut c = redis.aconn().await;
+    let mut pipe = redis::pipe();
+    pipe.cmd("HSET")
+        .arg("presence-meta")
+        .arg("buckets")
+        .arg(16)
+        .arg("schema")
+        .arg(3)
+        .ignore();
+    // (user, active, seq): a refresh after the last transition, and the
+    // other way round; and a user never refreshed since schema 3 wrote it.
+    for (user, active, seq) in [
+        ("f1", Some(5_000), 4_000),
+        ("f2", Some(3_000), 9_000),
+        ("f3", None, 7_000),
+    ] {
+        let key = format!("presence-status:{{{user}}}");
+        pipe.cmd("HSET").arg(&key).arg("seq").arg(seq).ignore();
+        if let Some(active) = active {
+            pipe.cmd("HSET")
+                .arg(&key)
+                .arg("active")
+                .arg(active)
+                .ignore();
+        }
+    }
+    pipe.query_async::<()>(&mut c).await.unwrap();
+    let fields = |user: &'static str| {
+        let redis = &redis;
+        async move {
+            let mut c = redis.aconn().await;
+            let mut all: Vec<(String, String)> = redis::cmd("HGETALL")
+                .arg(format!("presence-status:{{{user}}}"))
+                .query_async(&mut c)
+                .await
+                .unwrap();
+            all.sort();
+            all
+        }
+    };
+    let want = |seq: &str| vec![("seq".to_string(), seq.to_string())];
+    let _n1 = Node::start(&redis, "n1");
+    assert_eq!(fields("f1").await, want("5000"));
+    assert_eq!(fields("f2").await, want("9000"));
+    assert_eq!(fields("f3").await, want("7000"));
+    redis::cmd("HSET")
+        .arg("presence-meta")
+        .arg("schema")
+        .arg(3)
+        .query_async::<()>(&mut c)
+        .await
+        .unwrap();
+    let _n2 = Node::start(&redis, "n2");
+    assert_eq!(fields("f1").await, want("5000"));
+    assert_eq!(fields("f2").await, want("9000"));
 }

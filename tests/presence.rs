@@ -190,6 +190,7 @@ async fn killed_node_users_go_offline_within_ttl() {
     .await;
 
     let killed = Instant::now();
+    let killed_ms = presence_server::store::now_ms();
     a.kill();
     let mut offline = std::collections::HashSet::new();
     while offline.len() < 2 {
@@ -203,6 +204,15 @@ async fn killed_node_users_go_offline_within_ttl() {
         assert!(
             elapsed <= TTL + Duration::from_secs(1),
             "offline after {elapsed:?}"
+        );
+        // Last seen at the last activity (a refresh, a transition) before
+        // the kill, not when the leases lapsed a TTL later (the departure
+        // of alice's other lapsed device adds 1 ms to her clock).
+        let last_seen = ev["last_seen"].as_i64().expect("last_seen set");
+        assert!(
+            last_seen <= killed_ms + 1,
+            "last seen {} ms after the kill: {ev}",
+            last_seen - killed_ms
         );
     }
     assert_eq!(count(&redis, "alice").await, 0);
@@ -270,4 +280,39 @@ async fn sigterm_and_reconnect_elsewhere_shows_no_transition() {
         .await;
     watcher.expect_presence("alice", "away").await;
     assert_eq!(count(&redis, "alice").await, 1);
+}
+
+/// The hash of an online user with one device and the default status holds
+/// two fields: the device's and `seq`, which each refresh raises to its
+/// time (it dates the last activity). Fails on schema 3, which also kept
+/// `active`.
+#[tokio::test]
+async fn a_default_status_device_writes_only_its_field_and_seq() {
+    let redis = Redis::start();
+    let node = Node::start(&redis, "n1");
+    let _phone = Client::connect(&node, "alice", "phone").await;
+    let connected = presence_server::store::now_ms();
+    let seq = || async {
+        let mut c = redis.aconn().await;
+        redis::cmd("HGET")
+            .arg("presence-status:{alice}")
+            .arg("seq")
+            .query_async::<Option<i64>>(&mut c)
+            .await
+            .unwrap()
+    };
+    wait_until(
+        "a refresh raises seq past the connect",
+        DEADLINE,
+        || async { seq().await > Some(connected + HEARTBEAT_MS as i64 / 3) },
+    )
+    .await;
+    let mut c = redis.aconn().await;
+    let mut fields: Vec<String> = redis::cmd("HKEYS")
+        .arg("presence-status:{alice}")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    fields.sort();
+    assert_eq!(fields, ["d:phone", "seq"]);
 }

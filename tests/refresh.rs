@@ -211,11 +211,12 @@ async fn a_status_learned_by_refresh_is_reasserted_after_redis_restarts() {
     .await;
     phone.close().await;
     a.wait_log("alice/phone: closed").await;
-    // From here on only the laptop refreshes `active`: once it moves, the
-    // laptop has refreshed since the status changed, and learned it.
+    // From here on only the laptop raises `seq` (its refreshes): once it
+    // passes the close, the laptop has refreshed since the status changed,
+    // and learned it.
     let closed_at = now_ms();
     wait_until("a refresh of the laptop", DEADLINE, || async {
-        let active = status_field(&redis, "alice", "active").await;
+        let active = status_field(&redis, "alice", "seq").await;
         active.and_then(|a| a.parse::<i64>().ok()) > Some(closed_at)
     })
     .await;

@@ -16,8 +16,8 @@ pub fn bucket_of(user: &str, buckets: u32) -> u32 {
     (h % u64::from(buckets)) as u32
 }
 
-/// The bucket of `index` (`presence-leases`, `presence-online`,
-/// `presence-lastseen`) holding `user`'s entries.
+/// The bucket of `index` (`presence-leases`, `presence-lastseen`) holding
+/// `user`'s entries.
 pub fn index_key(index: &str, user: &str) -> String {
     format!("{index}:{{b{:02}}}", bucket_of(user, BUCKETS))
 }
@@ -79,25 +79,27 @@ pub async fn live_leases(
     Ok(())
 }
 
-/// Adds users `<prefix>0` .. `<prefix>{n-1}` to their buckets of
-/// `presence-online`, newest
-/// first in order, each with its own score; with `show_online`, each
-/// user's privacy setting (e.g. `contacts`: hidden from non-contacts).
-pub async fn online_index(
+/// Writes the deadline of device `d` of users `<prefix>0` ..
+/// `<prefix>{n-1}` (leases written by [`live_leases`] without `index`) into
+/// their buckets of `presence-leases`, which list who is online: newest
+/// first in order, each with its own deadline, all within the leases' ten
+/// minutes; with `show_online`, each user's privacy setting (e.g.
+/// `contacts`: hidden from non-contacts).
+pub async fn staggered_deadlines(
     conn: &mut redis::aio::MultiplexedConnection,
     prefix: &str,
     n: usize,
     show_online: Option<&str>,
 ) -> redis::RedisResult<()> {
-    let now = crate::now_ms();
+    let top = crate::now_ms() + 600_000;
     for start in (0..n).step_by(10_000) {
         let mut pipe = redis::pipe();
         for i in start..(start + 10_000).min(n) {
             let user = format!("{prefix}{i}");
             pipe.cmd("ZADD")
-                .arg(index_key("presence-online", &user))
-                .arg(now - i as i64)
-                .arg(&user)
+                .arg(index_key("presence-leases", &user))
+                .arg(top - i as i64)
+                .arg(format!("{user}:d"))
                 .ignore();
             if let Some(show) = show_online {
                 pipe.cmd("HSET")

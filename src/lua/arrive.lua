@@ -6,7 +6,7 @@
 -- KEYS[2] presence-count:{<user>}      live device counter
 -- KEYS[3] presence-status:{<user>}     the user's hash: d:<device> per counted
 --                                      device; status, text, since, privacy,
---                                      active, last_seen, seq
+--                                      last_seen, seq
 -- ARGV[1] lease owner (this connection's value)
 -- ARGV[2] lease TTL in ms
 -- ARGV[3] device id
@@ -58,7 +58,7 @@ else
 end
 -- One read of everything a holder re-asserts: status, text, since, then
 -- the privacy settings.
-local st = redis.call('HMGET', KEYS[3], 'status', 'text', 'since', 'show_online', 'show_last_seen')
+local st = redis.call('HMGET', KEYS[3], 'status', 'text', 'since', 'show_online', 'show_last_seen', 'seq')
 -- Redis lost the status (restart without persistence) or holds an older one
 -- re-asserted by another device: restore the newest this connection knew.
 if ARGV[8] ~= '' and (not st[1] or tonumber(st[3] or '0') < tonumber(ARGV[10])) then
@@ -83,7 +83,12 @@ if not st[5] and known_last_seen ~= '' then
   redis.call('HSET', KEYS[3], 'show_last_seen', known_last_seen)
   st[5] = known_last_seen
 end
-redis.call('HSET', KEYS[3], 'active', ARGV[4])
+-- The user's clock, `seq`, is raised to this refresh: besides ordering the
+-- transitions it dates the last activity of any device (a lapsed lease's
+-- last seen), one field for both.
+if tonumber(st[6] or '0') < tonumber(ARGV[4]) then
+  redis.call('HSET', KEYS[3], 'seq', ARGV[4])
+end
 local status, text, since = st[1] or '', st[2] or '', st[3] or '0'
 local show_online, show_last_seen = st[4] or '', st[5] or ''
 local came_online = 0

@@ -7,7 +7,7 @@
 -- KEYS[2] presence-count:{<user>}      live device counter
 -- KEYS[3] presence-status:{<user>}     the user's hash: d:<device> per counted
 --                                      device; status, text, since, privacy,
---                                      active, last_seen, seq
+--                                      last_seen, seq
 -- ARGV[1] lease owner of the closing connection, or "" when the lease lapsed
 --         (then the device goes only if no lease exists any more)
 -- ARGV[2] device id
@@ -36,14 +36,15 @@ if redis.call('HDEL', KEYS[3], 'd:' .. ARGV[2]) == 0 then
 end
 local count = redis.call('DECR', KEYS[2])
 if count > 0 then
-  publish_event(ARGV[5], KEYS[3], ARGV[4], count, nil, next_seq(KEYS[3], ARGV[3]), true)
+  publish_event(ARGV[5], KEYS[3], ARGV[4], count, nil, next_seq(KEYS[3], ARGV[3], ARGV[1] == ''), true)
   return {1, 0, 0}
 end
 redis.call('DEL', KEYS[2])
--- A lapsed lease was last seen at its last refresh, not when Redis noticed.
+-- A lapsed lease was last seen at the user's last activity, not when Redis
+-- noticed: `seq`, raised to every refresh and every transition a client made.
 local last_seen = tonumber(ARGV[3])
 if ARGV[1] == '' then
-  local active = tonumber(redis.call('HGET', KEYS[3], 'active') or '0')
+  local active = tonumber(redis.call('HGET', KEYS[3], 'seq') or '0')
   if active and active > 0 and active < last_seen then
     last_seen = active
   end
@@ -51,6 +52,6 @@ end
 -- last_seen is stored with the transition, so no read ever sees the user
 -- offline without it; an invisible user's is left as it was.
 local shown = stamp_last_seen(KEYS[3], last_seen)
-publish_event(ARGV[5], KEYS[3], ARGV[4], 0, shown, next_seq(KEYS[3], ARGV[3]))
+publish_event(ARGV[5], KEYS[3], ARGV[4], 0, shown, next_seq(KEYS[3], ARGV[3], ARGV[1] == ''))
 -- The real time still goes back: it keeps the retention index honest.
 return {1, 1, last_seen}

@@ -1,11 +1,20 @@
 -- Prepended to every script that publishes a transition (see store/scripts.rs), so
 -- that the sequence number and the event are made in one place.
 
--- The user's next transition sequence number: never below now, so it keeps
--- increasing even after the retention trim deleted the status hash and a
--- watcher's last seen seq never hides an event.
-local function next_seq(status_key, now)
-  local seq = math.max(tonumber(redis.call('HGET', status_key, 'seq') or '0') + 1, tonumber(now))
+-- The user's next transition sequence number. `seq` is also the user's
+-- clock: each refresh raises it to its time (arrive.lua), and a lapsed
+-- lease's last seen reads it. So a transition of a client (connect, close,
+-- status, privacy) takes at least now, which keeps it increasing even when
+-- Redis lost the hash, and a watcher's last seen seq never hides an event;
+-- one the server makes for a lease that lapsed or a repair (`lapsed`) is
+-- no activity of the user's and only adds 1 (or takes now, when there is
+-- no seq yet).
+local function next_seq(status_key, now, lapsed)
+  local old = tonumber(redis.call('HGET', status_key, 'seq') or '0')
+  local seq = old + 1
+  if not lapsed or old == 0 then
+    seq = math.max(seq, tonumber(now))
+  end
   redis.call('HSET', status_key, 'seq', seq)
   return seq
 end

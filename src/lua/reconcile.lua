@@ -6,7 +6,7 @@
 -- KEYS[1] presence-count:{<user>}      live device counter
 -- KEYS[2] presence-status:{<user>}     the user's hash: d:<device> per counted
 --                                      device; status, text, since, privacy,
---                                      active, last_seen, seq
+--                                      last_seen, seq
 -- KEYS[3..] presence:{<user>}:<device> the lease of each device named in ARGV[4..]
 -- ARGV[1] user id
 -- ARGV[2] now, epoch ms
@@ -42,14 +42,16 @@ if was_online == is_online then
   if not is_online then
     return {removed, old, new, 0}
   end
-  publish_event(ARGV[3], KEYS[2], ARGV[1], new, nil, next_seq(KEYS[2], ARGV[2]), true)
+  publish_event(ARGV[3], KEYS[2], ARGV[1], new, nil, next_seq(KEYS[2], ARGV[2], true), true)
   return {removed, old, new, 0}
 end
-local seq = next_seq(KEYS[2], ARGV[2])
+-- Last seen at the user's last activity (`seq` before this transition
+-- moves it), as for a lapsed lease.
+local active = math.min(tonumber(redis.call('HGET', KEYS[2], 'seq') or ARGV[2]), tonumber(ARGV[2]))
+local seq = next_seq(KEYS[2], ARGV[2], true)
 local last_seen = nil
 if not is_online then
-  -- Last seen at the last refresh of any device, as for a lapsed lease.
-  last_seen = stamp_last_seen(KEYS[2], tonumber(redis.call('HGET', KEYS[2], 'active') or ARGV[2]))
+  last_seen = stamp_last_seen(KEYS[2], active)
 end
 publish_event(ARGV[3], KEYS[2], ARGV[1], new, last_seen, seq)
 return {removed, old, new, 1}

@@ -1,7 +1,7 @@
 -- Set a user's chosen status and text; announce it when the user is online
 -- and something visible changed.
 --
--- KEYS[1] presence-status:{<user>}     status hash (status, text, since, active, last_seen, seq)
+-- KEYS[1] presence-status:{<user>}     status hash (status, text, since, last_seen, seq)
 -- KEYS[2] presence-count:{<user>}      live device counter
 -- ARGV[1] status: online, away, busy or invisible
 -- ARGV[2] text, "" for none

@@ -1,6 +1,6 @@
 //! A device arriving (connect, refresh: `arrive.lua`) and departing
 //! (`depart.lua`), with the bucketed indexes written beside the scripts:
-//! `presence-leases:{b<k>}` (deadlines), `presence-online:{b<k>}` and
+//! `presence-leases:{b<k>}` (deadlines, which also list who is online) and
 //! `presence-lastseen:{b<k>}`.
 
 use std::borrow::Borrow;
@@ -134,9 +134,8 @@ impl Store {
     /// The arrival step for many leases at once, in two round trips
     /// whatever their number: one pipeline of `arrive.lua` calls, then, for
     /// the leases still held, per bucket one `ZADD GT` of their deadlines
-    /// into `presence-leases:{b<k>}` and one of their users into
-    /// `presence-online:{b<k>}` (and, for users who came online, a `ZREM`
-    /// from `presence-lastseen:{b<k>}`).
+    /// into `presence-leases:{b<k>}` (and, for users who came online, a
+    /// `ZREM` from `presence-lastseen:{b<k>}`).
     /// Returns one outcome per lease, in order; `Err` when the first round
     /// trip failed as a whole. A failed second round trip fails the leases
     /// that were held (as one refresh on its own would).
@@ -170,9 +169,9 @@ impl Store {
         // Only a holder writes the indexes: a replaced connection's deadline
         // must not stand for the new owner's lease. GT keeps the latest
         // deadline when two writes cross.
-        let mut by_bucket: BTreeMap<u32, (redis::Cmd, redis::Cmd)> = BTreeMap::new();
+        let mut by_bucket: BTreeMap<u32, redis::Cmd> = BTreeMap::new();
         // Users who came online leave the last-seen index: an online user
-        // is listed in `presence-online` already, and goes back into
+        // is listed by its deadlines already, and goes back into
         // `presence-lastseen` with its next `offline`.
         let mut back = redis::pipe();
         let mut out = Vec::with_capacity(leases.len());
@@ -184,21 +183,18 @@ impl Store {
                 if came_online {
                     back.zrem(keys::last_seen(bucket), &lease.user).ignore();
                 }
-                let (deadlines, online) = by_bucket
+                by_bucket
                     .entry(bucket)
-                    .or_insert_with(|| index_writes(bucket));
-                deadlines
+                    .or_insert_with(|| deadline_writes(bucket))
                     .arg(deadline)
                     .arg(keys::lease_member(&lease.user, &lease.device));
-                online.arg(now).arg(&lease.user);
             }
             out.push(arrival);
         }
         if !by_bucket.is_empty() {
             let mut pipe = back;
-            for (deadlines, online) in by_bucket.into_values() {
+            for deadlines in by_bucket.into_values() {
                 pipe.add_command(deadlines).ignore();
-                pipe.add_command(online).ignore();
             }
             if let Err(e) = self.query(&pipe).await {
                 for arrival in &mut out {
@@ -288,26 +284,22 @@ impl Store {
     }
 }
 
-/// The two `ZADD GT` commands of one bucket's index writes (deadlines,
-/// online), for the caller to add members to.
-fn index_writes(bucket: u32) -> (redis::Cmd, redis::Cmd) {
+/// The `ZADD GT` of one bucket's deadlines, for the caller to add members
+/// to.
+fn deadline_writes(bucket: u32) -> redis::Cmd {
     let mut deadlines = redis::cmd("ZADD");
     deadlines.arg(keys::leases(bucket)).arg("GT");
-    let mut online = redis::cmd("ZADD");
-    online.arg(keys::online(bucket)).arg("GT");
-    (deadlines, online)
+    deadlines
 }
 
-/// Adds the index updates that follow a user's last device leaving.
+/// Adds the index update that follows a user's last device leaving.
 pub(super) fn record_offline(pipe: &mut Pipeline, buckets: Buckets, user: &str, last_seen: i64) {
-    let bucket = buckets.of(user);
     pipe.cmd("ZADD")
-        .arg(keys::last_seen(bucket))
+        .arg(keys::last_seen(buckets.of(user)))
         .arg("GT")
         .arg(last_seen)
         .arg(user)
         .ignore();
-    pipe.zrem(keys::online(bucket), user).ignore();
 }
 
 #[cfg(test)]

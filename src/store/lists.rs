@@ -1,10 +1,13 @@
 //! Lists over many users: who is online now (the buckets of
-//! `presence-online`, merged newest first and paged with bounded work), and
+//! `presence-leases`, merged newest first and paged with bounded work), and
 //! the retention of last-seen times (`presence-lastseen`).
 
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
+use super::passes::is_taken;
 use super::reply::int;
+use super::scripts::parse_read;
 use super::{now_ms, Reader, Store, StoreError, StoreResult};
 use crate::keys::{self, Buckets};
 use crate::model::Record;
@@ -24,32 +27,36 @@ pub struct OnlineUser {
     /// The user's record.
     #[serde(flatten)]
     pub record: Record,
-    /// Last refresh of any of the user's devices, epoch ms.
+    /// Last refresh of the user's most recently refreshed device, epoch
+    /// ms (its lease deadline less the lease TTL).
     pub active_at: i64,
 }
 
-/// Position in `GET /api/online`: the score reached (last refresh, epoch
-/// ms) and, per bucket, how many entries with exactly that score were
+/// Position in `GET /api/online`: the score reached in the buckets of
+/// `presence-leases` (a lease deadline, epoch ms; a claimed entry's ends in
+/// `.5`) and, per bucket, how many entries with exactly that score were
 /// already examined. Scores are shared (a batch of refreshes writes one
-/// time), so a score alone cannot say where a page ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// deadline), so a score alone cannot say where a page ended.
+#[derive(Debug, Clone, PartialEq)]
 pub struct Cursor {
     /// The score reached.
-    pub active_at: i64,
-    /// Per bucket, the entries at `active_at` already examined.
+    pub score: f64,
+    /// Per bucket, the entries at `score` already examined.
     pub ties: Vec<u32>,
 }
 
 impl Cursor {
-    /// The opaque string handed to clients: `<active_at>~<t0>,<t1>,...`.
+    /// The opaque string handed to clients: `<score>_<t0>,<t1>,...`. (The
+    /// `_` tells it from a schema-3 cursor, `<last refresh>~...`, whose
+    /// score meant something else: that one is refused.)
     pub fn encode(&self) -> String {
         let ties: Vec<String> = self.ties.iter().map(u32::to_string).collect();
-        format!("{}~{}", self.active_at, ties.join(","))
+        format!("{}_{}", self.score, ties.join(","))
     }
 
     /// Reads a cursor back for `buckets`; `None` when it is not one of ours.
     pub fn decode(s: &str, buckets: Buckets) -> Option<Self> {
-        let (at, ties) = s.split_once('~')?;
+        let (at, ties) = s.split_once('_')?;
         let ties: Vec<u32> = ties
             .split(',')
             .map(|t| t.parse().ok())
@@ -57,10 +64,8 @@ impl Cursor {
         if ties.len() != buckets.count() as usize {
             return None;
         }
-        Some(Self {
-            active_at: at.parse().ok()?,
-            ties,
-        })
+        let score: f64 = at.parse().ok().filter(|s: &f64| s.is_finite())?;
+        Some(Self { score, ties })
     }
 }
 
@@ -74,7 +79,7 @@ const MAX_EXAMINED: usize = 2_000;
 /// Where a walk over the merged buckets stands.
 struct Walk {
     /// Score reached; `None` before the first entry (`+inf`).
-    at: Option<i64>,
+    at: Option<f64>,
     /// Per bucket, entries at `at` examined.
     ties: Vec<u32>,
 }
@@ -82,7 +87,7 @@ struct Walk {
 impl Walk {
     /// Steps past one entry of `bucket` with `score` (entries come in
     /// descending order).
-    fn pass(&mut self, bucket: usize, score: i64) {
+    fn pass(&mut self, bucket: usize, score: f64) {
         if self.at != Some(score) {
             self.at = Some(score);
             self.ties.iter_mut().for_each(|t| *t = 0);
@@ -91,9 +96,29 @@ impl Walk {
     }
 }
 
+/// The walk's order: score, then member, both descending (the buckets'
+/// own `REV` order).
+fn before(a: (f64, &str), b: (f64, &str)) -> bool {
+    a.0.total_cmp(&b.0).then_with(|| a.1.cmp(b.1)) == std::cmp::Ordering::Greater
+}
+
+/// One candidate entry of the walk: score, member, bucket.
+type Entry = (f64, String, usize);
+
+/// What the online list reads of one user: what the reader may see of it,
+/// and its counted devices with the current score of each one's entry
+/// (`None`: no unclaimed entry).
+struct Candidate {
+    /// The reader's view of the user.
+    record: Record,
+    /// Counted devices, each with its entry's score when it has an
+    /// unclaimed one.
+    devices: Vec<(String, Option<f64>)>,
+}
+
 impl Store {
     /// One page of users online now, most recently active first, merged
-    /// from the buckets of `presence-online`. `cursor` is the
+    /// from the buckets of `presence-leases`. `cursor` is the
     /// `next_cursor` of the previous page. Only users `viewer` may see
     /// online are listed, and one request examines at most
     /// 4 x `limit` entries (2,000 at most): a page may be short, or empty,
@@ -111,6 +136,14 @@ impl Store {
     }
 
     /// [`Store::online`] for any reader; the service sees invisible users too.
+    ///
+    /// The index holds one entry per device (`<user>:<device>`, its lease
+    /// deadline), so a user with several devices has several: the user is
+    /// listed at the first of its counted devices' unclaimed entries in the
+    /// walk's order, the newest, and every other entry of it is passed over,
+    /// on this page and on the pages after it. Claimed entries (lapsed
+    /// leases on their way out) and entries of devices no longer counted
+    /// list no one.
     pub async fn online_as(
         &self,
         limit: usize,
@@ -123,7 +156,7 @@ impl Store {
         let buckets = self.buckets.count() as usize;
         let mut walk = match cursor {
             Some(c) => Walk {
-                at: Some(c.active_at),
+                at: Some(c.score),
                 ties: c.ties.clone(),
             },
             None => Walk {
@@ -132,6 +165,7 @@ impl Store {
             },
         };
         let mut users: Vec<OnlineUser> = Vec::with_capacity(limit);
+        let mut listed: HashSet<String> = HashSet::new();
         let mut examined = 0;
         let mut exhausted = false;
         while users.len() < limit && examined < budget {
@@ -145,7 +179,7 @@ impl Store {
             let max = walk.at.map_or("+inf".to_string(), |s| s.to_string());
             for b in self.buckets.all() {
                 pipe.cmd("ZRANGE")
-                    .arg(keys::online(b))
+                    .arg(keys::leases(b))
                     .arg(&max)
                     .arg("-inf")
                     .arg("BYSCORE")
@@ -156,29 +190,31 @@ impl Store {
                     .arg("WITHSCORES");
             }
             let reply = self.query(&pipe).await?;
-            let mut candidates: Vec<(i64, String, usize)> = Vec::new();
-            // The highest of the last entries of the buckets that may hold
-            // more: every entry not fetched is below it, so the candidates
-            // down to it are the true head of the merged order.
-            let mut frontier: Option<(i64, String)> = None;
+            let mut candidates: Vec<Entry> = Vec::new();
+            // The first in the walk's order of the last entries of the
+            // buckets that may hold more: every entry not fetched comes
+            // after it, so the candidates down to it are the true head of
+            // the merged order.
+            let mut frontier: Option<(f64, String)> = None;
             for (b, value) in reply.iter().enumerate() {
                 let entries: Vec<(String, f64)> = redis::from_redis_value_ref(value)?;
                 if entries.len() == per {
-                    if let Some((u, s)) = entries.last() {
-                        let last = (*s as i64, u.clone());
-                        if frontier.as_ref().is_none_or(|f| last > *f) {
-                            frontier = Some(last);
+                    if let Some((m, s)) = entries.last() {
+                        if frontier
+                            .as_ref()
+                            .is_none_or(|(fs, fm)| before((*s, m.as_str()), (*fs, fm.as_str())))
+                        {
+                            frontier = Some((*s, m.clone()));
                         }
                     }
                 }
-                candidates.extend(entries.into_iter().map(|(u, s)| (s as i64, u, b)));
+                candidates.extend(entries.into_iter().map(|(m, s)| (s, m, b)));
             }
-            // The buckets' own order: score, then member, descending.
-            candidates.sort_unstable_by(|x, y| (y.0, &y.1).cmp(&(x.0, &x.1)));
+            candidates.sort_unstable_by(|x, y| y.0.total_cmp(&x.0).then_with(|| y.1.cmp(&x.1)));
             let safe = match &frontier {
-                Some((fs, fu)) => candidates
+                Some((fs, fm)) => candidates
                     .iter()
-                    .take_while(|(s, u, _)| (*s, u) >= (*fs, fu))
+                    .take_while(|(s, m, _)| !before((*fs, fm.as_str()), (*s, m.as_str())))
                     .count(),
                 None => candidates.len(),
             };
@@ -190,32 +226,59 @@ impl Store {
             let mut first = true;
             while users.len() < limit && rest.peek().is_some() {
                 let room = limit - users.len();
-                let chunk: Vec<(i64, String, usize)> = if first {
+                let chunk: Vec<Entry> = if first {
                     rest.by_ref().take(room).collect()
                 } else {
                     rest.by_ref().collect()
                 };
                 first = false;
-                let names: Vec<String> = chunk.iter().map(|(_, u, _)| u.clone()).collect();
-                let records = self.records_as(&names, reader, contacts_only).await?;
-                let mut entries = chunk.into_iter().zip(records);
+                let mut names: Vec<&str> = Vec::new();
+                let mut named: HashSet<&str> = HashSet::new();
+                for (score, member, _) in &chunk {
+                    if let Some((user, _)) = keys::parse_lease_member(member) {
+                        if !is_taken(*score) && !listed.contains(user) && named.insert(user) {
+                            names.push(user);
+                        }
+                    }
+                }
+                let read = self
+                    .online_candidates(&names, reader, contacts_only)
+                    .await?;
+                let mut entries = chunk.iter();
                 // Examined one by one, so that a page that fills up stops
                 // the walk right after its last user: what follows is the
                 // next page's.
-                for ((score, _, b), record) in entries.by_ref() {
+                for (score, member, b) in entries.by_ref() {
                     examined += 1;
-                    walk.pass(b, score);
-                    // Entries of users no longer online (the index is
-                    // repaired lazily) and users hidden from this viewer
-                    // are skipped.
-                    if record.devices > 0 {
-                        users.push(OnlineUser {
-                            record,
-                            active_at: score,
-                        });
-                        if users.len() == limit {
-                            break;
-                        }
+                    walk.pass(*b, *score);
+                    let Some((user, device)) = keys::parse_lease_member(member) else {
+                        continue;
+                    };
+                    if is_taken(*score) || listed.contains(user) {
+                        continue;
+                    }
+                    let Some(c) = read.get(user) else { continue };
+                    // Entries of devices no longer counted (the index is
+                    // repaired lazily), entries after the user's first and
+                    // users hidden from this reader are skipped.
+                    let counted = c.devices.iter().any(|(d, _)| d == device);
+                    let first_of_user = c.devices.iter().all(|(d, s)| {
+                        d == device
+                            || s.is_none_or(|s| {
+                                let other = keys::lease_member(user, d);
+                                !before((s, other.as_str()), (*score, member.as_str()))
+                            })
+                    });
+                    if !counted || !first_of_user || c.record.devices == 0 {
+                        continue;
+                    }
+                    listed.insert(user.to_string());
+                    users.push(OnlineUser {
+                        record: c.record.clone(),
+                        active_at: *score as i64 - self.ttl_ms as i64,
+                    });
+                    if users.len() == limit {
+                        break;
                     }
                 }
                 if entries.next().is_some() {
@@ -231,9 +294,9 @@ impl Store {
             }
         }
         let next_cursor = match (exhausted, walk.at) {
-            (false, Some(active_at)) => Some(
+            (false, Some(score)) => Some(
                 Cursor {
-                    active_at,
+                    score,
                     ties: walk.ties,
                 }
                 .encode(),
@@ -241,6 +304,73 @@ impl Store {
             _ => None,
         };
         Ok(OnlinePage { users, next_cursor })
+    }
+
+    /// What the online list needs of `users`, in two round trips at most:
+    /// each user's record as `reader` may see it (`read.lua`, the same
+    /// view as every other read) and its counted devices (the hash's
+    /// fields); then, for the users with more than one, the current score
+    /// of each device's entry in `presence-leases` (`ZMSCORE`).
+    async fn online_candidates(
+        &self,
+        users: &[&str],
+        reader: Reader<'_>,
+        contacts_only: bool,
+    ) -> StoreResult<HashMap<String, Candidate>> {
+        if users.is_empty() {
+            return Ok(HashMap::new());
+        }
+        let viewer = match reader {
+            Reader::Viewer(v) => v,
+            Reader::Service => None,
+        };
+        let mut pipe = redis::pipe();
+        for user in users {
+            self.scripts.read(&mut pipe, user, viewer);
+            pipe.hkeys(keys::status(user));
+        }
+        let reply = self.query(&pipe).await?;
+        if reply.len() != 2 * users.len() {
+            return Err(StoreError::reply(
+                "read",
+                format!("{} replies to {} reads", reply.len(), 2 * users.len()),
+            ));
+        }
+        let mut out = HashMap::with_capacity(users.len());
+        let mut scores = redis::pipe();
+        let mut asked: Vec<&str> = Vec::new();
+        for (user, pair) in users.iter().zip(reply.chunks(2)) {
+            let observed = parse_read(&pair[0], user)?;
+            let fields: Vec<String> = redis::from_redis_value_ref(&pair[1])?;
+            let devices: Vec<(String, Option<f64>)> = fields
+                .iter()
+                .filter_map(|f| keys::parse_device_field(f))
+                .map(|d| (d.to_string(), None))
+                .collect();
+            if devices.len() > 1 {
+                let cmd = scores
+                    .cmd("ZMSCORE")
+                    .arg(keys::leases(self.buckets.of(user)));
+                for (d, _) in &devices {
+                    cmd.arg(keys::lease_member(user, d));
+                }
+                asked.push(user);
+            }
+            let record = super::records::view_as(&observed, reader, contacts_only);
+            out.insert(user.to_string(), Candidate { record, devices });
+        }
+        if !asked.is_empty() {
+            let reply = self.query(&scores).await?;
+            for (user, value) in asked.iter().zip(&reply) {
+                let found: Vec<Option<f64>> = redis::from_redis_value_ref(value)?;
+                if let Some(c) = out.get_mut(*user) {
+                    for ((_, slot), s) in c.devices.iter_mut().zip(found) {
+                        *slot = s.filter(|s| !is_taken(*s));
+                    }
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// Forgets users offline for longer than `retention`: their last seen
@@ -300,15 +430,20 @@ mod tests {
     #[test]
     fn cursor_round_trips_and_refuses_junk() {
         let b = Buckets::new(3).unwrap();
-        let c = Cursor {
-            active_at: 17,
-            ties: vec![0, 2, 1],
-        };
-        assert_eq!(Cursor::decode(&c.encode(), b), Some(c));
-        assert_eq!(Cursor::decode("17~0,2", b), None);
-        assert_eq!(Cursor::decode("x~0,0,0", b), None);
-        assert_eq!(Cursor::decode("17~0,-1,0", b), None);
+        for score in [17.0, 1_732_421_234_567.0, 1_732_421_235_567.5] {
+            let c = Cursor {
+                score,
+                ties: vec![0, 2, 1],
+            };
+            assert_eq!(Cursor::decode(&c.encode(), b), Some(c));
+        }
+        assert_eq!(Cursor::decode("17_0,2", b), None);
+        assert_eq!(Cursor::decode("x_0,0,0", b), None);
+        assert_eq!(Cursor::decode("inf_0,0,0", b), None);
+        assert_eq!(Cursor::decode("17_0,-1,0", b), None);
         assert_eq!(Cursor::decode("nodot", b), None);
+        // A schema-3 cursor (last refresh, not deadline) is refused.
+        assert_eq!(Cursor::decode("17~0,2,1", b), None);
     }
 
     #[test]
@@ -317,11 +452,18 @@ mod tests {
             at: None,
             ties: vec![0; 2],
         };
-        w.pass(0, 10);
-        w.pass(1, 10);
-        w.pass(1, 10);
-        assert_eq!((w.at, w.ties.clone()), (Some(10), vec![1, 2]));
-        w.pass(0, 9);
-        assert_eq!((w.at, w.ties), (Some(9), vec![1, 0]));
+        w.pass(0, 10.0);
+        w.pass(1, 10.0);
+        w.pass(1, 10.0);
+        assert_eq!((w.at, w.ties.clone()), (Some(10.0), vec![1, 2]));
+        w.pass(0, 9.5);
+        assert_eq!((w.at, w.ties), (Some(9.5), vec![1, 0]));
+    }
+
+    #[test]
+    fn the_walk_order_is_score_then_member_descending() {
+        assert!(before((10.0, "a:x"), (9.5, "z:z")));
+        assert!(before((10.0, "b:x"), (10.0, "a:x")));
+        assert!(!before((10.0, "a:x"), (10.0, "a:x")));
     }
 }

@@ -11,7 +11,7 @@
 //! - [`lists`]: the online list and the last-seen retention.
 //! - [`status`]: chosen status, privacy settings and contacts.
 //! - [`passes`]: the node's periodic passes: deadline (timely expiry),
-//!   reconciliation, online-index pruning.
+//!   reconciliation.
 //! - [`setup`]: the deployment's constants, read (or written) at start.
 //!
 //! How the node connects, and what it checks of Redis itself at start, is

@@ -1,8 +1,7 @@
 //! The node's periodic passes over Redis: the deadline pass that makes
 //! expiry timely (per bucket, each under its own short lock, so that the
 //! nodes of a fleet share the buckets and no two run the same one), the
-//! reconciliation that repairs devices and counters after missed events,
-//! and the pruning of stale `presence-online:{b<k>}` entries.
+//! reconciliation that repairs devices and counters after missed events.
 
 use std::time::Duration;
 
@@ -71,15 +70,6 @@ pub struct Reconciliation {
     pub looked_at: usize,
     /// Users repaired.
     pub repaired: usize,
-}
-
-/// What one step of the `presence-online` pruning did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Pruned {
-    /// ZSCAN cursor to continue from; 0 when the pass is over.
-    pub next_cursor: u64,
-    /// Entries dropped.
-    pub dropped: usize,
 }
 
 impl Store {
@@ -308,7 +298,6 @@ impl Store {
         }
         let reply = self.query(&pipe).await?;
         let mut repaired = 0;
-        let mut follow = redis::pipe();
         for (user, value) in users.iter().zip(&reply) {
             let r = match parse_reconciled(&self.report(value, false), user) {
                 Ok(r) => r,
@@ -328,67 +317,11 @@ impl Store {
                 r.new_count,
                 if r.transition { ", transition published" } else { "" }
             );
-            if r.new_count == 0 {
-                follow
-                    .zrem(keys::online(self.buckets.of(user)), *user)
-                    .ignore();
-            }
-        }
-        if !follow.is_empty() {
-            self.query(&follow).await?;
         }
         Ok(Reconciliation {
             next_cursor: next,
             looked_at: users.len(),
             repaired,
-        })
-    }
-
-    /// One step of the scan over `presence-online:{b<k>}` of `bucket` that
-    /// drops users no longer online (an index entry left behind by a crash
-    /// or a race).
-    pub async fn prune_online_step(&self, bucket: u32, cursor: u64) -> StoreResult<Pruned> {
-        let mut conn = self.conn();
-        let index = keys::online(bucket);
-        let (next, flat): (u64, Vec<String>) = redis::cmd("ZSCAN")
-            .arg(&index)
-            .arg(cursor)
-            .arg("COUNT")
-            .arg(RECONCILE_SCAN_COUNT)
-            .query_async(&mut conn)
-            .await?;
-        let entries: Vec<(&String, &String)> = flat
-            .chunks(2)
-            .filter_map(|c| Some((c.first()?, c.get(1)?)))
-            .collect();
-        if entries.is_empty() {
-            return Ok(Pruned {
-                next_cursor: next,
-                dropped: 0,
-            });
-        }
-        let mut pipe = redis::pipe();
-        for (user, _) in &entries {
-            pipe.exists(keys::count(user));
-        }
-        let online: Vec<bool> = pipe.query_async(&mut conn).await?;
-        let mut pipe = redis::pipe();
-        let mut dropped = 0;
-        for ((user, score), online) in entries.iter().zip(online) {
-            if !online {
-                dropped += 1;
-                // A user who came back meanwhile has a newer score and stays.
-                self.scripts
-                    .zrem_if(&mut pipe, &index, user, *score)
-                    .ignore();
-            }
-        }
-        if dropped > 0 {
-            self.query(&pipe).await?;
-        }
-        Ok(Pruned {
-            next_cursor: next,
-            dropped,
         })
     }
 }

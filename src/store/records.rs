@@ -49,6 +49,16 @@ pub struct DeviceInfo {
     pub expires_in_ms: Option<i64>,
 }
 
+/// What `reader` may see of one user read for it: a viewer's view, or for
+/// the service the truth (the user as it sees itself).
+pub(super) fn view_as(o: &Observed, reader: Reader<'_>, contacts_only: bool) -> Record {
+    let relation = match reader {
+        Reader::Viewer(v) => o.relation(v, contacts_only),
+        Reader::Service => Relation::Owner,
+    };
+    view(&o.presence, relation)
+}
+
 impl Store {
     /// The true presence of `users`, in order, each with its transition
     /// sequence number (for dropping events a snapshot already reflects)
@@ -107,13 +117,7 @@ impl Store {
             .presences(users, viewer)
             .await?
             .iter()
-            .map(|o| {
-                let relation = match reader {
-                    Reader::Viewer(v) => o.relation(v, contacts_only),
-                    Reader::Service => Relation::Owner,
-                };
-                view(&o.presence, relation)
-            })
+            .map(|o| view_as(o, reader, contacts_only))
             .collect())
     }
 

@@ -65,6 +65,7 @@ pub(super) struct Scripts {
     lock_keep: Script,
     forget_offline: Script,
     migrate_devices: Script,
+    fold_active: Script,
 }
 
 /// Adds an EVALSHA of `script` to `pipe`; the caller chains the arguments.
@@ -112,12 +113,13 @@ impl Scripts {
             lock_keep: Script::new(include_str!("../lua/lock_keep.lua")),
             forget_offline: Script::new(include_str!("../lua/forget_offline.lua")),
             migrate_devices: Script::new(include_str!("../lua/migrate_devices.lua")),
+            fold_active: Script::new(include_str!("../lua/fold_active.lua")),
         };
         super::conn::name_scripts(scripts.named());
         scripts
     }
 
-    fn named(&self) -> [(&Script, &'static str); 10] {
+    fn named(&self) -> [(&Script, &'static str); 11] {
         [
             (&self.arrive, "arrive"),
             (&self.depart, "depart"),
@@ -129,6 +131,7 @@ impl Scripts {
             (&self.lock_keep, "lock_keep"),
             (&self.forget_offline, "forget_offline"),
             (&self.migrate_devices, "migrate_devices"),
+            (&self.fold_active, "fold_active"),
         ]
     }
 
@@ -301,8 +304,14 @@ impl Scripts {
         )
     }
 
-    /// `forget_offline.lua`: forgets an offline user's last seen, text and
-    /// activity; the reply is the number of fields removed.
+    /// `fold_active.lua`: folds a schema-3 hash's `active` into `seq`; the
+    /// reply is 1 when the hash had `active`.
+    pub(super) fn fold_active<'p>(&self, pipe: &'p mut Pipeline, user: &str) -> &'p mut Pipeline {
+        eval(pipe, &self.fold_active, &[&keys::status(user)])
+    }
+
+    /// `forget_offline.lua`: forgets an offline user's last seen and text;
+    /// the reply is the number of fields removed.
     pub(super) fn forget_offline<'p>(
         &self,
         pipe: &'p mut Pipeline,

@@ -7,7 +7,9 @@ impl super::Store {
     /// defaults on the first start of a deployment, and brings an older
     /// deployment's keys to this schema: the unbucketed indexes of schema 1
     /// into their buckets, the device sets of schemas 1 and 2 into the
-    /// users' hashes. Returns this store with the deployment's buckets.
+    /// users' hashes; the online index of schemas 1 to 3 is deleted (the
+    /// deadlines list who is online). Returns this store with the
+    /// deployment's buckets.
     ///
     /// Nodes of an older version must be stopped first: they would go on
     /// writing the old keys (and one started afterwards refuses to run on
@@ -47,7 +49,11 @@ impl super::Store {
                 if old.is_none_or(|v| v < 2) {
                     store.move_v1_indexes().await?;
                 }
-                store.move_v2_device_sets().await?;
+                if old.is_none_or(|v| v < 3) {
+                    store.move_v2_device_sets().await?;
+                }
+                store.drop_v3_online_index().await?;
+                store.fold_v3_active().await?;
                 redis::cmd("HSET")
                     .arg(keys::META)
                     .arg("schema")
@@ -57,6 +63,65 @@ impl super::Store {
             }
         }
         Ok(store)
+    }
+
+    /// Deletes the online index of schemas 1 to 3 (`presence-online`, and
+    /// its buckets `presence-online:{b<k>}`): since schema 4 the online
+    /// list reads `presence-leases:{b<k>}`, which holds the same users.
+    /// Idempotent, and safe to run on several nodes at once.
+    async fn drop_v3_online_index(&self) -> super::StoreResult<()> {
+        use crate::keys;
+        let mut pipe = redis::pipe();
+        pipe.del(keys::V1_ONLINE);
+        for bucket in self.buckets.all() {
+            pipe.del(keys::v3_online(bucket));
+        }
+        let deleted: Vec<i64> = pipe.query_async(&mut self.conn()).await?;
+        let deleted: i64 = deleted.iter().sum();
+        if deleted > 0 {
+            log::info!("deleted {deleted} keys of the online index of schema 3 (schema 4 lists who is online from presence-leases)");
+        }
+        Ok(())
+    }
+
+    /// Folds every user's schema-3 `active` field (its last refresh) into
+    /// `seq` (`fold_active.lua`, one user at a time and atomically), on
+    /// every data node: since schema 4, `seq` is raised to every refresh
+    /// and dates the user's last activity. Safe to run on several nodes at
+    /// once.
+    async fn fold_v3_active(&self) -> super::StoreResult<()> {
+        use crate::keys;
+        let mut folded = 0i64;
+        for node in self.data_nodes().await? {
+            let mut cursor = 0u64;
+            loop {
+                let mut scan = redis::cmd("SCAN");
+                scan.arg(cursor)
+                    .arg("MATCH")
+                    .arg(keys::STATUS_PATTERN)
+                    .arg("COUNT")
+                    .arg(1000);
+                let (next, found): (u64, Vec<String>) =
+                    redis::from_redis_value(self.conn.query_on(&node, &scan).await?)?;
+                let mut pipe = redis::pipe();
+                for user in found.iter().filter_map(|k| keys::parse_status(k)) {
+                    self.scripts.fold_active(&mut pipe, user);
+                }
+                if !pipe.is_empty() {
+                    for n in self.query(&pipe).await? {
+                        folded += redis::from_redis_value_ref::<i64>(&n)?;
+                    }
+                }
+                cursor = next;
+                if cursor == 0 {
+                    break;
+                }
+            }
+        }
+        if folded > 0 {
+            log::info!("folded the last refresh of {folded} users into their seq (schema 4)");
+        }
+        Ok(())
     }
 
     /// Moves every schema-2 device set (`presence-devices:{<user>}`) into
@@ -100,10 +165,10 @@ impl super::Store {
         Ok(())
     }
 
-    /// Moves every entry of the schema-1 indexes (`presence-online`,
-    /// `presence-lastseen`, `presence-leases`, one key each) into the
-    /// buckets, keeping the newer score where both have one, then deletes
-    /// them. Safe to run on several nodes at once.
+    /// Moves every entry of the schema-1 indexes (`presence-lastseen`,
+    /// `presence-leases`, one key each) into the buckets, keeping the newer
+    /// score where both have one, then deletes them. Safe to run on several
+    /// nodes at once.
     async fn move_v1_indexes(&self) -> super::StoreResult<()> {
         use crate::keys;
         let mut conn = self.conn();
@@ -128,7 +193,6 @@ impl super::Store {
                     let Some(user) = user else { continue };
                     let bucket = self.buckets.of(user);
                     let key = match old {
-                        "presence-online" => keys::online(bucket),
                         "presence-lastseen" => keys::last_seen(bucket),
                         _ => keys::leases(bucket),
                     };

@@ -37,7 +37,7 @@ pub async fn run(common: &Common, args: &OnlineArgs) -> anyhow::Result<()> {
     let mut redis = setup.redis_conn().await?;
     eprintln!("online: writing {} hidden online users", args.online);
     crate::fixture::live_leases(&mut redis, "on", args.online, "elsewhere 1 0", false).await?;
-    crate::fixture::online_index(&mut redis, "on", args.online, Some("contacts")).await?;
+    crate::fixture::staggered_deadlines(&mut redis, "on", args.online, Some("contacts")).await?;
     setup.start_nodes(common, 1, None)?;
     let base = format!("http://{}/api/online", setup.nodes[0].addr);
     let http = reqwest::Client::builder().timeout(GIVE_UP).build()?;

@@ -8,10 +8,10 @@
 //! a Redis doing nothing else), the node, then the floor.
 //! The node batches the refreshes of all its sessions: one pipeline of
 //! `arrive.lua` calls (EVALSHA, one per refresh), then one multi-member
-//! `ZADD presence-leases:{b<k>} GT d1 m1 d2 m2 ...` and one `ZADD presence-online:{b<k>}
-//! GT ...` for the batch. The ceiling sends exactly that for devices written
-//! the same way: `--pipeline` EVALSHAs followed by the two ZADDs of as many
-//! members, from a few connections. Refreshes through the node are the
+//! `ZADD presence-leases:{b<k>} GT d1 m1 d2 m2 ...` per bucket for the batch.
+//! The ceiling sends exactly that for devices written the same way:
+//! `--pipeline` EVALSHAs followed by the ZADDs of as many members, from a
+//! few connections. Refreshes through the node are the
 //! node's own count of what it sent (`presence_refresh_batch_size` in its
 //! /metrics, which also gives the mean batch size); Redis's EVALSHA count
 //! over the same window is printed beside it as a check, an upper bound
@@ -287,10 +287,9 @@ async fn ceiling(
                 let now = crate::now_ms();
                 let deadline = now + CEILING_TTL_MS as i64;
                 let mut pipe = redis::pipe();
-                // Per bucket, one ZADD of deadlines and one of users, as
-                // the node writes them.
-                let mut indexes: std::collections::BTreeMap<u32, (redis::Cmd, redis::Cmd)> =
-                    Default::default();
+                // Per bucket, one ZADD of deadlines, as the node writes
+                // them.
+                let mut indexes: std::collections::BTreeMap<u32, redis::Cmd> = Default::default();
                 for _ in 0..per {
                     let user = format!("x{}", i % devices);
                     i += 1;
@@ -318,23 +317,17 @@ async fn ceiling(
                         .arg("")
                         .ignore();
                     let bucket = crate::fixture::bucket_of(&user, crate::fixture::BUCKETS);
-                    let (leases, online) = indexes.entry(bucket).or_insert_with(|| {
+                    let leases = indexes.entry(bucket).or_insert_with(|| {
                         let mut leases = redis::cmd("ZADD");
                         leases
                             .arg(format!("presence-leases:{{b{bucket:02}}}"))
                             .arg("GT");
-                        let mut online = redis::cmd("ZADD");
-                        online
-                            .arg(format!("presence-online:{{b{bucket:02}}}"))
-                            .arg("GT");
-                        (leases, online)
+                        leases
                     });
                     leases.arg(deadline).arg(format!("{user}:d"));
-                    online.arg(now).arg(&user);
                 }
-                for (leases, online) in indexes.into_values() {
+                for leases in indexes.into_values() {
                     pipe.add_command(leases).ignore();
-                    pipe.add_command(online).ignore();
                 }
                 pipe.query_async::<()>(&mut conn).await?;
                 done.fetch_add(per as u64, Ordering::Relaxed);
