@@ -161,6 +161,12 @@ struct Liveness {
     /// A ping is out: the next pong answers it and is free; any other pong
     /// counts against the frame rate like any frame.
     awaiting_pong: bool,
+    /// The client sent a frame of its own (anything but the pong answering
+    /// our ping) since the last heartbeat tick.
+    spoke: bool,
+    /// The last heartbeat tick sent no ping, the client having spoken. The
+    /// next tick pings whatever the client did.
+    skipped_ping: bool,
 }
 
 /// The users this client watches.
@@ -361,6 +367,8 @@ impl Session {
                 last_activity: now,
                 alive: Arc::new(AtomicI64::new(now_ms())),
                 awaiting_pong: false,
+                spoke: false,
+                skipped_ping: false,
             },
             watches: Watches::default(),
             requests: Requests::default(),
@@ -387,9 +395,11 @@ impl Session {
         ctx.text(frame.into());
     }
 
-    /// Takes a token for one client frame. Returns false when the frame is
-    /// to be refused; a sustained flood closes the session with 1008.
+    /// Takes a token for one client frame (and notes that the client spoke).
+    /// Returns false when the frame is to be refused; a sustained flood
+    /// closes the session with 1008.
     fn admit(&mut self, ctx: &mut ws::WebsocketContext<Self>) -> bool {
+        self.liveness.spoke = true;
         let rate = self.node.config.max_frames_per_sec;
         match self.limiter.take(rate, Instant::now()) {
             Admission::Admitted => return true,
@@ -416,7 +426,8 @@ impl Session {
         false
     }
 
-    /// Pings the client every heartbeat; stops a client that went silent.
+    /// Pings the client every heartbeat (every other one while the client
+    /// sends frames of its own); stops a client that went silent.
     /// After a freeze of the node (its clock jumped), the client gets a
     /// fresh timeout: the silence was the node's, not the client's.
     fn hb(&self, ctx: &mut ws::WebsocketContext<Self>) {
@@ -441,6 +452,20 @@ impl Session {
                 ctx.stop();
                 return;
             }
+            // A client that sent frames of its own since the last tick is
+            // alive without a ping, and its frames refresh the lease: the
+            // ping and its pong would cost a write and a read for nothing.
+            // (The pong answering our ping does not count: a quiet client
+            // is pinged every heartbeat, as before.) Every other tick pings
+            // anyway, so that the node writes at least every two
+            // heartbeats: a proxy in between (nginx's proxy_read_timeout)
+            // cuts a connection its upstream left silent.
+            let spoke = std::mem::take(&mut act.liveness.spoke);
+            if spoke && !act.liveness.skipped_ping {
+                act.liveness.skipped_ping = true;
+                return;
+            }
+            act.liveness.skipped_ping = false;
             ctx.ping(b"");
             act.liveness.awaiting_pong = true;
         });

@@ -715,3 +715,45 @@ async fn answering_pings_stays_free() {
         sent * 2
     );
 }
+
+/// Counts the server's pings to a raw client over `heartbeats` heartbeats,
+/// answering each; `chatty` clients also send a heartbeat frame every
+/// fifth of a heartbeat. Panics if the connection ends.
+async fn pings_over(node: &Node, user: &str, heartbeats: u32, chatty: bool) -> u32 {
+    let mut c = Raw::hello(node, user, "d").await;
+    let hb = Duration::from_millis(HEARTBEAT_MS);
+    let end = Instant::now() + hb * heartbeats;
+    let mut pings = 0;
+    let heartbeat = raw::frame(true, TEXT, br#"{"type":"heartbeat"}"#);
+    while Instant::now() < end {
+        let wait = (hb / 5).min(end.saturating_duration_since(Instant::now()));
+        match c.reader.next(wait).await {
+            Read::Frame(f) if f.opcode == PING => {
+                pings += 1;
+                c.send(&raw::frame(true, PONG, &f.payload)).await;
+            }
+            Read::Frame(_) => {}
+            Read::Timeout if chatty => c.send(&heartbeat).await,
+            Read::Timeout => {}
+            Read::Eof => panic!("{user}: the node closed the connection"),
+        }
+    }
+    pings
+}
+
+/// A client that sends frames of its own is pinged every other heartbeat
+/// (a ping would only prove what its frames prove, but the node still
+/// writes often enough for a proxy's read timeout); a quiet one is pinged
+/// every heartbeat. Both stay connected.
+#[tokio::test]
+async fn a_client_that_speaks_is_pinged_half_as_often() {
+    let redis = Redis::start();
+    let node = Node::start(&redis, "n1");
+    let (quiet, chatty) = tokio::join!(
+        pings_over(&node, "quiet", 10, false),
+        pings_over(&node, "chatty", 10, true)
+    );
+    println!("over 10 heartbeats: {quiet} pings to the quiet client, {chatty} to the chatty one");
+    assert!((9..=11).contains(&quiet), "quiet client: {quiet} pings");
+    assert!((4..=6).contains(&chatty), "chatty client: {chatty} pings");
+}

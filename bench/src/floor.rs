@@ -27,35 +27,14 @@ pub struct FloorServer {
 impl FloorServer {
     /// Starts it on 127.0.0.1, accepting on a runtime of its own.
     pub fn start() -> anyhow::Result<Self> {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
-        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-        listener.set_nonblocking(true)?;
-        let addr = listener.local_addr()?;
         let sockets = Arc::new(Mutex::new(Vec::new()));
-        let (stop, stopped) = tokio::sync::oneshot::channel();
         let kept = sockets.clone();
-        let thread = std::thread::spawn(move || {
-            rt.block_on(async move {
-                let Ok(listener) = tokio::net::TcpListener::from_std(listener) else {
-                    return;
-                };
-                let accept = async {
-                    loop {
-                        let Ok((tcp, _)) = listener.accept().await else {
-                            continue;
-                        };
-                        let _ = tcp.set_nodelay(true);
-                        tokio::spawn(handshake(tcp, kept.clone()));
-                    }
-                };
-                tokio::select! {
-                    _ = accept => {}
-                    _ = stopped => {}
-                }
-            });
-        });
+        let (addr, stop, thread) = Acceptor::start(move |_, std: std::net::TcpStream| {
+            // Blocking writes: a round must reach every watcher.
+            if std.set_nonblocking(false).is_ok() {
+                kept.lock().unwrap().push(std);
+            }
+        })?;
         Ok(Self {
             addr,
             sockets,
@@ -109,22 +88,164 @@ impl Drop for FloorServer {
     }
 }
 
-/// The WebSocket handshake and `hello`, then the raw socket is kept.
-async fn handshake(tcp: tokio::net::TcpStream, kept: Arc<Mutex<Vec<std::net::TcpStream>>>) {
+/// The refresh floor: a bare WebSocket server that, after the handshake
+/// and `hello`, only reads. Its connections are spread over two threads
+/// (like the node's two workers), each a single-threaded runtime where every
+/// connection is a task reading whatever arrives into a buffer of its own:
+/// one readiness event, one task wakeup and one `recv` per frame, and nothing
+/// else. What a received frame costs it is what any server pays on this box
+/// before it does anything with the frame; `refresh` measures it in the
+/// same run as the node.
+pub struct ReadFloor {
+    /// Where it listens.
+    pub addr: SocketAddr,
+    /// Bytes read from every connection so far.
+    bytes: Arc<std::sync::atomic::AtomicU64>,
+    /// The reading threads' ids, for their CPU time.
+    tids: Arc<Mutex<Vec<i32>>>,
+    /// Ends the accept loop; the reading threads end with it.
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl ReadFloor {
+    /// Reading threads, as the node's HTTP workers on this box.
+    const THREADS: usize = 2;
+
+    /// Starts it on 127.0.0.1.
+    pub fn start() -> anyhow::Result<Self> {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        let bytes = Arc::new(AtomicU64::new(0));
+        let tids = Arc::new(Mutex::new(Vec::new()));
+        let mut threads = Vec::new();
+        let mut readers = Vec::new();
+        for _ in 0..Self::THREADS {
+            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<std::net::TcpStream>();
+            readers.push(tx);
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            let (bytes, tids) = (bytes.clone(), tids.clone());
+            threads.push(std::thread::spawn(move || {
+                // SAFETY: gettid has no preconditions.
+                tids.lock().unwrap().push(unsafe { libc::gettid() });
+                rt.block_on(async move {
+                    while let Some(std) = rx.recv().await {
+                        let Ok(mut tcp) = tokio::net::TcpStream::from_std(std) else {
+                            continue;
+                        };
+                        let bytes = bytes.clone();
+                        tokio::spawn(async move {
+                            use tokio::io::AsyncReadExt;
+                            let mut buf = [0u8; 2048];
+                            while let Ok(n @ 1..) = tcp.read(&mut buf).await {
+                                bytes.fetch_add(n as u64, Ordering::Relaxed);
+                            }
+                        });
+                    }
+                });
+            }));
+        }
+        // The senders live in the acceptor: once it ends, so do the
+        // reading threads, and their runtimes drop the connections.
+        let (addr, stop, accept) = Acceptor::start(move |i, std| {
+            let _ = readers[i % readers.len()].send(std);
+        })?;
+        threads.push(accept);
+        Ok(Self {
+            addr,
+            bytes,
+            tids,
+            stop: Some(stop),
+            threads,
+        })
+    }
+
+    /// Bytes read so far.
+    pub fn bytes(&self) -> u64 {
+        self.bytes.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// CPU time (user + system) the reading threads have used, in µs.
+    pub fn cpu_us(&self) -> u64 {
+        let tids = self.tids.lock().unwrap();
+        tids.iter()
+            .filter_map(|&t| crate::procs::thread_cpu_us(t))
+            .sum()
+    }
+}
+
+impl Drop for ReadFloor {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        // The reading threads end once the accept thread has dropped their
+        // senders; their runtimes drop the connections.
+        for t in self.threads.drain(..).rev() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The accepting half of both floors: a thread with a runtime of its own
+/// that makes the WebSocket handshake and sends `hello` on each connection,
+/// then hands the raw socket (non-blocking) and its number to `kept`.
+struct Acceptor;
+
+impl Acceptor {
+    /// Starts it on 127.0.0.1. Returns the address, the sender that stops
+    /// it, and its thread.
+    fn start(
+        kept: impl Fn(usize, std::net::TcpStream) + Send + Sync + 'static,
+    ) -> anyhow::Result<(
+        SocketAddr,
+        tokio::sync::oneshot::Sender<()>,
+        std::thread::JoinHandle<()>,
+    )> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        listener.set_nonblocking(true)?;
+        let addr = listener.local_addr()?;
+        let (stop, stopped) = tokio::sync::oneshot::channel();
+        let kept = Arc::new(kept);
+        let thread = std::thread::spawn(move || {
+            rt.block_on(async move {
+                let Ok(listener) = tokio::net::TcpListener::from_std(listener) else {
+                    return;
+                };
+                let accept = async {
+                    for i in 0.. {
+                        let Ok((tcp, _)) = listener.accept().await else {
+                            continue;
+                        };
+                        let _ = tcp.set_nodelay(true);
+                        let kept = kept.clone();
+                        tokio::spawn(async move {
+                            if let Some(std) = hello(tcp).await {
+                                kept(i, std);
+                            }
+                        });
+                    }
+                };
+                tokio::select! {
+                    _ = accept => {}
+                    _ = stopped => {}
+                }
+            });
+        });
+        Ok((addr, stop, thread))
+    }
+}
+
+/// The handshake and `hello`; the raw socket.
+async fn hello(tcp: tokio::net::TcpStream) -> Option<std::net::TcpStream> {
     use futures_util::SinkExt;
-    let Ok(mut ws) = tokio_tungstenite::accept_async(tcp).await else {
-        return;
-    };
-    if ws.send(Message::text(r#"{"type":"hello"}"#)).await.is_err() {
-        return;
-    }
-    let Ok(std) = ws.into_inner().into_std() else {
-        return;
-    };
-    // Blocking writes: a round must reach every watcher.
-    if std.set_nonblocking(false).is_ok() {
-        kept.lock().unwrap().push(std);
-    }
+    let mut ws = tokio_tungstenite::accept_async(tcp).await.ok()?;
+    ws.send(Message::text(r#"{"type":"hello"}"#)).await.ok()?;
+    ws.into_inner().into_std().ok()
 }
 
 /// CPU time (user + system) of the calling thread so far, in µs.

@@ -444,7 +444,17 @@ pub fn rss_bytes(pid: u32) -> Option<u64> {
 /// CPU time (user + system) a process has used so far, in µs: a cost per
 /// operation that, unlike latency, other load on a shared box barely moves.
 pub fn cpu_us(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat_cpu_us(&format!("/proc/{pid}/stat"))
+}
+
+/// CPU time (user + system) one thread of this process has used, in µs.
+pub fn thread_cpu_us(tid: i32) -> Option<u64> {
+    stat_cpu_us(&format!("/proc/self/task/{tid}/stat"))
+}
+
+/// CPU time (user + system) from a `/proc/.../stat` file, in µs.
+fn stat_cpu_us(path: &str) -> Option<u64> {
+    let stat = std::fs::read_to_string(path).ok()?;
     // Fields after the command name, which may hold spaces: ") S ppid ...".
     let rest = &stat[stat.rfind(')')? + 2..];
     let fields: Vec<&str> = rest.split_whitespace().collect();

@@ -1,7 +1,11 @@
 //! `refresh`: how many lease refreshes per second a node gets into Redis,
 //! against the ceiling of the same Redis commands sent straight to Redis
-//! pipelined, in the same run.
+//! pipelined, in the same run; and what the node's CPU per received frame
+//! is against a floor of the same run, a bare server that only reads the
+//! same frames ([`ReadFloor`]).
 //!
+//! Phases, one after another: the ceiling (before any device connects, on
+//! a Redis doing nothing else), the node, then the floor.
 //! The node batches the refreshes of all its sessions: one pipeline of
 //! `arrive.lua` calls (EVALSHA, one per refresh), then one multi-member
 //! `ZADD presence-leases:{b<k>} GT d1 m1 d2 m2 ...` and one `ZADD presence-online:{b<k>}
@@ -29,15 +33,20 @@ use clap::Args;
 use futures_util::{SinkExt, StreamExt};
 use serde_json::json;
 use tokio::sync::Semaphore;
+use tokio::task::JoinHandle;
 use tokio_tungstenite::tungstenite::Message;
 
+use crate::floor::ReadFloor;
 use crate::report::Report;
 use crate::{client, procs, redis_calls, Common, Setup};
 
 /// The node's script, sent by the ceiling exactly as the node sends it.
 const ARRIVE_LUA: &str = include_str!("../../../src/lua/arrive.lua");
-/// Lease TTL the ceiling writes (the node's own TTL is 3 heartbeats).
-const CEILING_TTL_MS: u64 = 900;
+/// Lease TTL the ceiling writes: long enough that none of its leases
+/// lapses while the node is measured after it (their departures would
+/// share Redis with the node's refreshes). Redis's cost is the same for
+/// any TTL.
+const CEILING_TTL_MS: u64 = 120_000;
 
 /// Flags of `refresh`.
 #[derive(Args, Debug)]
@@ -62,6 +71,15 @@ pub struct RefreshArgs {
     pub pipeline: usize,
 }
 
+/// Most devices the floor runs with: the bench holds both ends of each of
+/// its connections, two descriptors per device.
+const FLOOR_DEVICES: usize = 9_000;
+
+/// Bytes of one masked client text frame carrying `text` (under 126 bytes).
+fn client_frame_len(text: &str) -> u64 {
+    (2 + 4 + text.len()) as u64
+}
+
 /// WebSocket handshakes in flight at once.
 const CONNECT_CONCURRENCY: usize = 200;
 
@@ -80,73 +98,20 @@ pub async fn run(common: &Common, args: &RefreshArgs) -> anyhow::Result<()> {
     let mut redis = setup.redis_conn().await?;
     let secs = Duration::from_secs(args.secs.max(1));
 
-    // Phase 1: through the node.
+    // Phase 1: the ceiling, straight to Redis, while the node is idle.
+    let ceiling = ceiling(&setup, &mut redis, args, secs).await?;
+    report.figure(
+        "ceiling_direct_to_redis",
+        ceiling,
+        "refresh/s",
+        json!({"connections": args.direct_conns, "pipeline": args.pipeline}),
+    );
+
+    // Phase 2: through the node.
     eprintln!("refresh: connecting {} devices", args.devices);
-    let users: Vec<String> = (0..args.devices).map(|i| format!("r{i}")).collect();
-    let stop = Arc::new(AtomicBool::new(false));
-    let sent = Arc::new(AtomicU64::new(0));
-    let connected = Arc::new(AtomicUsize::new(0));
-    let handshakes = Arc::new(Semaphore::new(CONNECT_CONCURRENCY));
-    let mut tasks = Vec::with_capacity(users.len());
-    // Why the first device that lost its connection lost it.
-    let why_closed: Arc<std::sync::Mutex<Option<String>>> = Arc::default();
-    let frame = json!({"type": "heartbeat"}).to_string();
     let send_interval_ms = args.send_interval_ms.unwrap_or(hb_ms / 3 + 10);
     let interval = Duration::from_millis(send_interval_ms);
-    // Each device reads and sends from the moment it is connected: one that
-    // waited, silent, for the others would be cut off by a node with a short
-    // heartbeat (three heartbeats of silence) before the run began.
-    for user in users {
-        let permit = handshakes.clone().acquire_owned().await?;
-        let (sources, why) = (setup.sources.clone(), why_closed.clone());
-        let (stop, sent, connected, frame) =
-            (stop.clone(), sent.clone(), connected.clone(), frame.clone());
-        tasks.push(tokio::spawn(async move {
-            let ws = client::connect(node, sources.next(), &user, "d").await;
-            if ws.is_ok() {
-                connected.fetch_add(1, Ordering::Relaxed);
-            }
-            drop(permit);
-            let (mut sink, mut stream) = ws?.split();
-            // Reads all the time: answers pings, and notices a close.
-            let reader = tokio::spawn(async move {
-                let reason = loop {
-                    match stream.next().await {
-                        Some(Ok(Message::Close(f))) => break format!("closed by the node: {f:?}"),
-                        Some(Ok(_)) => {}
-                        Some(Err(e)) => break format!("error: {e}"),
-                        None => break "dropped".to_string(),
-                    }
-                };
-                why.lock().unwrap().get_or_insert(reason);
-            });
-            while !stop.load(Ordering::Relaxed) {
-                if sink
-                    .send(Message::Text(frame.as_str().into()))
-                    .await
-                    .is_err()
-                {
-                    return anyhow::Ok((reader, false));
-                }
-                sent.fetch_add(1, Ordering::Relaxed);
-                if interval.is_zero() {
-                    tokio::task::yield_now().await;
-                } else {
-                    tokio::time::sleep(interval).await;
-                }
-            }
-            Ok((reader, true))
-        }));
-    }
-    // Every handshake has ended once all permits are back.
-    let _all = handshakes.acquire_many(CONNECT_CONCURRENCY as u32).await?;
-    if connected.load(Ordering::Relaxed) < args.devices {
-        stop.store(true, Ordering::Relaxed);
-        for t in tasks {
-            t.await??;
-        }
-        anyhow::bail!("a device could not connect");
-    }
+    let devices = Devices::connect(node, &setup, "r", args.devices, interval).await?;
     // Let the first round of refreshes settle, then count.
     tokio::time::sleep(Duration::from_millis(hb_ms)).await;
     eprintln!(
@@ -163,13 +128,13 @@ pub async fn run(common: &Common, args: &RefreshArgs) -> anyhow::Result<()> {
     );
     let (calls0, sent0, t0) = (
         redis_calls(&mut redis, "evalsha").await?,
-        sent.load(Ordering::Relaxed),
+        devices.sent(),
         Instant::now(),
     );
     tokio::time::sleep(secs).await;
     let (calls1, sent1, took) = (
         redis_calls(&mut redis, "evalsha").await?,
-        sent.load(Ordering::Relaxed),
+        devices.sent(),
         t0.elapsed(),
     );
     let (refreshed1, batches1) = (
@@ -177,15 +142,7 @@ pub async fn run(common: &Common, args: &RefreshArgs) -> anyhow::Result<()> {
         procs::node_metric(node, "presence_refresh_batch_size_count").await?,
     );
     let cpu1 = pid.and_then(procs::cpu_us);
-    stop.store(true, Ordering::Relaxed);
-    let mut still_open = 0;
-    for t in tasks {
-        let (reader, ok) = t.await??;
-        if ok && !reader.is_finished() {
-            still_open += 1;
-        }
-        reader.abort();
-    }
+    let (still_open, why_closed) = devices.finish().await?;
     anyhow::ensure!(
         calls1 >= calls0,
         "EVALSHA calls went down ({calls0} -> {calls1}): was Redis restarted or its stats reset?"
@@ -221,6 +178,20 @@ pub async fn run(common: &Common, args: &RefreshArgs) -> anyhow::Result<()> {
                    "target_max": 8}),
         );
     }
+    // Every frame the node reads costs it at least what a bare server pays
+    // for one: the floor, from the same devices, in the same run.
+    let node_per_frame = match (cpu0, cpu1) {
+        (Some(a), Some(b)) => Some((b - a) as f64 / (sent1 - sent0).max(1) as f64),
+        _ => None,
+    };
+    if let Some(per_frame) = node_per_frame {
+        report.figure(
+            "node_cpu_per_frame",
+            per_frame,
+            "us",
+            json!({"frames": "the devices' heartbeat frames over the window"}),
+        );
+    }
     let batches = (batches1 - batches0).max(0.0);
     report.figure(
         "node_refresh_batch_mean",
@@ -235,15 +206,73 @@ pub async fn run(common: &Common, args: &RefreshArgs) -> anyhow::Result<()> {
         json!({"why": "one refresh per session per heartbeat/3"}),
     );
 
-    // Phase 2: the ceiling, straight to Redis.
+    report.figure(
+        "ratio_node_to_ceiling",
+        through_node / ceiling,
+        "ratio",
+        json!({"target_min": 0.6, "bound_ratio": bound / ceiling,
+               "through_node": through_node, "ceiling": ceiling}),
+    );
+    // The floor: the same kind of devices sending to a bare server that
+    // only reads. The node's devices are closed: the floor may use their
+    // descriptors (the bench holds both ends of each floor connection).
+    let floor_devices = args.devices.min(FLOOR_DEVICES);
+    eprintln!("refresh: floor, {floor_devices} devices sending to a bare server that only reads");
+    let floor = ReadFloor::start()?;
+    let devices = Devices::connect(floor.addr, &setup, "f", floor_devices, interval).await?;
+    tokio::time::sleep(Duration::from_millis(hb_ms)).await;
+    let (cpu0, bytes0, t0) = (floor.cpu_us(), floor.bytes(), Instant::now());
+    tokio::time::sleep(secs).await;
+    let (cpu1, bytes1, took) = (floor.cpu_us(), floor.bytes(), t0.elapsed());
+    devices.finish().await?;
+    drop(floor);
+    let frames = (bytes1 - bytes0) / client_frame_len(&json!({"type": "heartbeat"}).to_string());
+    let floor_per_frame = (cpu1 - cpu0) as f64 / frames.max(1) as f64;
+    report.figure(
+        "floor_cpu_per_frame",
+        floor_per_frame,
+        "us",
+        json!({"devices": floor_devices, "frames_per_s": frames as f64 / took.as_secs_f64(),
+               "what": "a bare server on 2 threads reading the same heartbeat frames",
+               "compare": "node_cpu_per_frame"}),
+    );
+    if let Some(per_frame) = node_per_frame {
+        report.figure(
+            "node_cpu_per_frame_over_floor",
+            per_frame / floor_per_frame.max(0.001),
+            "ratio",
+            json!({}),
+        );
+    }
+    report.print_table();
+    anyhow::ensure!(
+        still_open == args.devices,
+        "only {still_open} of {} devices stayed connected; the first: {}",
+        args.devices,
+        why_closed.lock().unwrap().as_deref().unwrap_or("?")
+    );
+    Ok(())
+}
+
+/// The ceiling: the node's refresh commands sent straight to Redis,
+/// pipelined, from a few connections, for `secs`; refreshes per second.
+/// Measured before the devices connect, on a Redis that does nothing else
+/// (measured after them, it shared Redis with their 10,000 departures).
+async fn ceiling(
+    setup: &Setup,
+    redis: &mut redis::aio::MultiplexedConnection,
+    args: &RefreshArgs,
+    secs: Duration,
+) -> anyhow::Result<f64> {
+    eprintln!("refresh: ceiling, straight to Redis");
     eprintln!("refresh: ceiling, straight to Redis");
     let sha: String = redis::cmd("SCRIPT")
         .arg("LOAD")
         .arg(ARRIVE_LUA)
-        .query_async(&mut redis)
+        .query_async(redis)
         .await?;
     let owner = "bench 1 0";
-    crate::fixture::live_leases(&mut redis, "x", args.devices, owner, false).await?;
+    crate::fixture::live_leases(redis, "x", args.devices, owner, false).await?;
     let done = Arc::new(AtomicU64::new(0));
     let deadline = Instant::now() + secs;
     let mut workers = Vec::new();
@@ -317,26 +346,122 @@ pub async fn run(common: &Common, args: &RefreshArgs) -> anyhow::Result<()> {
     for w in workers {
         w.await??;
     }
-    let ceiling = done.load(Ordering::Relaxed) as f64 / t0.elapsed().as_secs_f64();
-    report.figure(
-        "ceiling_direct_to_redis",
-        ceiling,
-        "refresh/s",
-        json!({"connections": args.direct_conns, "pipeline": per}),
-    );
-    report.figure(
-        "ratio_node_to_ceiling",
-        through_node / ceiling,
-        "ratio",
-        json!({"target_min": 0.6, "bound_ratio": bound / ceiling,
-               "through_node": through_node, "ceiling": ceiling}),
-    );
-    report.print_table();
-    anyhow::ensure!(
-        still_open == args.devices,
-        "only {still_open} of {} devices stayed connected; the first: {}",
-        args.devices,
-        why_closed.lock().unwrap().as_deref().unwrap_or("?")
-    );
-    Ok(())
+    Ok(done.load(Ordering::Relaxed) as f64 / t0.elapsed().as_secs_f64())
+}
+
+/// How one device's task ended: its reading task, and whether it was still
+/// sending when told to stop.
+type DeviceEnd = (JoinHandle<()>, bool);
+
+/// Devices that each send a heartbeat frame every `interval` from the
+/// moment they are connected, and read all the time (answering pings,
+/// noticing a close).
+struct Devices {
+    tasks: Vec<JoinHandle<anyhow::Result<DeviceEnd>>>,
+    stop: Arc<AtomicBool>,
+    sent: Arc<AtomicU64>,
+    /// Why the first device that lost its connection lost it.
+    why_closed: Arc<std::sync::Mutex<Option<String>>>,
+}
+
+impl Devices {
+    /// Connects `n` devices (users `<prefix><i>`, device `d`) to `addr`;
+    /// fails if one cannot connect.
+    async fn connect(
+        addr: std::net::SocketAddr,
+        setup: &Setup,
+        prefix: &str,
+        n: usize,
+        interval: Duration,
+    ) -> anyhow::Result<Self> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let sent = Arc::new(AtomicU64::new(0));
+        let connected = Arc::new(AtomicUsize::new(0));
+        let handshakes = Arc::new(Semaphore::new(CONNECT_CONCURRENCY));
+        let why_closed: Arc<std::sync::Mutex<Option<String>>> = Arc::default();
+        let frame = json!({"type": "heartbeat"}).to_string();
+        let mut tasks = Vec::with_capacity(n);
+        // Each device reads and sends from the moment it is connected: one
+        // that waited, silent, for the others would be cut off by a node
+        // with a short heartbeat (three heartbeats of silence) before the
+        // run began.
+        for i in 0..n {
+            let user = format!("{prefix}{i}");
+            let permit = handshakes.clone().acquire_owned().await?;
+            let (sources, why) = (setup.sources.clone(), why_closed.clone());
+            let (stop, sent, connected, frame) =
+                (stop.clone(), sent.clone(), connected.clone(), frame.clone());
+            tasks.push(tokio::spawn(async move {
+                let ws = client::connect(addr, sources.next(), &user, "d").await;
+                if ws.is_ok() {
+                    connected.fetch_add(1, Ordering::Relaxed);
+                }
+                drop(permit);
+                let (mut sink, mut stream) = ws?.split();
+                // Reads all the time: answers pings, and notices a close.
+                let reader = tokio::spawn(async move {
+                    let reason = loop {
+                        match stream.next().await {
+                            Some(Ok(Message::Close(f))) => {
+                                break format!("closed by the server: {f:?}")
+                            }
+                            Some(Ok(_)) => {}
+                            Some(Err(e)) => break format!("error: {e}"),
+                            None => break "dropped".to_string(),
+                        }
+                    };
+                    why.lock().unwrap().get_or_insert(reason);
+                });
+                while !stop.load(Ordering::Relaxed) {
+                    if sink
+                        .send(Message::Text(frame.as_str().into()))
+                        .await
+                        .is_err()
+                    {
+                        return anyhow::Ok((reader, false));
+                    }
+                    sent.fetch_add(1, Ordering::Relaxed);
+                    if interval.is_zero() {
+                        tokio::task::yield_now().await;
+                    } else {
+                        tokio::time::sleep(interval).await;
+                    }
+                }
+                Ok((reader, true))
+            }));
+        }
+        // Every handshake has ended once all permits are back.
+        let _all = handshakes.acquire_many(CONNECT_CONCURRENCY as u32).await?;
+        let devices = Self {
+            tasks,
+            stop,
+            sent,
+            why_closed,
+        };
+        if connected.load(Ordering::Relaxed) < n {
+            devices.finish().await?;
+            anyhow::bail!("a device could not connect");
+        }
+        Ok(devices)
+    }
+
+    /// Frames sent so far.
+    fn sent(&self) -> u64 {
+        self.sent.load(Ordering::Relaxed)
+    }
+
+    /// Stops sending and closes every device. Returns how many were still
+    /// open, and why the first one that closed before did.
+    async fn finish(self) -> anyhow::Result<(usize, Arc<std::sync::Mutex<Option<String>>>)> {
+        self.stop.store(true, Ordering::Relaxed);
+        let mut still_open = 0;
+        for t in self.tasks {
+            let (reader, ok) = t.await??;
+            if ok && !reader.is_finished() {
+                still_open += 1;
+            }
+            reader.abort();
+        }
+        Ok((still_open, self.why_closed))
+    }
 }
