@@ -33,8 +33,9 @@ pub fn close_for(err: &ProtocolError, max_frame_bytes: usize) -> (CloseCode, Str
 /// then continuation frames up to one with FIN).
 #[derive(Debug, Default)]
 pub struct Fragments {
-    /// The message being assembled, if one is under way.
-    current: Option<Partial>,
+    /// The message being assembled, if one is under way (boxed: a session
+    /// holds this for life and almost never uses it).
+    current: Option<Box<Partial>>,
 }
 
 /// One message under assembly.
@@ -99,11 +100,11 @@ impl Fragments {
     ) -> Result<Assembled, Refused> {
         let (bytes, last) = match item {
             Item::FirstText(b) => {
-                self.current = Some(Partial::new(true));
+                self.current = Some(Box::new(Partial::new(true)));
                 (b, false)
             }
             Item::FirstBinary(b) => {
-                self.current = Some(Partial::new(false));
+                self.current = Some(Box::new(Partial::new(false)));
                 (b, false)
             }
             Item::Continue(b) => (b, false),

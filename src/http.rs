@@ -40,6 +40,8 @@ pub struct AppState {
     pub registry: Addr<Registry>,
     /// Timings and limits.
     pub config: Arc<Config>,
+    /// The same four, shared by every session of this node.
+    pub sessions: Arc<NodeParts>,
     /// Next session id on this node.
     pub next_session: AtomicU64,
     /// How clients prove who they are; sessions keep it to verify the
@@ -411,13 +413,11 @@ async fn open_session(
         status,
         token: token.map(|t| (state.auth.clone(), t)),
     };
-    let node = NodeParts {
-        store: state.store.clone(),
-        refresher: state.refresher.clone(),
-        registry: state.registry.clone(),
-        config: state.config.clone(),
-    };
-    let session = Session::new(who, node, req.conn_data::<ConnHandle>().cloned());
+    let session = Session::new(
+        who,
+        state.sessions.clone(),
+        req.conn_data::<ConnHandle>().cloned(),
+    );
     let answer = protocol.as_ref().map(|p| p.answer.as_str());
     let protocols: Vec<&str> = answer.into_iter().collect();
     ws::WsResponseBuilder::new(session, &req, stream)

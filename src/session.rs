@@ -58,8 +58,9 @@ const MAX_PENDING_REQUESTS: usize = 32;
 pub struct Session {
     /// Who this connection is; fixed for its life.
     me: Me,
-    /// The node's shared parts this session talks to.
-    node: NodeParts,
+    /// The node's shared parts this session talks to (one copy per node:
+    /// a copy per session cost every connection about 180 B).
+    node: Arc<NodeParts>,
     /// The device lease this connection holds.
     lease: LeaseHold,
     /// When the client was last heard from.
@@ -77,8 +78,9 @@ pub struct Session {
     /// Handle on the TCP connection, handed to the registry (at start) to
     /// cut it when this session falls too far behind.
     conn: Option<ConnHandle>,
-    /// With JWT auth: the token's state and the timers of its expiry.
-    token: Option<TokenClock>,
+    /// With JWT auth: the token's state and the timers of its expiry
+    /// (boxed: most deployments, and every idle session, never use it).
+    token: Option<Box<TokenClock>>,
 }
 
 /// Where a session stands with its token (JWT auth only).
@@ -145,8 +147,8 @@ struct LeaseHold {
     /// When the last lease refresh started (throttling).
     last_refresh: Instant,
     /// The user's chosen status as last seen in Redis, re-asserted if Redis
-    /// comes back without it.
-    known_status: Option<ChosenStatus>,
+    /// comes back without it (boxed: none is stored for most users).
+    known_status: Option<Box<ChosenStatus>>,
 }
 
 /// When the client was last heard from: a silent client is disconnected.
@@ -340,7 +342,7 @@ pub struct Identity {
 
 impl Session {
     /// A session for `who` on connection `conn`.
-    pub fn new(who: Identity, node: NodeParts, conn: Option<ConnHandle>) -> Self {
+    pub fn new(who: Identity, node: Arc<NodeParts>, conn: Option<ConnHandle>) -> Self {
         let now = Instant::now();
         Self {
             me: Me {
@@ -354,9 +356,11 @@ impl Session {
                 claimed: false,
                 last_refresh: now,
                 // Since 0: applied only where no status is stored at all.
-                known_status: who.status.map(|s| ChosenStatus {
-                    status: s.as_str().to_string(),
-                    ..ChosenStatus::default()
+                known_status: who.status.map(|s| {
+                    Box::new(ChosenStatus {
+                        status: s.as_str().to_string(),
+                        ..ChosenStatus::default()
+                    })
                 }),
             },
             liveness: Liveness {
@@ -376,10 +380,12 @@ impl Session {
             fragments: Fragments::default(),
             node,
             conn,
-            token: who.token.map(|(auth, state)| TokenClock {
-                auth,
-                state,
-                timers: Vec::new(),
+            token: who.token.map(|(auth, state)| {
+                Box::new(TokenClock {
+                    auth,
+                    state,
+                    timers: Vec::new(),
+                })
             }),
         }
     }
@@ -474,7 +480,7 @@ impl Session {
         let store = self.node.store.clone();
         let me = &self.me;
         let (user, device, owner) = (me.user.clone(), me.device.clone(), me.owner.clone());
-        let known = self.lease.known_status.clone();
+        let known = self.lease.known_status.as_deref().cloned();
         async move {
             store
                 .arrive(&user, &device, &owner, mode, known.as_ref())
@@ -505,7 +511,7 @@ impl Session {
             user: self.me.user.clone(),
             device: self.me.device.clone(),
             owner: self.me.owner.clone(),
-            known: lease.known_status.clone(),
+            known: lease.known_status.as_deref().cloned(),
         };
         self.node
             .refresher
@@ -528,7 +534,7 @@ impl Handler<Refreshed> for Session {
                 ..
             }) => {
                 if status.is_some() {
-                    self.lease.known_status = status;
+                    self.lease.known_status = status.map(Box::new);
                 }
                 if came_online {
                     log::info!("{user}/{device}: lease re-asserted");
@@ -835,7 +841,7 @@ impl Session {
         ctx.spawn(set.into_actor(self).map(move |res, act, ctx| {
             match res {
                 Ok((since, own)) => {
-                    let known = act.lease.known_status.get_or_insert_with(Default::default);
+                    let known = act.lease.known_status.get_or_insert_default();
                     known.status = status.as_str().to_string();
                     known.text = chosen_text;
                     known.since = since;
@@ -874,7 +880,7 @@ impl Session {
         ctx.spawn(set.into_actor(self).map(move |res, act, ctx| {
             match res {
                 Ok(_) => {
-                    let known = act.lease.known_status.get_or_insert_with(Default::default);
+                    let known = act.lease.known_status.get_or_insert_default();
                     if let Some(a) = online {
                         known.show_online = a.as_str().to_string();
                     }
@@ -984,7 +990,7 @@ impl Session {
                 self.lease.claimed = true;
                 crate::metrics::METRICS.devices.inc();
                 self.lease.state.set_deadline(deadline);
-                self.lease.known_status = status;
+                self.lease.known_status = status.map(Box::new);
                 self.lease.last_refresh = Instant::now();
                 log::debug!("{user}/{device}: connected");
                 let config = &self.node.config;
@@ -1253,7 +1259,7 @@ impl Session {
     /// True while the first frame must still bring the token.
     fn awaiting_auth(&self) -> bool {
         matches!(
-            self.token,
+            self.token.as_deref(),
             Some(TokenClock {
                 state: TokenState::Awaited { .. },
                 ..
@@ -1469,5 +1475,20 @@ mod tests {
         // Half a second refills one token.
         let later = start + Duration::from_millis(500);
         assert_eq!(limiter.take(2, later), Admission::Admitted);
+    }
+
+    /// Every WebSocket holds one `Session` inside actix's context for its
+    /// whole life, in one allocation with about 416 B of actix's own (the
+    /// context future, its codec and buffer): at 680 B the whole came to
+    /// 1,096 B, jemalloc's 1,280 B class. Cold parts are boxed and the
+    /// node's parts shared so that it fits the 896 B class; this keeps it
+    /// there (BENCHMARKS.md, memory per connection).
+    #[test]
+    fn a_session_stays_small() {
+        let size = std::mem::size_of::<Session>();
+        assert!(size <= 448, "Session is {size} B");
+        let whole =
+            std::mem::size_of::<actix::dev::ContextFut<Session, ws::WebsocketContext<Session>>>();
+        assert!(whole <= 840, "the session's context future is {whole} B");
     }
 }

@@ -978,13 +978,13 @@ where
 
             Protocol::Http1 => HttpServiceHandlerResponse {
                 state: State::H1 {
-                    dispatcher: h1::Dispatcher::new(
+                    dispatcher: Box::pin(h1::Dispatcher::new(
                         io,
                         Rc::clone(&self.flow),
                         self.cfg.clone(),
                         peer_addr,
                         conn_data,
-                    ),
+                    )),
                 },
             },
 
@@ -1014,7 +1014,11 @@ pin_project! {
         U: Service<(Request, Framed<T, h1::Codec>), Response = ()>,
         U::Error: fmt::Display,
     {
-        H1 { #[pin] dispatcher: h1::Dispatcher<T, S, B, X, U> },
+        // presence-server patch: boxed. actix-server's task for a connection holds this
+        // future twice (as the spawned block's capture and as the future it awaits), so a
+        // dispatcher held inline was paid for twice for the connection's life (a 1,536 B
+        // task per WebSocket; boxed, a 640 B box and a small task). See vendor/README.md.
+        H1 { dispatcher: Pin<Box<h1::Dispatcher<T, S, B, X, U>>> },
     }
 }
 
@@ -1039,7 +1043,11 @@ pin_project! {
         U: Service<(Request, Framed<T, h1::Codec>), Response = ()>,
         U::Error: fmt::Display,
     {
-        H1 { #[pin] dispatcher: h1::Dispatcher<T, S, B, X, U> },
+        // presence-server patch: boxed. actix-server's task for a connection holds this
+        // future twice (as the spawned block's capture and as the future it awaits), so a
+        // dispatcher held inline was paid for twice for the connection's life (a 1,536 B
+        // task per WebSocket; boxed, a 640 B box and a small task). See vendor/README.md.
+        H1 { dispatcher: Pin<Box<h1::Dispatcher<T, S, B, X, U>>> },
 
         H2 { #[pin] dispatcher: crate::h2::Dispatcher<T, S, B, X, U> },
 
@@ -1103,7 +1111,7 @@ where
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.as_mut().project().state.project() {
-            StateProj::H1 { dispatcher } => dispatcher.poll(cx),
+            StateProj::H1 { dispatcher } => dispatcher.as_mut().poll(cx),
 
             #[cfg(feature = "http2")]
             StateProj::H2 { dispatcher } => dispatcher.poll(cx),

@@ -533,6 +533,13 @@ where
         }
 
         let size = self.as_mut().send_response_inner(res, &body)?;
+        // presence-server patch: a connection that switched protocols (a WebSocket) serves no
+        // other request, and the request it served has taken its own handle on the
+        // on-connect data; the dispatcher's copy would be kept for the connection's life
+        // (about 220 B per WebSocket). See vendor/README.md.
+        if is_upgrade {
+            *self.as_mut().project().conn_data = None;
+        }
         match size {
             BodySize::None | BodySize::Sized(0) => {
                 let mut this = self.as_mut().project();

@@ -247,6 +247,13 @@ impl Inner {
         cx: &Context<'_>,
     ) -> Poll<Option<Result<Bytes, PayloadError>>> {
         if let Some(data) = self.items.pop_front() {
+            // presence-server patch: a drained queue gives its buffer back. A WebSocket's
+            // payload is fed one frame at a time for hours, and the queue's first allocation
+            // (room for four chunks) was otherwise kept for the connection's life. See
+            // vendor/README.md.
+            if self.items.is_empty() && self.items.capacity() != 0 {
+                self.items = VecDeque::new();
+            }
             self.len -= data.len();
             self.need_read = self.len < MAX_BUFFER_SIZE;
 
