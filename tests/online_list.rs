@@ -99,6 +99,30 @@ async fn a_viewer_who_sees_nobody_gets_short_pages_with_a_cursor() {
     assert_eq!(pages, 1_000 / 40, "pages walked");
 }
 
+/// Marks the deployment in `redis` as one of key schema `schema` with the
+/// default 16 buckets, as an older version left it.
+async fn old_deployment(redis: &Redis, schema: u32) {
+    redis::cmd("HSET")
+        .arg("presence-meta")
+        .arg("buckets")
+        .arg(16)
+        .arg("schema")
+        .arg(schema)
+        .query_async::<()>(&mut redis.aconn().await)
+        .await
+        .unwrap();
+}
+
+/// The key schema the deployment in `redis` is marked with.
+async fn schema(redis: &Redis) -> String {
+    redis::cmd("HGET")
+        .arg("presence-meta")
+        .arg("schema")
+        .query_async(&mut redis.aconn().await)
+        .await
+        .unwrap()
+}
+
 #[tokio::test]
 async fn schema_1_indexes_move_into_buckets_at_start() {
     let redis = Redis::start();
@@ -158,14 +182,8 @@ async fn schema_2_device_sets_move_into_the_users_hashes_at_start() {
     let redis = Redis::start();
     let mut c = redis.aconn().await;
     // A schema-2 deployment: each user's devices in a set of their own.
+    old_deployment(&redis, 2).await;
     let mut pipe = redis::pipe();
-    pipe.cmd("HSET")
-        .arg("presence-meta")
-        .arg("buckets")
-        .arg(16)
-        .arg("schema")
-        .arg(2)
-        .ignore();
     for i in 0..30 {
         let user = format!("old{i}");
         let devices: &[&str] = if i == 0 { &["d", "tab"] } else { &["d"] };
@@ -202,13 +220,7 @@ async fn schema_2_device_sets_move_into_the_users_hashes_at_start() {
         .await
         .unwrap();
     assert!(sets.is_empty(), "{sets:?}");
-    let schema: String = redis::cmd("HGET")
-        .arg("presence-meta")
-        .arg("schema")
-        .query_async(&mut c)
-        .await
-        .unwrap();
-    assert_eq!(schema, "4");
+    assert_eq!(schema(&redis).await, "4");
     let mut fields: Vec<String> = redis::cmd("HKEYS")
         .arg("presence-status:{old0}")
         .query_async(&mut c)
@@ -395,49 +407,25 @@ async fn a_user_with_several_devices_is_listed_once_at_its_newest_device() {
 #[tokio::test]
 async fn schema_3_online_index_is_deleted_at_start_and_idempotently() {
     let redis = Redis::start();
-    let mut c = redis.aconn().await;
-    redis::cmd("HSET")
-        .arg("presence-meta")
-        .arg("buckets")
-        .arg(16)
-        .arg("schema")
-        .arg(3)
-        .query_async::<()>(&mut c)
-        .await
-        .unwrap();
+    old_deployment(&redis, 3).await;
     online_users(&redis, "s3_", 40, |i| i as i64).await;
     v3_online_index(&redis, "s3_", 40).await;
     assert_eq!(index_members(&redis, "presence-online").await.len(), 40);
 
     let n1 = Node::start(&redis, "n1");
     assert!(index_members(&redis, "presence-online").await.is_empty());
-    let schema = || async {
-        let mut c = redis.aconn().await;
-        redis::cmd("HGET")
-            .arg("presence-meta")
-            .arg("schema")
-            .query_async::<String>(&mut c)
-            .await
-            .unwrap()
-    };
-    assert_eq!(schema().await, "4");
+    assert_eq!(schema(&redis).await, "4");
     let (seen, _) = walk(&n1.http(), 15).await;
     assert_eq!(seen.len(), 40);
     assert_eq!(seen[0].0, "s3_39");
 
     // The move again, as a second node starting at the same time would
     // run it: nothing breaks, the index goes again, the list is the same.
-    redis::cmd("HSET")
-        .arg("presence-meta")
-        .arg("schema")
-        .arg(3)
-        .query_async::<()>(&mut c)
-        .await
-        .unwrap();
+    old_deployment(&redis, 3).await;
     v3_online_index(&redis, "s3_", 40).await;
     let n2 = Node::start(&redis, "n2");
     assert!(index_members(&redis, "presence-online").await.is_empty());
-    assert_eq!(schema().await, "4");
+    assert_eq!(schema(&redis).await, "4");
     let (again, _) = walk(&n2.http(), 15).await;
     assert_eq!(again, seen);
 }
@@ -464,14 +452,8 @@ async fn v3_online_index(redis: &Redis, prefix: &str, n: usize) {
 async fn schema_3_active_is_folded_into_seq_at_start() {
     let redis = Redis::start();
     let mut c = redis.aconn().await;
+    old_deployment(&redis, 3).await;
     let mut pipe = redis::pipe();
-    pipe.cmd("HSET")
-        .arg("presence-meta")
-        .arg("buckets")
-        .arg(16)
-        .arg("schema")
-        .arg(3)
-        .ignore();
     // (user, active, seq): a refresh after the last transition, and the
     // other way round; and a user never refreshed since schema 3 wrote it.
     for (user, active, seq) in [
@@ -508,13 +490,7 @@ async fn schema_3_active_is_folded_into_seq_at_start() {
     assert_eq!(fields("f1").await, want("5000"));
     assert_eq!(fields("f2").await, want("9000"));
     assert_eq!(fields("f3").await, want("7000"));
-    redis::cmd("HSET")
-        .arg("presence-meta")
-        .arg("schema")
-        .arg(3)
-        .query_async::<()>(&mut c)
-        .await
-        .unwrap();
+    old_deployment(&redis, 3).await;
     let _n2 = Node::start(&redis, "n2");
     assert_eq!(fields("f1").await, want("5000"));
     assert_eq!(fields("f2").await, want("9000"));

@@ -250,15 +250,16 @@ impl Store {
         cursor: u64,
     ) -> StoreResult<Reconciliation> {
         let mut conn = self.conn();
-        let mut scan = redis::cmd("SCAN");
-        scan.arg(cursor)
-            .arg("MATCH")
-            .arg(keys::STATUS_PATTERN)
-            .arg("COUNT")
-            .arg(RECONCILE_SCAN_COUNT);
-        let (next, found): (u64, Vec<String>) =
-            redis::from_redis_value(self.conn.query_on(node, &scan).await?)?;
-        let found: Vec<&str> = found.iter().filter_map(|k| keys::parse_status(k)).collect();
+        let (next, found) = self
+            .scan_users(
+                node,
+                cursor,
+                keys::STATUS_PATTERN,
+                RECONCILE_SCAN_COUNT,
+                keys::parse_status,
+            )
+            .await?;
+        let found: Vec<&str> = found.iter().map(String::as_str).collect();
         let mut pipe = redis::pipe();
         for user in &found {
             pipe.hkeys(keys::status(user));

@@ -91,33 +91,11 @@ impl super::Store {
     /// once.
     async fn fold_v3_active(&self) -> super::StoreResult<()> {
         use crate::keys;
-        let mut folded = 0i64;
-        for node in self.data_nodes().await? {
-            let mut cursor = 0u64;
-            loop {
-                let mut scan = redis::cmd("SCAN");
-                scan.arg(cursor)
-                    .arg("MATCH")
-                    .arg(keys::STATUS_PATTERN)
-                    .arg("COUNT")
-                    .arg(1000);
-                let (next, found): (u64, Vec<String>) =
-                    redis::from_redis_value(self.conn.query_on(&node, &scan).await?)?;
-                let mut pipe = redis::pipe();
-                for user in found.iter().filter_map(|k| keys::parse_status(k)) {
-                    self.scripts.fold_active(&mut pipe, user);
-                }
-                if !pipe.is_empty() {
-                    for n in self.query(&pipe).await? {
-                        folded += redis::from_redis_value_ref::<i64>(&n)?;
-                    }
-                }
-                cursor = next;
-                if cursor == 0 {
-                    break;
-                }
-            }
-        }
+        let (_, folded) = self
+            .migrate_each_user(keys::STATUS_PATTERN, keys::parse_status, |pipe, user| {
+                self.scripts.fold_active(pipe, user);
+            })
+            .await?;
         if folded > 0 {
             log::info!("folded the last refresh of {folded} users into their seq (schema 4)");
         }
@@ -130,27 +108,46 @@ impl super::Store {
     /// Safe to run on several nodes at once.
     async fn move_v2_device_sets(&self) -> super::StoreResult<()> {
         use crate::keys;
-        let mut moved = 0i64;
-        let mut users = 0usize;
+        let (users, moved) = self
+            .migrate_each_user(
+                keys::V2_DEVICES_PATTERN,
+                keys::parse_v2_devices,
+                |pipe, user| {
+                    self.scripts.migrate_devices(pipe, user);
+                },
+            )
+            .await?;
+        if users > 0 {
+            log::info!("moved {moved} devices of {users} users from their device sets into their hashes (schema 3)");
+        }
+        Ok(())
+    }
+
+    /// Runs one per-user migration script (`step` adds it to a pipeline)
+    /// for every user with a key matching `pattern`, on every data node.
+    /// Returns how many users it ran for and the sum of the scripts'
+    /// integer replies.
+    async fn migrate_each_user(
+        &self,
+        pattern: &str,
+        user_of: fn(&str) -> Option<&str>,
+        step: impl Fn(&mut redis::Pipeline, &str),
+    ) -> super::StoreResult<(usize, i64)> {
+        let (mut users, mut sum) = (0usize, 0i64);
         for node in self.data_nodes().await? {
             let mut cursor = 0u64;
             loop {
-                let mut scan = redis::cmd("SCAN");
-                scan.arg(cursor)
-                    .arg("MATCH")
-                    .arg(keys::V2_DEVICES_PATTERN)
-                    .arg("COUNT")
-                    .arg(1000);
-                let (next, found): (u64, Vec<String>) =
-                    redis::from_redis_value(self.conn.query_on(&node, &scan).await?)?;
+                let (next, found) = self
+                    .scan_users(&node, cursor, pattern, 1000, user_of)
+                    .await?;
                 let mut pipe = redis::pipe();
-                for user in found.iter().filter_map(|k| keys::parse_v2_devices(k)) {
-                    self.scripts.migrate_devices(&mut pipe, user);
-                    users += 1;
+                for user in &found {
+                    step(&mut pipe, user);
                 }
+                users += found.len();
                 if !pipe.is_empty() {
                     for n in self.query(&pipe).await? {
-                        moved += redis::from_redis_value_ref::<i64>(&n)?;
+                        sum += redis::from_redis_value_ref::<i64>(&n)?;
                     }
                 }
                 cursor = next;
@@ -159,10 +156,34 @@ impl super::Store {
                 }
             }
         }
-        if users > 0 {
-            log::info!("moved {moved} devices of {users} users from their device sets into their hashes (schema 3)");
-        }
-        Ok(())
+        Ok((users, sum))
+    }
+
+    /// One SCAN step on `node` over the keys matching `pattern` (`count`
+    /// as the hint): the next cursor, and the users of the keys found
+    /// (`user_of` each key; keys it does not parse are skipped).
+    pub(super) async fn scan_users(
+        &self,
+        node: &super::conn::NodeAddr,
+        cursor: u64,
+        pattern: &str,
+        count: usize,
+        user_of: fn(&str) -> Option<&str>,
+    ) -> super::StoreResult<(u64, Vec<String>)> {
+        let mut scan = redis::cmd("SCAN");
+        scan.arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(count);
+        let (next, found): (u64, Vec<String>) =
+            redis::from_redis_value(self.conn.query_on(node, &scan).await?)?;
+        let users = found
+            .iter()
+            .filter_map(|k| user_of(k))
+            .map(str::to_string)
+            .collect();
+        Ok((next, users))
     }
 
     /// Moves every entry of the schema-1 indexes (`presence-lastseen`,
