@@ -211,9 +211,15 @@ async fn a_status_learned_by_refresh_is_reasserted_after_redis_restarts() {
     .await;
     phone.close().await;
     a.wait_log("alice/phone: closed").await;
+    // The phone's departure (which publishes, and so raises `seq` too) is
+    // over once the laptop alone is counted.
+    wait_until("the phone departed", DEADLINE, || async {
+        count(&redis, "alice").await == 1
+    })
+    .await;
     // From here on only the laptop raises `seq` (its refreshes): once it
-    // passes the close, the laptop has refreshed since the status changed,
-    // and learned it.
+    // passes this point, the laptop has refreshed since the status
+    // changed, and learned it.
     let closed_at = now_ms();
     wait_until("a refresh of the laptop", DEADLINE, || async {
         let active = status_field(&redis, "alice", "seq").await;
