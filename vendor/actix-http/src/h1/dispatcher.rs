@@ -231,6 +231,11 @@ where
     pub(super) fn is_none(&self) -> bool {
         matches!(self, State::None)
     }
+
+    /// presence-server patch: a response body is being sent.
+    pub(super) fn is_streaming(&self) -> bool {
+        matches!(self, State::SendPayload { .. } | State::SendErrorPayload { .. })
+    }
 }
 
 impl<S, B, X> fmt::Debug for State<S, B, X>
@@ -626,7 +631,13 @@ where
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Result<PollResponse, DispatchError> {
+        // presence-server patch: set when a streamed body ended, for the graceful-shutdown
+        // signal that was not polled while it streamed.
+        let mut body_ended = false;
         'res: loop {
+            if std::mem::take(&mut body_ended) {
+                self.as_mut().poll_graceful_shutdown(cx);
+            }
             let mut this = self.as_mut().project();
             match this.state.as_mut().project() {
                 StateProj::None if this.flags.contains(Flags::DRAINING) => {
@@ -744,6 +755,7 @@ where
                                     this.flags.insert(Flags::FINISHED);
                                 }
 
+                                body_ended = true;
                                 continue 'res;
                             }
 
@@ -802,6 +814,7 @@ where
                                     this.flags.insert(Flags::FINISHED);
                                 }
 
+                                body_ended = true;
                                 continue 'res;
                             }
 
@@ -1358,7 +1371,15 @@ where
                     &inner.shutdown_timer,
                 );
 
-                inner.as_mut().poll_graceful_shutdown(cx);
+                // presence-server patch: not while a response body streams (a WebSocket,
+                // for hours). The signal only marks the connection for closing once the
+                // response is over, so it is polled when the body ends instead (see
+                // `poll_response`). Polling it takes the lock of the server-wide `Notify`
+                // that both workers' connections share: per event, a contended lock for
+                // nothing. See vendor/README.md, change 8.
+                if !inner.state.is_streaming() {
+                    inner.as_mut().poll_graceful_shutdown(cx);
+                }
                 inner.as_mut().poll_timers(cx)?;
 
                 let poll = if inner.flags.contains(Flags::LINGER) {
