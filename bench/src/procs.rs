@@ -447,6 +447,14 @@ pub fn cpu_us(pid: u32) -> Option<u64> {
     stat_cpu_us(&format!("/proc/{pid}/stat"))
 }
 
+/// User-space CPU time a process has used so far, in µs: the part of
+/// [`cpu_us`] that is the server's own code, without the kernel's network
+/// path that the floors measure.
+pub fn user_cpu_us(pid: u32) -> Option<u64> {
+    let (user, _) = stat_cpu_split_us(&format!("/proc/{pid}/stat"))?;
+    Some(user)
+}
+
 /// CPU time (user + system) one thread of this process has used, in µs.
 pub fn thread_cpu_us(tid: i32) -> Option<u64> {
     stat_cpu_us(&format!("/proc/self/task/{tid}/stat"))
@@ -454,15 +462,22 @@ pub fn thread_cpu_us(tid: i32) -> Option<u64> {
 
 /// CPU time (user + system) from a `/proc/.../stat` file, in µs.
 fn stat_cpu_us(path: &str) -> Option<u64> {
+    let (user, system) = stat_cpu_split_us(path)?;
+    Some(user + system)
+}
+
+/// User and system CPU time from a `/proc/.../stat` file, in µs.
+fn stat_cpu_split_us(path: &str) -> Option<(u64, u64)> {
     let stat = std::fs::read_to_string(path).ok()?;
     // Fields after the command name, which may hold spaces: ") S ppid ...".
     let rest = &stat[stat.rfind(')')? + 2..];
     let fields: Vec<&str> = rest.split_whitespace().collect();
     // utime and stime are fields 14 and 15 of the line, 12 and 13 here.
-    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    let user: u64 = fields.get(11)?.parse().ok()?;
+    let system: u64 = fields.get(12)?.parse().ok()?;
     // SAFETY: sysconf has no preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
-    Some(ticks * 1_000_000 / hz)
+    Some((user * 1_000_000 / hz, system * 1_000_000 / hz))
 }
 
 /// Fails fast, with what to do, when `sockets` connections (one file each

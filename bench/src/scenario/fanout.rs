@@ -75,6 +75,7 @@ pub async fn run(common: &Common, args: &FanoutArgs) -> anyhow::Result<()> {
     );
     let pid = setup.nodes[0].pid();
     let cpu0 = pid.and_then(crate::procs::cpu_us);
+    let user0 = pid.and_then(crate::procs::user_cpu_us);
     let mut device = None;
     for _ in 0..args.transitions {
         receipts.begin();
@@ -94,6 +95,7 @@ pub async fn run(common: &Common, args: &FanoutArgs) -> anyhow::Result<()> {
         receipts.end(args.watchers).await;
     }
     let cpu1 = pid.and_then(crate::procs::cpu_us);
+    let user1 = pid.and_then(crate::procs::user_cpu_us);
     let _ = stop_tx.send(true);
     for r in readers {
         let _ = r.await;
@@ -115,6 +117,15 @@ pub async fn run(common: &Common, args: &FanoutArgs) -> anyhow::Result<()> {
             (b - a) as f64 / (args.watchers * args.transitions).max(1) as f64,
             "us",
             json!({"node_cpu_ms": (b - a) as f64 / 1000.0, "target_max": 6}),
+        );
+    }
+    // The node's own code, without the kernel's TCP path (the floor's cost).
+    if let (Some(a), Some(b)) = (user0, user1) {
+        report.figure(
+            "node_user_cpu_per_delivery",
+            (b - a) as f64 / (args.watchers * args.transitions).max(1) as f64,
+            "us",
+            json!({"node_user_cpu_ms": (b - a) as f64 / 1000.0}),
         );
     }
     // The node's sockets are closed: the floor may use the descriptors.

@@ -121,6 +121,7 @@ pub async fn run(common: &Common, args: &RefreshArgs) -> anyhow::Result<()> {
     );
     let pid = setup.nodes[0].pid();
     let cpu0 = pid.and_then(procs::cpu_us);
+    let user0 = pid.and_then(procs::user_cpu_us);
     let node = setup.nodes[0].addr;
     let (refreshed0, batches0) = (
         procs::node_metric(node, "presence_refresh_batch_size_sum").await?,
@@ -142,6 +143,7 @@ pub async fn run(common: &Common, args: &RefreshArgs) -> anyhow::Result<()> {
         procs::node_metric(node, "presence_refresh_batch_size_count").await?,
     );
     let cpu1 = pid.and_then(procs::cpu_us);
+    let user1 = pid.and_then(procs::user_cpu_us);
     let (still_open, why_closed) = devices.finish().await?;
     anyhow::ensure!(
         calls1 >= calls0,
@@ -190,6 +192,15 @@ pub async fn run(common: &Common, args: &RefreshArgs) -> anyhow::Result<()> {
             per_frame,
             "us",
             json!({"frames": "the devices' heartbeat frames over the window"}),
+        );
+    }
+    // The node's own code, without the kernel's TCP path (the floor's cost).
+    if let (Some(a), Some(b)) = (user0, user1) {
+        report.figure(
+            "node_user_cpu_per_frame",
+            (b - a) as f64 / (sent1 - sent0).max(1) as f64,
+            "us",
+            json!({}),
         );
     }
     let batches = (batches1 - batches0).max(0.0);
