@@ -16,7 +16,7 @@
 //! stream owned by one node at a time (`src/cluster.rs`).
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 
@@ -87,6 +87,11 @@ impl LockView {
 fn store_buckets(store: &Store) -> usize {
     store.buckets().count() as usize
 }
+
+/// How often the node renews its run record (`presence-run:<run>`, which
+/// lives [`crate::keys::RUN_TTL_SECS`]): after Redis lost its data, the
+/// device detail names this node's devices' node again within this time.
+const RUN_RENEW: Duration = Duration::from_secs(60);
 
 /// Most due leases one round trip of the deadline pass handles.
 const REAP_BATCH: usize = 1_000;
@@ -312,6 +317,16 @@ impl Actor for ExpiryListener {
             on_key,
         ));
         ctx.run_interval(self.config.reaper_interval(), |act, ctx| act.tick(ctx));
+        // The record of this node's run outlives the node by a day at most.
+        // One SET and one short script a minute.
+        ctx.run_interval(RUN_RENEW, |act, _| {
+            let (store, node) = (act.store.clone(), act.config.node_id.clone());
+            actix::spawn(async move {
+                if let Err(e) = store.keep_run(&node).await {
+                    log::warn!("could not renew this node's run record: {e}");
+                }
+            });
+        });
     }
 }
 

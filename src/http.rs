@@ -399,7 +399,7 @@ async fn open_session(
     };
     crate::metrics::METRICS.sessions_opened.inc();
     let id = state.next_session.fetch_add(1, Ordering::Relaxed);
-    let owner = LeaseOwner::format(&state.config.node_id, &id.to_string(), now_ms());
+    let owner = LeaseOwner::format(now_ms(), state.store.run(), id);
     if user.is_empty() {
         log::info!("device {device}: websocket from {ip}, awaiting its auth frame");
     } else {

@@ -21,8 +21,16 @@ pub const META: &str = "presence-meta";
 /// are fields of its status hash (schema 2 kept them in a set of their own,
 /// `presence-devices:{<user>}`, moved at start). 4: the online list reads
 /// the deadlines in [`leases`]; schema 3's own index of online users,
-/// `presence-online:{b<k>}` ([`v3_online`]), is deleted at start.
-pub const SCHEMA_VERSION: u32 = 4;
+/// `presence-online:{b<k>}` ([`v3_online`]), is deleted at start. 5: a
+/// lease's value is one integer, and a device's field in the user's hash
+/// holds the run number of the node holding it ([`run`]); there is nothing
+/// to move, but a node of schema 4 would read both wrong.
+pub const SCHEMA_VERSION: u32 = 5;
+/// Field of [`META`] that hands out run numbers (`HINCRBY`): each start of
+/// a node takes the next.
+pub const META_RUNS: &str = "runs";
+/// How long a run's record ([`run`]) outlives its node's last renewal.
+pub const RUN_TTL_SECS: u64 = 24 * 3600;
 /// B for a new deployment.
 pub const DEFAULT_BUCKETS: u32 = 16;
 /// Most buckets a deployment may have (two digits in the key).
@@ -102,6 +110,13 @@ pub fn reaper_lock(bucket: u32) -> String {
 /// one cluster primary (named by its node id); the others stand by.
 pub fn expiry_owner(primary_id: &str) -> String {
     ["presence-expiry-owner:{", primary_id, "}"].concat()
+}
+
+/// Which node a run is (`presence-run:<run>`, the node id; TTL
+/// [`RUN_TTL_SECS`], renewed while the node runs): where a device's field,
+/// which holds the run number, finds the node holding its connection.
+pub fn run(run: u64) -> String {
+    format!("presence-run:{run}")
 }
 
 /// The device lease: a string with a TTL whose value names the owning connection.

@@ -151,3 +151,55 @@ async fn starts_and_stops_a_private_redis() {
         "data dir left behind"
     );
 }
+
+/// Each start of a node takes a run number no other start had (the device
+/// fields of key schema 5 name the node holding a device by it), recorded
+/// with the node's id; after Redis lost its data, renewing puts the record
+/// and the counter back, so that a node starting later takes a new number.
+#[tokio::test]
+async fn each_start_takes_a_run_of_its_own_and_renewing_restores_it() {
+    use presence_server::store::Store;
+    let mut redis = Redis::start();
+    let client = redis::Client::open(redis.url.as_str()).unwrap();
+    let manager = client.get_connection_manager().await.unwrap();
+    let store = || Store::new(manager.clone(), Duration::from_secs(45));
+    store().load_scripts().await.unwrap();
+    let a = store().begin_run("a").await.unwrap();
+    let b = store().begin_run("b").await.unwrap();
+    assert_ne!(a.run(), b.run());
+    assert!(a.run() > 0 && b.run() > 0);
+    let url = redis.url.clone();
+    let record = |run: u64| {
+        let url = url.clone();
+        async move {
+            let mut c = redis::Client::open(url.as_str())
+                .unwrap()
+                .get_multiplexed_async_connection()
+                .await
+                .unwrap();
+            let (node, ttl): (Option<String>, i64) = redis::pipe()
+                .get(format!("presence-run:{run}"))
+                .ttl(format!("presence-run:{run}"))
+                .query_async(&mut c)
+                .await
+                .unwrap();
+            (node, ttl)
+        }
+    };
+    let (node, ttl) = record(a.run()).await;
+    assert_eq!(node.as_deref(), Some("a"));
+    assert!(ttl > 3600, "ttl {ttl}");
+
+    redis.restart_empty();
+    assert_eq!(record(b.run()).await.0, None);
+    // The connection manager reconnects; a command may fail meanwhile.
+    wait_until("b renews its run", DEADLINE, || async {
+        b.keep_run("b").await.is_ok()
+    })
+    .await;
+    a.keep_run("a").await.unwrap();
+    assert_eq!(record(b.run()).await.0.as_deref(), Some("b"));
+    assert_eq!(record(a.run()).await.0.as_deref(), Some("a"));
+    let c = store().begin_run("c").await.unwrap();
+    assert!(c.run() > a.run().max(b.run()), "run {} reused", c.run());
+}

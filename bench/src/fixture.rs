@@ -35,6 +35,11 @@ pub async fn index_len(
     Ok(cards.iter().sum())
 }
 
+/// The lease value the bench writes for devices of no node: a lease value
+/// of key schema 5 is one integer (what the node writes, see the server's
+/// `LeaseOwner`), which Redis keeps inside the key's value object.
+pub const LEASE_VALUE: &str = "781782133571584001";
+
 /// Writes a live lease for device `d` of users `<prefix>0` .. `<prefix>{n-1}`
 /// (lease owned by `owner`, device field of the user's hash, counter and, with `index`, the
 /// deadline in its bucket of `presence-leases`), with a TTL of ten minutes.
@@ -60,7 +65,7 @@ pub async fn live_leases(
             pipe.cmd("HSET")
                 .arg(format!("presence-status:{{{user}}}"))
                 .arg("d:d")
-                .arg(1)
+                .arg(0)
                 .ignore();
             pipe.cmd("SET")
                 .arg(format!("presence-count:{{{user}}}"))

@@ -75,30 +75,62 @@ pub enum Departure {
     AlreadyGone,
 }
 
-/// The value of a lease: which node and connection own it, since when.
+/// Lease values count milliseconds from 2020-01-01T00:00:00Z: 41 bits of
+/// them last until 2089.
+const LEASE_EPOCH_MS: i64 = 1_577_836_800_000;
+/// Bits of a lease value below its milliseconds: the node run's low bits,
+/// then the connection's.
+const LEASE_LOW_BITS: u32 = 22;
+/// Bits of the connection number in a lease value.
+const LEASE_CONN_BITS: u32 = 12;
+
+/// The value of a lease, which names the connection that owns it.
+///
+/// Since key schema 5 it is one integer, `connected_at << 22 | run << 12 |
+/// connection` (milliseconds since [`LEASE_EPOCH_MS`], then the low 10 bits
+/// of the node's run number and the low 12 of the connection's number in
+/// that run), which Redis keeps inside the key's value object (an integer
+/// encoding) instead of a separate string: 32-48 B less per device. Two
+/// connections of one node differ in their connection bits (unless 4,096
+/// connect within one millisecond); two nodes' values for the same device
+/// could only meet if that device connected to both within the same
+/// millisecond with the same low run and connection bits. Which node holds
+/// the connection is the device's field in the user's hash (its run
+/// number) and `presence-run:<run>`. Values of schema 4 and older,
+/// `<node> <connection> <connected_at>`, are still read (see [`Self::parse`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeaseOwner<'a> {
-    /// Node id.
-    pub node: &'a str,
-    /// Connection id, unique per node run.
-    pub conn: &'a str,
+    /// Node id, written in the lease by schema 4 and older.
+    pub node: Option<&'a str>,
     /// When the connection was made, epoch ms.
     pub connected_at: Option<i64>,
 }
 
-impl<'a> LeaseOwner<'a> {
-    /// Formats a lease value.
-    pub fn format(node: &str, conn: &str, connected_at: i64) -> String {
-        format!("{node} {conn} {connected_at}")
+impl LeaseOwner<'_> {
+    /// The lease value of connection `conn` of node run `run`, made at
+    /// `connected_at` (epoch ms).
+    pub fn format(connected_at: i64, run: u64, conn: u64) -> String {
+        let ms = (connected_at - LEASE_EPOCH_MS).max(0) as u64;
+        let run_bits = run & ((1 << (LEASE_LOW_BITS - LEASE_CONN_BITS)) - 1);
+        let conn_bits = conn & ((1 << LEASE_CONN_BITS) - 1);
+        ((ms << LEASE_LOW_BITS) | (run_bits << LEASE_CONN_BITS) | conn_bits).to_string()
     }
 
-    /// Reads a lease value back; unknown shapes give an empty connection
-    /// (the value is shown, never trusted: a lease is compared whole).
-    pub fn parse(value: &'a str) -> Self {
+    /// Reads a lease value back: one of [`Self::format`], or of schema 4
+    /// and older. Unknown shapes give nothing (the value is shown, never
+    /// trusted: a lease is compared whole).
+    pub fn parse(value: &str) -> LeaseOwner<'_> {
+        if let Ok(v) = value.parse::<u64>() {
+            return LeaseOwner {
+                node: None,
+                connected_at: Some((v >> LEASE_LOW_BITS) as i64 + LEASE_EPOCH_MS),
+            };
+        }
         let mut parts = value.splitn(3, ' ');
-        Self {
-            node: parts.next().unwrap_or(""),
-            conn: parts.next().unwrap_or(""),
+        let node = parts.next().filter(|n| !n.is_empty());
+        let _conn = parts.next();
+        LeaseOwner {
+            node,
             connected_at: parts.next().and_then(|s| s.parse().ok()),
         }
     }
@@ -157,6 +189,7 @@ impl Store {
                 self.ttl_ms,
                 now,
                 self.max_devices,
+                self.run,
             );
         }
         let reply = self.query(&pipe).await?;
@@ -308,9 +341,20 @@ mod tests {
 
     #[test]
     fn lease_owner_round_trips() {
-        let v = LeaseOwner::format("n1", "c42", 1700);
+        let at = 1_763_970_000_123;
+        let v = LeaseOwner::format(at, 17, 42);
         let o = LeaseOwner::parse(&v);
-        assert_eq!((o.node, o.conn, o.connected_at), ("n1", "c42", Some(1700)));
-        assert_eq!(LeaseOwner::parse("junk").conn, "");
+        assert_eq!((o.node, o.connected_at), (None, Some(at)));
+        // Within one millisecond, the run and the connection tell values apart.
+        assert_ne!(v, LeaseOwner::format(at, 17, 43));
+        assert_ne!(v, LeaseOwner::format(at, 18, 42));
+        // Fits an i64, so Redis keeps it as an integer, until 2089.
+        let late = LeaseOwner::format(LEASE_EPOCH_MS + (1 << 41) - 1, u64::MAX, u64::MAX);
+        assert!(late.parse::<i64>().is_ok(), "{late}");
+        // Schema 4 and older.
+        let o = LeaseOwner::parse("n1 c42 1700");
+        assert_eq!((o.node, o.connected_at), (Some("n1"), Some(1700)));
+        assert_eq!(LeaseOwner::parse("junk").connected_at, None);
+        assert_eq!(LeaseOwner::parse("").node, None);
     }
 }

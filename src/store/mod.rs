@@ -111,6 +111,9 @@ pub struct Store {
     buckets: Buckets,
     /// Where the transitions this node's steps make are sent, if anywhere.
     webhooks: Option<Webhooks>,
+    /// This node's run number, written into the fields of the devices it
+    /// holds (0 until [`Store::begin_run`]: no node known).
+    run: u64,
 }
 
 impl Store {
@@ -129,6 +132,7 @@ impl Store {
             max_devices,
             buckets: Buckets::default(),
             webhooks: None,
+            run: 0,
         }
     }
 
@@ -153,6 +157,11 @@ impl Store {
     /// [`Store::load_deployment`]).
     pub fn with_buckets(self, buckets: Buckets) -> Self {
         Self { buckets, ..self }
+    }
+
+    /// This node's run number (see [`Store::begin_run`]).
+    pub fn run(&self) -> u64 {
+        self.run
     }
 
     /// How the indexes over all users are split.

@@ -65,6 +65,42 @@ impl super::Store {
         Ok(store)
     }
 
+    /// Starts this node's run: takes a run number no other start of a node
+    /// in this deployment had (`HINCRBY presence-meta runs 1`) and records
+    /// which node it is in `presence-run:<run>`, which the node renews
+    /// ([`Self::keep_run`]). The devices this node holds carry the number
+    /// in their field of the user's hash, so that any node can tell which
+    /// node holds a device. Returns this store with it.
+    pub async fn begin_run(self, node: &str) -> super::StoreResult<Self> {
+        use crate::keys;
+        let run: u64 = redis::cmd("HINCRBY")
+            .arg(keys::META)
+            .arg(keys::META_RUNS)
+            .arg(1)
+            .query_async(&mut self.conn())
+            .await?;
+        let store = Self { run, ..self };
+        store.keep_run(node).await?;
+        Ok(store)
+    }
+
+    /// Renews this node's run record (see [`Self::begin_run`]); also
+    /// raises the run counter to this run, which puts both back after Redis
+    /// lost its data.
+    pub async fn keep_run(&self, node: &str) -> super::StoreResult<()> {
+        use crate::keys;
+        let mut pipe = redis::pipe();
+        pipe.cmd("SET")
+            .arg(keys::run(self.run))
+            .arg(node)
+            .arg("EX")
+            .arg(keys::RUN_TTL_SECS)
+            .ignore();
+        self.scripts.runs_at_least(&mut pipe, self.run).ignore();
+        self.query(&pipe).await?;
+        Ok(())
+    }
+
     /// Deletes the online index of schemas 1 to 3 (`presence-online`, and
     /// its buckets `presence-online:{b<k>}`): since schema 4 the online
     /// list reads `presence-leases:{b<k>}`, which holds the same users.
