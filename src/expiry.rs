@@ -16,7 +16,7 @@
 //! stream owned by one node at a time (`src/cluster.rs`).
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use actix::prelude::*;
 
@@ -87,11 +87,6 @@ impl LockView {
 fn store_buckets(store: &Store) -> usize {
     store.buckets().count() as usize
 }
-
-/// How often the node renews its run record (`presence-run:<run>`, which
-/// lives [`crate::keys::RUN_TTL_SECS`]): after Redis lost its data, the
-/// device detail names this node's devices' node again within this time.
-const RUN_RENEW: Duration = Duration::from_secs(60);
 
 /// Most due leases one round trip of the deadline pass handles.
 const REAP_BATCH: usize = 1_000;
@@ -317,13 +312,24 @@ impl Actor for ExpiryListener {
             on_key,
         ));
         ctx.run_interval(self.config.reaper_interval(), |act, ctx| act.tick(ctx));
-        // The record of this node's run outlives the node by a day at most.
-        // One SET and one short script a minute.
-        ctx.run_interval(RUN_RENEW, |act, _| {
-            let (store, node) = (act.store.clone(), act.config.node_id.clone());
+        // The record of this node's run, which names it for the devices it
+        // holds: one short script per renewal.
+        ctx.run_interval(self.config.run_renew_interval(), |act, _| {
+            let (store, node, hold) = (
+                act.store.clone(),
+                act.config.node_id.clone(),
+                act.config.run_hold(),
+            );
             actix::spawn(async move {
-                if let Err(e) = store.keep_run(&node).await {
-                    log::warn!("could not renew this node's run record: {e}");
+                match store.keep_run(&node, hold).await {
+                    Ok(true) => {}
+                    Ok(false) => log::error!(
+                        "run {} is now held by another node (this node's record lapsed, \
+                         e.g. while it was frozen): the device detail may name that node \
+                         for this node's devices until they reconnect",
+                        store.run()
+                    ),
+                    Err(e) => log::warn!("could not renew this node's run record: {e}"),
                 }
             });
         });

@@ -26,11 +26,10 @@ pub const META: &str = "presence-meta";
 /// holds the run number of the node holding it ([`run`]); there is nothing
 /// to move, but a node of schema 4 would read both wrong.
 pub const SCHEMA_VERSION: u32 = 5;
-/// Field of [`META`] that hands out run numbers (`HINCRBY`): each start of
-/// a node takes the next.
-pub const META_RUNS: &str = "runs";
-/// How long a run's record ([`run`]) outlives its node's last renewal.
-pub const RUN_TTL_SECS: u64 = 24 * 3600;
+/// Highest run number (13 bits): a node's run is claimed at random among
+/// 1..=`MAX_RUN` ([`run`]), small enough for a listpack's 13-bit integer in
+/// the device fields.
+pub const MAX_RUN: u64 = 8_191;
 /// B for a new deployment.
 pub const DEFAULT_BUCKETS: u32 = 16;
 /// Most buckets a deployment may have (two digits in the key).
@@ -112,9 +111,10 @@ pub fn expiry_owner(primary_id: &str) -> String {
     ["presence-expiry-owner:{", primary_id, "}"].concat()
 }
 
-/// Which node a run is (`presence-run:<run>`, the node id; TTL
-/// [`RUN_TTL_SECS`], renewed while the node runs): where a device's field,
-/// which holds the run number, finds the node holding its connection.
+/// Which node a run is (`presence-run:<run>`, the node id, with a TTL the
+/// node renews): claimed with `SET NX` at start, so no two live nodes share
+/// a run number; where a device's field, which holds the run number, finds
+/// the node holding its connection.
 pub fn run(run: u64) -> String {
     format!("presence-run:{run}")
 }

@@ -91,7 +91,7 @@ pub async fn run(
         .load_deployment()
         .await
         .context("cannot read the deployment's settings (presence-meta)")?
-        .begin_run(&config.node_id)
+        .begin_run(&config.node_id, config.run_hold())
         .await
         .context("cannot record this node's run (presence-meta, presence-run)")?;
     // Every session's lease refreshes go through one refresher task, which

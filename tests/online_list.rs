@@ -433,6 +433,33 @@ async fn schema_3_online_index_is_deleted_at_start_and_idempotently() {
     assert_eq!(again, seen);
 }
 
+/// Schema 4 to 5 moves nothing: a node starting on a schema-4 deployment
+/// does not walk the keyspace again for the moves of schema 4 (a SCAN over
+/// every user's hash on every node starting at once). Here the sign of that
+/// walk, a stray `active` field it would fold into `seq`, stays.
+#[tokio::test]
+async fn schema_4_to_5_walks_no_keys() {
+    let redis = Redis::start();
+    old_deployment(&redis, 4).await;
+    let mut c = redis.aconn().await;
+    redis::cmd("HSET")
+        .arg("presence-status:{stray}")
+        .arg("active")
+        .arg(1_700_000_000_000_i64)
+        .query_async::<()>(&mut c)
+        .await
+        .unwrap();
+    let _n1 = Node::start(&redis, "n1");
+    assert_eq!(schema(&redis).await, SCHEMA);
+    let active: Option<i64> = redis::cmd("HGET")
+        .arg("presence-status:{stray}")
+        .arg("active")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(active, Some(1_700_000_000_000));
+}
+
 /// Schema 3's own index of who is online, for users `<prefix>0..`.
 async fn v3_online_index(redis: &Redis, prefix: &str, n: usize) {
     let mut c = redis.aconn().await;

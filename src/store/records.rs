@@ -172,8 +172,8 @@ impl Store {
             ));
         }
         let mut out = Vec::with_capacity(fields.len());
-        // Runs whose node is asked for: (run, index of the device in `out`).
-        let mut runs = Vec::new();
+        // Runs whose node is asked for, each with the devices it holds.
+        let mut runs: std::collections::BTreeMap<u64, Vec<usize>> = Default::default();
         for ((device, run), chunk) in fields.into_iter().zip(reply.chunks(2)) {
             let owner: Option<String> = redis::from_redis_value_ref(&chunk[0])?;
             let pttl: i64 = redis::from_redis_value_ref(&chunk[1])?;
@@ -183,7 +183,7 @@ impl Store {
             };
             let lease = LeaseOwner::parse(&owner);
             if lease.node.is_none() && run != 0 {
-                runs.push((run, out.len()));
+                runs.entry(run).or_default().push(out.len());
             }
             out.push(DeviceInfo {
                 device,
@@ -195,12 +195,15 @@ impl Store {
         if !runs.is_empty() {
             // Each run's record is a key of its own (its own slot in a cluster).
             let mut pipe = redis::pipe();
-            for (run, _) in &runs {
+            for run in runs.keys() {
                 pipe.get(keys::run(*run));
             }
             let nodes = self.query(&pipe).await?;
-            for ((_, i), node) in runs.iter().zip(&nodes) {
-                out[*i].node = redis::from_redis_value_ref(node)?;
+            for (devices, node) in runs.values().zip(&nodes) {
+                let node: Option<String> = redis::from_redis_value_ref(node)?;
+                for &i in devices {
+                    out[i].node.clone_from(&node);
+                }
             }
         }
         Ok(out)

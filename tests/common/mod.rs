@@ -623,9 +623,9 @@ pub async fn count(redis: &Redis, user: &str) -> i64 {
 }
 
 /// The node holding `user`'s `device`, as its lease tells (`None`: no
-/// lease): the lease value (key schema 5) carries the low 10 bits of the
-/// node's run number, which must match the run in the device's field of the
-/// user's hash, whose node `presence-run:<run>` names.
+/// lease): the lease value (key schema 5) ends in the node's run number
+/// (13 bits), which must be the run in the device's field of the user's
+/// hash, whose node `presence-run:<run>` names.
 pub async fn lease_node(redis: &Redis, user: &str, device: &str) -> Option<String> {
     let mut c = redis.aconn().await;
     let (lease, run): (Option<u64>, Option<u64>) = redis::pipe()
@@ -637,8 +637,8 @@ pub async fn lease_node(redis: &Redis, user: &str, device: &str) -> Option<Strin
     let lease = lease?;
     let run = run.unwrap_or_else(|| panic!("{user}/{device}: a lease and no field"));
     assert_eq!(
-        (lease >> 12) & 0x3ff,
-        run & 0x3ff,
+        lease & 0x1fff,
+        run,
         "{user}/{device}: the lease {lease} is not of the run {run} its field names"
     );
     redis::cmd("GET")

@@ -315,7 +315,7 @@ async fn ceiling(
                         .arg("")
                         .arg("")
                         // The node's run number.
-                        .arg(1)
+                        .arg(crate::fixture::LEASE_RUN)
                         .ignore();
                     let bucket = crate::fixture::bucket_of(&user, crate::fixture::BUCKETS);
                     let leases = indexes.entry(bucket).or_insert_with(|| {
