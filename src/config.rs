@@ -144,9 +144,10 @@ impl Config {
         self.reconcile_interval.min(Duration::from_secs(60))
     }
 
-    /// How long the run record holds: three renewals, so that one late
-    /// renewal does not free the number for another node.
+    /// How long the run record holds: three renewals, and at least 30 s,
+    /// so that a late renewal (a busy or briefly frozen node) does not free
+    /// the number for another node.
     pub fn run_hold(&self) -> Duration {
-        self.run_renew_interval() * 3
+        (self.run_renew_interval() * 3).max(Duration::from_secs(30))
     }
 }
