@@ -136,4 +136,18 @@ impl Config {
     pub fn retention_interval(&self) -> Duration {
         Duration::from_secs(60)
     }
+
+    /// How often the node renews its run record (`presence-run:<run>`):
+    /// with the reconciliation, at least every minute. After Redis lost its
+    /// data, the device detail names this node's devices again within it.
+    pub fn run_renew_interval(&self) -> Duration {
+        self.reconcile_interval.min(Duration::from_secs(60))
+    }
+
+    /// How long the run record holds: three renewals, and at least 30 s,
+    /// so that a late renewal (a busy or briefly frozen node) does not free
+    /// the number for another node.
+    pub fn run_hold(&self) -> Duration {
+        (self.run_renew_interval() * 3).max(Duration::from_secs(30))
+    }
 }

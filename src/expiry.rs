@@ -312,6 +312,27 @@ impl Actor for ExpiryListener {
             on_key,
         ));
         ctx.run_interval(self.config.reaper_interval(), |act, ctx| act.tick(ctx));
+        // The record of this node's run, which names it for the devices it
+        // holds: one short script per renewal.
+        ctx.run_interval(self.config.run_renew_interval(), |act, _| {
+            let (store, node, hold) = (
+                act.store.clone(),
+                act.config.node_id.clone(),
+                act.config.run_hold(),
+            );
+            actix::spawn(async move {
+                match store.keep_run(&node, hold).await {
+                    Ok(true) => {}
+                    Ok(false) => log::error!(
+                        "run {} is now held by another node (this node's record lapsed, \
+                         e.g. while it was frozen): the device detail may name that node \
+                         for this node's devices until they reconnect",
+                        store.run()
+                    ),
+                    Err(e) => log::warn!("could not renew this node's run record: {e}"),
+                }
+            });
+        });
     }
 }
 

@@ -18,7 +18,7 @@ use crate::protocol::{parse_privacy, ErrorCode, ProtocolError};
 use crate::refresh::Refresher;
 use crate::registry::{GetStats, Registry};
 use crate::session::{Identity, NodeParts, Session, TokenState};
-use crate::store::{now_ms, Cursor, DeviceInfo, LeaseOwner, OnlinePage, Reader, Store, StoreError};
+use crate::store::{Cursor, DeviceInfo, OnlinePage, Reader, Store, StoreError};
 
 /// Default page size of `GET /api/online`.
 const ONLINE_DEFAULT_LIMIT: usize = 50;
@@ -399,7 +399,7 @@ async fn open_session(
     };
     crate::metrics::METRICS.sessions_opened.inc();
     let id = state.next_session.fetch_add(1, Ordering::Relaxed);
-    let owner = LeaseOwner::format(&state.config.node_id, &id.to_string(), now_ms());
+    let owner = state.store.lease_value();
     if user.is_empty() {
         log::info!("device {device}: websocket from {ip}, awaiting its auth frame");
     } else {

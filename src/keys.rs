@@ -21,8 +21,15 @@ pub const META: &str = "presence-meta";
 /// are fields of its status hash (schema 2 kept them in a set of their own,
 /// `presence-devices:{<user>}`, moved at start). 4: the online list reads
 /// the deadlines in [`leases`]; schema 3's own index of online users,
-/// `presence-online:{b<k>}` ([`v3_online`]), is deleted at start.
-pub const SCHEMA_VERSION: u32 = 4;
+/// `presence-online:{b<k>}` ([`v3_online`]), is deleted at start. 5: a
+/// lease's value is one integer, and a device's field in the user's hash
+/// holds the run number of the node holding it ([`run`]); there is nothing
+/// to move, but a node of schema 4 would read both wrong.
+pub const SCHEMA_VERSION: u32 = 5;
+/// Highest run number (13 bits): a node's run is claimed at random among
+/// 1..=`MAX_RUN` ([`run`]), small enough for a listpack's 13-bit integer in
+/// the device fields.
+pub const MAX_RUN: u64 = 8_191;
 /// B for a new deployment.
 pub const DEFAULT_BUCKETS: u32 = 16;
 /// Most buckets a deployment may have (two digits in the key).
@@ -102,6 +109,14 @@ pub fn reaper_lock(bucket: u32) -> String {
 /// one cluster primary (named by its node id); the others stand by.
 pub fn expiry_owner(primary_id: &str) -> String {
     ["presence-expiry-owner:{", primary_id, "}"].concat()
+}
+
+/// Which node a run is (`presence-run:<run>`, the node id, with a TTL the
+/// node renews): claimed with `SET NX` at start, so no two live nodes share
+/// a run number; where a device's field, which holds the run number, finds
+/// the node holding its connection.
+pub fn run(run: u64) -> String {
+    format!("presence-run:{run}")
 }
 
 /// The device lease: a string with a TTL whose value names the owning connection.

@@ -90,7 +90,10 @@ pub async fn run(
     let store = store
         .load_deployment()
         .await
-        .context("cannot read the deployment's settings (presence-meta)")?;
+        .context("cannot read the deployment's settings (presence-meta)")?
+        .begin_run(&config.node_id, config.run_hold())
+        .await
+        .context("cannot record this node's run (presence-meta, presence-run)")?;
     // Every session's lease refreshes go through one refresher task, which
     // sends them to Redis in batches.
     let refresher = Refresher::spawn(store.clone());

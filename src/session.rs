@@ -434,7 +434,9 @@ impl Session {
         let mut ticks = crate::clock::Ticks::new(self.node.config.heartbeat);
         ctx.run_interval(self.node.config.heartbeat, move |act, ctx| {
             if ticks.jumped() {
-                log::info!(
+                // Every session sees the same freeze: the registry says it
+                // once for the node, a line per session would be a storm.
+                log::debug!(
                     "{}/{}: the node was frozen; judging the client from now on",
                     act.me.user,
                     act.me.device

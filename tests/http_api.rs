@@ -253,3 +253,74 @@ async fn demo_page_and_client_are_served() {
     assert_eq!(js.status().as_u16(), 200);
     assert!(js.text().await.unwrap().contains("class PresenceClient"));
 }
+
+/// Key schema 5: a lease's value is one integer, which Redis keeps inside
+/// the key's value object, and the device detail still tells, from any
+/// node, which node holds each device and since when: after the device
+/// moved to another node, and for a lease of schema 4
+/// (`<node> <connection> <connected_at>`) too.
+#[tokio::test]
+async fn the_device_detail_names_the_node_holding_it_from_any_node() {
+    let redis = Redis::start();
+    let n1 = Node::start(&redis, "n1");
+    let n2 = Node::start(&redis, "n2");
+    let device = |base: String, name: &'static str| async move {
+        let (_, body) = get(&format!("{base}/api/presence/alice")).await;
+        let list = body["device_list"].as_array().cloned().unwrap_or_default();
+        list.into_iter().find(|d| d["device"] == name)
+    };
+    let before = now_ms();
+    let _phone = Client::connect(&n1, "alice", "phone").await;
+    let after = now_ms();
+    let mut c = redis.aconn().await;
+    let encoding: String = redis::cmd("OBJECT")
+        .arg("ENCODING")
+        .arg("presence:{alice}:phone")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(encoding, "int", "the lease value is one integer");
+    let phone = device(n2.http(), "phone").await.expect("phone listed");
+    assert_eq!(phone["node"], "n1", "{phone}");
+    let at = phone["connected_at"].as_i64().unwrap();
+    assert!(
+        (before..=after).contains(&at),
+        "{before} <= {at} <= {after}"
+    );
+
+    // The device connects again, to n2: the detail follows it.
+    let _moved = Client::connect(&n2, "alice", "phone").await;
+    wait_until("the phone shown on n2", DEADLINE, || async {
+        device(n1.http(), "phone")
+            .await
+            .is_some_and(|d| d["node"] == "n2")
+    })
+    .await;
+
+    // A lease written by a node of schema 4.
+    redis::pipe()
+        .cmd("SET")
+        .arg("presence:{alice}:tab")
+        .arg("old-node 7 1700000000000")
+        .arg("PX")
+        .arg(60_000)
+        .ignore()
+        .cmd("HSET")
+        .arg("presence-status:{alice}")
+        .arg("d:tab")
+        .arg(1)
+        .ignore()
+        .query_async::<()>(&mut c)
+        .await
+        .unwrap();
+    let tab = device(n1.http(), "tab").await.expect("tab listed");
+    assert_eq!(tab["node"], "old-node", "{tab}");
+    assert_eq!(tab["connected_at"], 1_700_000_000_000_i64, "{tab}");
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}

@@ -99,6 +99,9 @@ async fn a_viewer_who_sees_nobody_gets_short_pages_with_a_cursor() {
     assert_eq!(pages, 1_000 / 40, "pages walked");
 }
 
+/// The key schema this version writes to `presence-meta`.
+const SCHEMA: &str = "5";
+
 /// Marks the deployment in `redis` as one of key schema `schema` with the
 /// default 16 buckets, as an older version left it.
 async fn old_deployment(redis: &Redis, schema: u32) {
@@ -171,7 +174,7 @@ async fn schema_1_indexes_move_into_buckets_at_start() {
         .query_async(&mut c)
         .await
         .unwrap();
-    assert_eq!(meta, ["16", "4"]);
+    assert_eq!(meta, ["16", SCHEMA]);
     let (seen, _) = walk(&node.http(), 20).await;
     let names: HashSet<&str> = seen.iter().map(|(u, _)| u.as_str()).collect();
     assert_eq!((seen.len(), names.len()), (50, 50), "{seen:?}");
@@ -220,7 +223,7 @@ async fn schema_2_device_sets_move_into_the_users_hashes_at_start() {
         .await
         .unwrap();
     assert!(sets.is_empty(), "{sets:?}");
-    assert_eq!(schema(&redis).await, "4");
+    assert_eq!(schema(&redis).await, SCHEMA);
     let mut fields: Vec<String> = redis::cmd("HKEYS")
         .arg("presence-status:{old0}")
         .query_async(&mut c)
@@ -414,7 +417,7 @@ async fn schema_3_online_index_is_deleted_at_start_and_idempotently() {
 
     let n1 = Node::start(&redis, "n1");
     assert!(index_members(&redis, "presence-online").await.is_empty());
-    assert_eq!(schema(&redis).await, "4");
+    assert_eq!(schema(&redis).await, SCHEMA);
     let (seen, _) = walk(&n1.http(), 15).await;
     assert_eq!(seen.len(), 40);
     assert_eq!(seen[0].0, "s3_39");
@@ -425,9 +428,36 @@ async fn schema_3_online_index_is_deleted_at_start_and_idempotently() {
     v3_online_index(&redis, "s3_", 40).await;
     let n2 = Node::start(&redis, "n2");
     assert!(index_members(&redis, "presence-online").await.is_empty());
-    assert_eq!(schema(&redis).await, "4");
+    assert_eq!(schema(&redis).await, SCHEMA);
     let (again, _) = walk(&n2.http(), 15).await;
     assert_eq!(again, seen);
+}
+
+/// Schema 4 to 5 moves nothing: a node starting on a schema-4 deployment
+/// does not walk the keyspace again for the moves of schema 4 (a SCAN over
+/// every user's hash on every node starting at once). Here the sign of that
+/// walk, a stray `active` field it would fold into `seq`, stays.
+#[tokio::test]
+async fn schema_4_to_5_walks_no_keys() {
+    let redis = Redis::start();
+    old_deployment(&redis, 4).await;
+    let mut c = redis.aconn().await;
+    redis::cmd("HSET")
+        .arg("presence-status:{stray}")
+        .arg("active")
+        .arg(1_700_000_000_000_i64)
+        .query_async::<()>(&mut c)
+        .await
+        .unwrap();
+    let _n1 = Node::start(&redis, "n1");
+    assert_eq!(schema(&redis).await, SCHEMA);
+    let active: Option<i64> = redis::cmd("HGET")
+        .arg("presence-status:{stray}")
+        .arg("active")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(active, Some(1_700_000_000_000));
 }
 
 /// Schema 3's own index of who is online, for users `<prefix>0..`.

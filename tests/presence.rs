@@ -145,13 +145,12 @@ async fn reconnect_on_another_node_keeps_the_lease() {
     old.close().await;
     a.wait_log("alice/phone: closed").await;
 
-    let mut c = redis.aconn().await;
-    let owner: String = redis::cmd("GET")
-        .arg("presence:{alice}:phone")
-        .query_async(&mut c)
-        .await
-        .unwrap();
-    assert!(owner.starts_with("b "), "lease owner {owner:?}");
+    assert_eq!(
+        lease_node(&redis, "alice", "phone").await.as_deref(),
+        Some("b")
+    );
+    let (_, body) = get(&format!("{}/api/presence/alice", a.http())).await;
+    assert_eq!(body["device_list"][0]["node"], "b", "{body}");
     assert_eq!(count(&redis, "alice").await, 1);
 
     // Pub/sub keeps order: had the late close announced anything, it would

@@ -139,13 +139,10 @@ async fn replaced_connection_is_closed() {
     let (code, _) = old.expect_closed().await.expect("close frame");
     assert_eq!(code, 4001);
     assert_eq!(count(&redis, "alice").await, 1);
-    let mut conn = redis.aconn().await;
-    let owner: String = redis::cmd("GET")
-        .arg("presence:{alice}:phone")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    assert!(owner.starts_with("b "));
+    assert_eq!(
+        lease_node(&redis, "alice", "phone").await.as_deref(),
+        Some("b")
+    );
 }
 
 #[tokio::test]

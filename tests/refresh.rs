@@ -17,15 +17,6 @@ const SESSIONS: usize = 200;
 /// connection would stand out in `presence-leases`.
 const SHORT_HEARTBEAT_MS: u64 = 300;
 
-async fn lease_owner(redis: &Redis, user: &str, device: &str) -> Option<String> {
-    let mut c = redis.aconn().await;
-    redis::cmd("GET")
-        .arg(format!("presence:{{{user}}}:{device}"))
-        .query_async(&mut c)
-        .await
-        .unwrap()
-}
-
 async fn leases_index_score(redis: &Redis, member: &str) -> Option<i64> {
     let mut c = redis.aconn().await;
     let user = member.split(':').next().unwrap();
@@ -131,11 +122,8 @@ async fn concurrent_refreshes_keep_every_lease_and_close_the_replaced() {
             );
         }
         let user = format!("r{i}");
-        let owner = lease_owner(&redis, &user, "d").await;
-        assert!(
-            owner.as_deref().is_some_and(|o| o.starts_with("a ")),
-            "{user}: lease {owner:?}"
-        );
+        let owner = lease_node(&redis, &user, "d").await;
+        assert_eq!(owner.as_deref(), Some("a"), "{user}: lease");
         assert_eq!(count(&redis, &user).await, 1, "{user}");
         let score = leases_index_score(&redis, &format!("{user}:d")).await;
         assert!(score.is_some_and(|s| s > now), "{user}: deadline {score:?}");
@@ -174,11 +162,8 @@ async fn check_replaced(redis: &Redis, close: Option<(u16, String)>, replaced_at
         "closed {} ms after the takeover",
         closed_at - replaced_at
     );
-    let owner = lease_owner(redis, "victim", "phone").await;
-    assert!(
-        owner.as_deref().is_some_and(|o| o.starts_with("b ")),
-        "lease owner {owner:?}"
-    );
+    let owner = lease_node(redis, "victim", "phone").await;
+    assert_eq!(owner.as_deref(), Some("b"), "lease owner");
     assert_eq!(count(redis, "victim").await, 1);
 }
 

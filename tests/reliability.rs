@@ -96,6 +96,28 @@ async fn redis_restart_with_empty_data() {
     alice.send(json!({"type":"heartbeat"})).await;
 }
 
+/// Redis restarts empty: the re-asserted device's field and lease name its
+/// node's run again, and the node writes its run record back, so the device
+/// detail names the node again (here within the renewal, which follows the
+/// reconciliation interval).
+#[tokio::test]
+async fn after_an_empty_restart_the_device_detail_names_the_node_again() {
+    let mut redis = Redis::start();
+    let a = Node::start_with(&redis, "a", &["--reconcile-interval-ms", "1000"]);
+    let _phone = Client::connect(&a, "alice", "phone").await;
+    assert_eq!(
+        lease_node(&redis, "alice", "phone").await.as_deref(),
+        Some("a")
+    );
+    redis.restart_empty();
+    wait_until("the phone's node known again", DEADLINE, || async {
+        lease_node(&redis, "alice", "phone").await.as_deref() == Some("a")
+    })
+    .await;
+    let (_, body) = get(&format!("{}/api/presence/alice", a.http())).await;
+    assert_eq!(body["device_list"][0]["node"], "a", "{body}");
+}
+
 /// Expired events missed (notifications off, and the deadline index lost
 /// the lease): the reconciliation pass repairs the counter and emits the
 /// missing offline once.

@@ -151,3 +151,65 @@ async fn starts_and_stops_a_private_redis() {
         "data dir left behind"
     );
 }
+
+/// Each start of a node claims a run number no live node holds (the lease
+/// values and device fields of key schema 5 carry it), recorded with the
+/// node's id; renewing writes the record back after Redis lost its data,
+/// and leaves it to another node that holds the number meanwhile.
+#[tokio::test]
+async fn each_start_claims_a_run_of_its_own_and_renewing_keeps_it() {
+    use presence_server::store::Store;
+    let hold = Duration::from_secs(30);
+    let mut redis = Redis::start();
+    let client = redis::Client::open(redis.url.as_str()).unwrap();
+    let manager = client.get_connection_manager().await.unwrap();
+    let store = || Store::new(manager.clone(), Duration::from_secs(45));
+    store().load_scripts().await.unwrap();
+    let a = store().begin_run("a", hold).await.unwrap();
+    let b = store().begin_run("b", hold).await.unwrap();
+    assert_ne!(a.run(), b.run());
+    assert!((1..=8191).contains(&a.run()) && (1..=8191).contains(&b.run()));
+    let url = redis.url.clone();
+    let record = |run: u64| {
+        let url = url.clone();
+        async move {
+            let mut c = redis::Client::open(url.as_str())
+                .unwrap()
+                .get_multiplexed_async_connection()
+                .await
+                .unwrap();
+            let (node, pttl): (Option<String>, i64) = redis::pipe()
+                .get(format!("presence-run:{run}"))
+                .pttl(format!("presence-run:{run}"))
+                .query_async(&mut c)
+                .await
+                .unwrap();
+            (node, pttl)
+        }
+    };
+    let (node, pttl) = record(a.run()).await;
+    assert_eq!(node.as_deref(), Some("a"));
+    assert!(pttl > 20_000 && pttl <= 30_000, "pttl {pttl}");
+
+    redis.restart_empty();
+    assert_eq!(record(b.run()).await.0, None);
+    // The connection manager reconnects; a command may fail meanwhile.
+    wait_until("b renews its run", DEADLINE, || async {
+        b.keep_run("b", hold).await.is_ok()
+    })
+    .await;
+    assert_eq!(record(b.run()).await.0.as_deref(), Some("b"));
+
+    // a's number was claimed by another node while a's record was gone:
+    // a leaves it to that node.
+    let mut c = redis.aconn().await;
+    redis::cmd("SET")
+        .arg(format!("presence-run:{}", a.run()))
+        .arg("c")
+        .query_async::<()>(&mut c)
+        .await
+        .unwrap();
+    assert!(!a.keep_run("a", hold).await.unwrap());
+    assert_eq!(record(a.run()).await.0.as_deref(), Some("c"));
+    assert!(b.keep_run("b", hold).await.unwrap());
+}

@@ -35,6 +35,15 @@ pub async fn index_len(
     Ok(cards.iter().sum())
 }
 
+/// The lease value the bench writes for devices of no node: a lease value
+/// of key schema 5 is one integer (what the node writes, see the server's
+/// `LeaseOwner`), which Redis keeps inside the key's value object; this one
+/// is of run [`LEASE_RUN`], as the device fields say.
+pub const LEASE_VALUE: &str = "788529152000000001";
+/// The run number in [`LEASE_VALUE`] and in the device fields the bench
+/// writes.
+pub const LEASE_RUN: u64 = 1;
+
 /// Writes a live lease for device `d` of users `<prefix>0` .. `<prefix>{n-1}`
 /// (lease owned by `owner`, device field of the user's hash, counter and, with `index`, the
 /// deadline in its bucket of `presence-leases`), with a TTL of ten minutes.
@@ -60,7 +69,7 @@ pub async fn live_leases(
             pipe.cmd("HSET")
                 .arg(format!("presence-status:{{{user}}}"))
                 .arg("d:d")
-                .arg(1)
+                .arg(LEASE_RUN)
                 .ignore();
             pipe.cmd("SET")
                 .arg(format!("presence-count:{{{user}}}"))

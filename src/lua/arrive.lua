@@ -5,8 +5,9 @@
 -- KEYS[1] presence:{<user>}:<device>   the device lease
 -- KEYS[2] presence-count:{<user>}      live device counter
 -- KEYS[3] presence-status:{<user>}     the user's hash: d:<device> per counted
---                                      device; status, text, since, privacy,
---                                      last_seen, seq
+--                                      device (the run number of the node
+--                                      holding it); status, text, since,
+--                                      privacy, last_seen, seq
 -- ARGV[1] lease owner (this connection's value)
 -- ARGV[2] lease TTL in ms
 -- ARGV[3] device id
@@ -21,6 +22,7 @@
 -- ARGV[11] most devices the user may have (connect only)
 -- ARGV[12] show_online this connection last knew ("" when none)
 -- ARGV[13] show_last_seen this connection last knew ("" when none)
+-- ARGV[14] the run number of this connection's node (presence-run:<run>)
 --
 -- Returns {held, came_online, status, text, since, show_online, show_last_seen},
 -- or just {held, came_online} for a refresh that holds the lease and finds
@@ -92,7 +94,16 @@ end
 local status, text, since = st[1] or '', st[2] or '', st[3] or '0'
 local show_online, show_last_seen = st[4] or '', st[5] or ''
 local came_online = 0
-if redis.call('HSETNX', KEYS[3], field, 1) == 1 then
+-- The device's field names the node run holding it: a new connection
+-- writes it even where the device was already counted (it may have moved
+-- from another node), a refresh only where it was missing.
+local added
+if ARGV[5] == 'connect' then
+  added = redis.call('HSET', KEYS[3], field, ARGV[14])
+else
+  added = redis.call('HSETNX', KEYS[3], field, ARGV[14])
+end
+if added == 1 then
   local count = redis.call('INCR', KEYS[2])
   if count == 1 then
     publish_event(ARGV[7], KEYS[3], ARGV[6], 1, nil, next_seq(KEYS[3], ARGV[4]))

@@ -8,7 +8,7 @@
 -- Returns the number of devices moved.
 local moved = 0
 for _, device in ipairs(redis.call('SMEMBERS', KEYS[1])) do
-  moved = moved + redis.call('HSETNX', KEYS[2], 'd:' .. device, 1)
+  moved = moved + redis.call('HSETNX', KEYS[2], 'd:' .. device, 0)
 end
 redis.call('DEL', KEYS[1])
 return moved

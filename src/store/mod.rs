@@ -38,7 +38,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use redis::{Pipeline, RedisError, Value};
 
 pub use conn::RedisConn;
-pub use leases::{Arrival, ArriveMode, Departure, Lease, LeaseOwner};
+pub use leases::{Arrival, ArriveMode, Departure, Lease, LeaseClock, LeaseOwner};
 pub use lists::{Cursor, OnlinePage, OnlineUser};
 pub use records::{DeviceInfo, Observed, Reader};
 
@@ -111,6 +111,12 @@ pub struct Store {
     buckets: Buckets,
     /// Where the transitions this node's steps make are sent, if anywhere.
     webhooks: Option<Webhooks>,
+    /// This node's run number, written into the fields of the devices it
+    /// holds and into its lease values (0 until [`Store::begin_run`]: no
+    /// node known).
+    run: u64,
+    /// Stamps this node's lease values.
+    lease_clock: Arc<LeaseClock>,
 }
 
 impl Store {
@@ -129,6 +135,8 @@ impl Store {
             max_devices,
             buckets: Buckets::default(),
             webhooks: None,
+            run: 0,
+            lease_clock: Arc::default(),
         }
     }
 
@@ -153,6 +161,17 @@ impl Store {
     /// [`Store::load_deployment`]).
     pub fn with_buckets(self, buckets: Buckets) -> Self {
         Self { buckets, ..self }
+    }
+
+    /// This node's run number (see [`Store::begin_run`]).
+    pub fn run(&self) -> u64 {
+        self.run
+    }
+
+    /// The lease value of a connection made now: unique in the fleet (see
+    /// [`LeaseOwner`]).
+    pub fn lease_value(&self) -> String {
+        LeaseOwner::format(self.lease_clock.next(now_ms()), self.run)
     }
 
     /// How the indexes over all users are split.

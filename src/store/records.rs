@@ -132,18 +132,22 @@ impl Store {
         Ok(out)
     }
 
-    /// The devices counted for `user` (the device fields of its hash),
-    /// sorted.
-    async fn device_ids(&self, user: &str) -> StoreResult<Vec<String>> {
+    /// The devices counted in `user`'s hash, sorted by id, each with the
+    /// run number of the node holding it (0: not known).
+    async fn device_fields(&self, user: &str) -> StoreResult<Vec<(String, u64)>> {
         let mut conn = self.conn();
-        let fields: Vec<String> = redis::cmd("HKEYS")
+        let fields: Vec<(String, String)> = redis::cmd("HGETALL")
             .arg(keys::status(user))
             .query_async(&mut conn)
             .await?;
-        let mut out: Vec<String> = fields
+        let mut out: Vec<(String, u64)> = fields
             .iter()
-            .filter_map(|f| keys::parse_device_field(f))
-            .map(str::to_string)
+            .filter_map(|(f, v)| {
+                Some((
+                    keys::parse_device_field(f)?.to_string(),
+                    v.parse().unwrap_or(0),
+                ))
+            })
             .collect();
         out.sort();
         Ok(out)
@@ -151,24 +155,26 @@ impl Store {
 
     /// The live devices of `user`, sorted by device id.
     pub async fn devices(&self, user: &str) -> StoreResult<Vec<DeviceInfo>> {
-        let ids = self.device_ids(user).await?;
-        if ids.is_empty() {
+        let fields = self.device_fields(user).await?;
+        if fields.is_empty() {
             return Ok(Vec::new());
         }
         let mut pipe = redis::pipe();
-        for device in &ids {
+        for (device, _) in &fields {
             pipe.get(keys::lease(user, device));
             pipe.pttl(keys::lease(user, device));
         }
         let reply = self.query(&pipe).await?;
-        if reply.len() != 2 * ids.len() {
+        if reply.len() != 2 * fields.len() {
             return Err(StoreError::reply(
                 &keys::status(user),
-                format!("{} replies for {} devices", reply.len(), ids.len()),
+                format!("{} replies for {} devices", reply.len(), fields.len()),
             ));
         }
-        let mut out = Vec::with_capacity(ids.len());
-        for (device, chunk) in ids.into_iter().zip(reply.chunks(2)) {
+        let mut out = Vec::with_capacity(fields.len());
+        // Runs whose node is asked for, each with the devices it holds.
+        let mut runs: std::collections::BTreeMap<u64, Vec<usize>> = Default::default();
+        for ((device, run), chunk) in fields.into_iter().zip(reply.chunks(2)) {
             let owner: Option<String> = redis::from_redis_value_ref(&chunk[0])?;
             let pttl: i64 = redis::from_redis_value_ref(&chunk[1])?;
             let Some(owner) = owner else {
@@ -176,12 +182,29 @@ impl Store {
                 continue;
             };
             let lease = LeaseOwner::parse(&owner);
+            if lease.node.is_none() && run != 0 {
+                runs.entry(run).or_default().push(out.len());
+            }
             out.push(DeviceInfo {
                 device,
-                node: Some(lease.node.to_string()),
+                node: lease.node.map(str::to_string),
                 connected_at: lease.connected_at,
                 expires_in_ms: (pttl >= 0).then_some(pttl),
             });
+        }
+        if !runs.is_empty() {
+            // Each run's record is a key of its own (its own slot in a cluster).
+            let mut pipe = redis::pipe();
+            for run in runs.keys() {
+                pipe.get(keys::run(*run));
+            }
+            let nodes = self.query(&pipe).await?;
+            for (devices, node) in runs.values().zip(&nodes) {
+                let node: Option<String> = redis::from_redis_value_ref(node)?;
+                for &i in devices {
+                    out[i].node.clone_from(&node);
+                }
+            }
         }
         Ok(out)
     }

@@ -622,6 +622,32 @@ pub async fn count(redis: &Redis, user: &str) -> i64 {
     v.unwrap_or(0)
 }
 
+/// The node holding `user`'s `device`, as its lease tells (`None`: no
+/// lease): the lease value (key schema 5) ends in the node's run number
+/// (13 bits), which must be the run in the device's field of the user's
+/// hash, whose node `presence-run:<run>` names.
+pub async fn lease_node(redis: &Redis, user: &str, device: &str) -> Option<String> {
+    let mut c = redis.aconn().await;
+    let (lease, run): (Option<u64>, Option<u64>) = redis::pipe()
+        .get(format!("presence:{{{user}}}:{device}"))
+        .hget(format!("presence-status:{{{user}}}"), format!("d:{device}"))
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let lease = lease?;
+    let run = run.unwrap_or_else(|| panic!("{user}/{device}: a lease and no field"));
+    assert_eq!(
+        lease & 0x1fff,
+        run,
+        "{user}/{device}: the lease {lease} is not of the run {run} its field names"
+    );
+    redis::cmd("GET")
+        .arg(format!("presence-run:{run}"))
+        .query_async(&mut c)
+        .await
+        .unwrap()
+}
+
 /// The bucket of `index` (`presence-leases`, `presence-online` or
 /// `presence-lastseen`) that holds `user`'s entries, in a deployment with
 /// the default number of buckets.

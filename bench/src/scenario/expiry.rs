@@ -45,7 +45,14 @@ pub async fn run(common: &Common, args: &ExpiryArgs) -> anyhow::Result<()> {
     let ttl = Duration::from_millis(3 * hb_ms);
     let mut redis = setup.redis_conn().await?;
     eprintln!("expiry: writing {} live leases", args.live);
-    crate::fixture::live_leases(&mut redis, "live", args.live, "elsewhere 1 0", true).await?;
+    crate::fixture::live_leases(
+        &mut redis,
+        "live",
+        args.live,
+        crate::fixture::LEASE_VALUE,
+        true,
+    )
+    .await?;
     setup.start_nodes(common, 2, Some(DEFAULT_HEARTBEAT_MS))?;
     let (node_a, node_b) = (setup.nodes[0].addr, setup.nodes[1].addr);
 

@@ -36,7 +36,14 @@ pub async fn run(common: &Common, args: &OnlineArgs) -> anyhow::Result<()> {
     let mut setup = Setup::redis(common)?;
     let mut redis = setup.redis_conn().await?;
     eprintln!("online: writing {} hidden online users", args.online);
-    crate::fixture::live_leases(&mut redis, "on", args.online, "elsewhere 1 0", false).await?;
+    crate::fixture::live_leases(
+        &mut redis,
+        "on",
+        args.online,
+        crate::fixture::LEASE_VALUE,
+        false,
+    )
+    .await?;
     crate::fixture::staggered_deadlines(&mut redis, "on", args.online, Some("contacts")).await?;
     setup.start_nodes(common, 1, None)?;
     let base = format!("http://{}/api/online", setup.nodes[0].addr);

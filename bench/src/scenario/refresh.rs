@@ -276,13 +276,12 @@ async fn ceiling(
     secs: Duration,
 ) -> anyhow::Result<f64> {
     eprintln!("refresh: ceiling, straight to Redis");
-    eprintln!("refresh: ceiling, straight to Redis");
     let sha: String = redis::cmd("SCRIPT")
         .arg("LOAD")
         .arg(ARRIVE_LUA)
         .query_async(redis)
         .await?;
-    let owner = "bench 1 0";
+    let owner = crate::fixture::LEASE_VALUE;
     crate::fixture::live_leases(redis, "x", args.devices, owner, false).await?;
     let done = Arc::new(AtomicU64::new(0));
     let deadline = Instant::now() + secs;
@@ -326,6 +325,8 @@ async fn ceiling(
                         .arg(32)
                         .arg("")
                         .arg("")
+                        // The node's run number.
+                        .arg(crate::fixture::LEASE_RUN)
                         .ignore();
                     let bucket = crate::fixture::bucket_of(&user, crate::fixture::BUCKETS);
                     let leases = indexes.entry(bucket).or_insert_with(|| {
