@@ -1,7 +1,7 @@
 -- Extend a short lock only while it is still the caller's: a lock that
 -- lapsed and was taken by another node meanwhile stays with that node.
 --
--- KEYS[1] the lock key (presence-reaper-lock)
+-- KEYS[1] the lock key (presence-reaper-lock, presence-run)
 -- ARGV[1] the caller's lock value (its node id)
 -- ARGV[2] the new hold, in ms
 --

@@ -63,7 +63,6 @@ pub(super) struct Scripts {
     privacy: Script,
     zrem_if: Script,
     lock_keep: Script,
-    run_keep: Script,
     forget_offline: Script,
     migrate_devices: Script,
     fold_active: Script,
@@ -112,7 +111,6 @@ impl Scripts {
             privacy: Script::new(with_events!("../lua/privacy.lua")),
             zrem_if: Script::new(include_str!("../lua/zrem_if.lua")),
             lock_keep: Script::new(include_str!("../lua/lock_keep.lua")),
-            run_keep: Script::new(include_str!("../lua/run_keep.lua")),
             forget_offline: Script::new(include_str!("../lua/forget_offline.lua")),
             migrate_devices: Script::new(include_str!("../lua/migrate_devices.lua")),
             fold_active: Script::new(include_str!("../lua/fold_active.lua")),
@@ -121,7 +119,7 @@ impl Scripts {
         scripts
     }
 
-    fn named(&self) -> [(&Script, &'static str); 12] {
+    fn named(&self) -> [(&Script, &'static str); 11] {
         [
             (&self.arrive, "arrive"),
             (&self.depart, "depart"),
@@ -131,7 +129,6 @@ impl Scripts {
             (&self.privacy, "privacy"),
             (&self.zrem_if, "zrem_if"),
             (&self.lock_keep, "lock_keep"),
-            (&self.run_keep, "run_keep"),
             (&self.forget_offline, "forget_offline"),
             (&self.migrate_devices, "migrate_devices"),
             (&self.fold_active, "fold_active"),
@@ -293,20 +290,6 @@ impl Scripts {
         hold_ms: u64,
     ) -> &'p mut Pipeline {
         eval(pipe, &self.lock_keep, &[key]).arg(value).arg(hold_ms)
-    }
-
-    /// `run_keep.lua`: renews `node`'s record of run `run` for `hold_ms`
-    /// unless another node holds it (reply 1: renewed, 0: another's).
-    pub(super) fn run_keep<'p>(
-        &self,
-        pipe: &'p mut Pipeline,
-        run: u64,
-        node: &str,
-        hold_ms: u64,
-    ) -> &'p mut Pipeline {
-        eval(pipe, &self.run_keep, &[&crate::keys::run(run)])
-            .arg(node)
-            .arg(hold_ms)
     }
 
     /// `migrate_devices.lua`: moves `user`'s schema-2 device set into its

@@ -68,9 +68,10 @@ impl super::Store {
     }
 
     /// Starts this node's run: claims a run number no live node holds,
-    /// at random among 1 to [`crate::keys::MAX_RUN`], by writing the node's
-    /// id to `presence-run:<run>` with `SET NX` for `hold`; the node renews
-    /// it ([`Self::keep_run`]). The devices this node holds carry the number
+    /// at random among 1 to [`crate::keys::MAX_RUN`], by taking
+    /// `presence-run:<run>` for `hold` in the node's name, as a short lock
+    /// is taken ([`Self::hold_lock`]); the node renews it
+    /// ([`Self::keep_run`]). The devices this node holds carry the number
     /// in their field of the user's hash and in their lease values, so that
     /// any node can tell which node holds a device, and two live nodes'
     /// lease values never meet. Returns this store with it.
@@ -83,15 +84,7 @@ impl super::Store {
         const TRIES: usize = 64;
         for _ in 0..TRIES {
             let run = rand::random_range(1..=keys::MAX_RUN);
-            let taken: Option<String> = redis::cmd("SET")
-                .arg(keys::run(run))
-                .arg(node)
-                .arg("NX")
-                .arg("PX")
-                .arg(hold.as_millis() as u64)
-                .query_async(&mut self.conn())
-                .await?;
-            if taken.is_some() {
+            if self.hold_lock(&keys::run(run), node, hold).await? {
                 return Ok(Self { run, ..self });
             }
         }
@@ -105,23 +98,17 @@ impl super::Store {
     }
 
     /// Renews this node's run record for `hold` (see [`Self::begin_run`]),
-    /// writing it back if it lapsed or Redis lost it. False when another
-    /// node holds the number now (this node's record lapsed, e.g. while
-    /// it was frozen, and another node claimed it): the record is left to
-    /// that node.
+    /// writing it back if it lapsed or Redis lost it: the short lock's
+    /// take-or-keep ([`Self::hold_lock`]). False when another node holds
+    /// the number now (this node's record lapsed, e.g. while it was frozen,
+    /// and another node claimed it): the record is left to that node.
     pub async fn keep_run(
         &self,
         node: &str,
         hold: std::time::Duration,
     ) -> super::StoreResult<bool> {
-        let mut pipe = redis::pipe();
-        self.scripts
-            .run_keep(&mut pipe, self.run, node, hold.as_millis() as u64);
-        let reply = self.query(&pipe).await?;
-        let kept = reply
-            .first()
-            .ok_or_else(|| super::StoreError::reply("presence-run", "run_keep: empty reply"))?;
-        Ok(super::reply::int(kept, "presence-run")? == 1)
+        self.hold_lock(&crate::keys::run(self.run), node, hold)
+            .await
     }
 
     /// Deletes the online index of schemas 1 to 3 (`presence-online`, and
