@@ -833,12 +833,14 @@ impl Session {
         // Set, then read back as the owner sees it: every accepted status
         // frame is answered with the sender's own record, so a device that
         // does not watch its own user can still confirm the change.
+        // A change that Redis made is the session's to re-assert from then
+        // on, whether or not the read-back works.
         let set = async move {
             let since = store.set_status(&user, status, text.as_deref()).await?;
             let own = store
                 .presences(std::slice::from_ref(&user), Some(&user))
-                .await?;
-            Ok::<_, crate::store::StoreError>((since, own.into_iter().next()))
+                .await;
+            Ok::<_, crate::store::StoreError>((since, own))
         };
         ctx.spawn(set.into_actor(self).map(move |res, act, ctx| {
             match res {
@@ -847,9 +849,19 @@ impl Session {
                     known.status = status.as_str().to_string();
                     known.text = chosen_text;
                     known.since = since;
-                    if let Some(own) = own {
-                        let record = act.observe(&own);
-                        act.send(ctx, protocol::presence_frame(&record));
+                    match own {
+                        Ok(own) => {
+                            if let Some(own) = own.into_iter().next() {
+                                let record = act.observe(&own);
+                                act.send(ctx, protocol::presence_frame(&record));
+                            }
+                        }
+                        // Setting it again is harmless: the same status
+                        // keeps its `since`.
+                        Err(e) => {
+                            log::warn!("{}: status set, reading it back failed: {e}", act.me.user);
+                            act.send_error(ctx, &unavailable());
+                        }
                     }
                 }
                 Err(e) => {

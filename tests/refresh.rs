@@ -220,3 +220,51 @@ async fn a_status_learned_by_refresh_is_reasserted_after_redis_restarts() {
     })
     .await;
 }
+
+/// A status change that Redis applied is the session's to re-assert, even
+/// when reading the record back for the answer failed (here: Redis went
+/// away between the two, which the contacts key of the wrong type stands
+/// in for, deterministically).
+#[tokio::test]
+async fn a_status_stored_but_not_read_back_is_reasserted_after_redis_restarts() {
+    let mut redis = Redis::start();
+    // Refreshes due only every 2 s: the session cannot learn the status
+    // from a refresh before Redis restarts.
+    let a = Node::start_with(&redis, "a", &["--heartbeat-ms", "6000"]);
+    let mut phone = Client::connect(&a, "alice", "phone").await;
+    let mut c = redis.aconn().await;
+    let _: () = redis::cmd("SET")
+        .arg("presence-contacts:{alice}")
+        .arg("not a set")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    phone
+        .send(json!({"type": "status", "status": "busy", "text": "focus"}))
+        .await;
+    let err = phone.expect("error").await;
+    assert_eq!(err["code"], "unavailable", "{err}");
+    assert_eq!(
+        status_field(&redis, "alice", "status").await.as_deref(),
+        Some("busy")
+    );
+
+    redis.restart_empty();
+    // A frame makes the session refresh as soon as its interval passed.
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        phone.send(json!({"type": "heartbeat"})).await;
+        if status_field(&redis, "alice", "status").await.as_deref() == Some("busy")
+            && status_field(&redis, "alice", "text").await.as_deref() == Some("focus")
+            && count(&redis, "alice").await == 1
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the phone never re-asserted busy: {:?}",
+            status_field(&redis, "alice", "status").await
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -199,6 +199,17 @@ impl Drop for Redis {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        if std::thread::panicking() {
+            let log = self.log();
+            let lines: Vec<&str> = log.lines().collect();
+            let skip = lines.len().saturating_sub(40);
+            eprintln!(
+                "--- redis :{} log (last {} lines) ---\n{}\n--- end of redis log ---",
+                self.port,
+                lines.len() - skip,
+                lines[skip..].join("\n")
+            );
+        }
     }
 }
 
@@ -353,8 +364,25 @@ impl Drop for Node {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        // A failed test shows what each of its nodes did: the panic alone
+        // rarely says why an event never came.
+        if std::thread::panicking() {
+            let logs = self.logs.lock().map(|l| l.clone()).unwrap_or_default();
+            let skip = logs.len().saturating_sub(NODE_LOG_TAIL);
+            eprintln!(
+                "--- node {} log ({} lines, last {}) ---\n{}\n--- end of node {} log ---",
+                self.id,
+                logs.len(),
+                logs.len() - skip,
+                logs[skip..].join("\n"),
+                self.id
+            );
+        }
     }
 }
+
+/// Lines of a node's log a failed test prints.
+const NODE_LOG_TAIL: usize = 400;
 
 /// The server binary built by cargo for these tests; `PRESENCE_SERVER_BIN`
 /// names another one (e.g. an older build, to see a new test fail on it).
