@@ -280,13 +280,29 @@ test("dots follow other users through online, away, busy and offline", { timeout
     await expectStatus(a, "bob", "busy");
   });
 
-  const carol = await step("carol signs in and goes away", async () => {
-    const c = await openAs("carol", "device=desktop&watch=alice&idle=300");
-    await c.page.selectOption("#status", "away");
-    await c.page.fill("#text", "lunch");
-    await c.page.click("#setStatus");
+  const carol = await step("carol picks away before her own record arrives, and goes away", async () => {
+    // The server's frames are held until carol has made her choice, so her
+    // own record (online) comes after it: it must not reset the picker.
+    const context = await browser.newContext({ viewport: { width: 1120, height: 780 }, colorScheme: "light", locale: "en-US" });
+    const page = await context.newPage();
+    page.on("console", (m) => pageLogs.push(`[carol] ${m.type()}: ${m.text()}`));
+    let release;
+    const released = new Promise((r) => { release = r; });
+    await page.routeWebSocket(/\/ws/, (ws) => {
+      const server = ws.connectToServer();
+      server.onMessage(async (m) => { await released; ws.send(m); });
+    });
+    await page.goto(`${node.base}/?user=carol&device=desktop&watch=alice&idle=300`);
+    await page.selectOption("#status", "away");
+    await page.fill("#text", "lunch");
+    release();
+    await page.locator('#state[data-state="open"]').waitFor({ timeout: DEADLINE_MS });
+    await page.locator('#me[data-status="online"]').waitFor({ timeout: DEADLINE_MS });
+    assert.equal(await page.inputValue("#status"), "away", "carol's own record must not reset her choice");
+    assert.equal(await page.inputValue("#text"), "lunch");
+    await page.click("#setStatus");
     await expectStatus(a, "carol", "away");
-    return c;
+    return { context, page };
   });
   const dave = await step("dave signs in twice", async () => {
     const d1 = await openAs("dave", "device=laptop&watch=alice&idle=300");
