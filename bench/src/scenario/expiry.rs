@@ -11,7 +11,7 @@ use clap::Args;
 use serde_json::json;
 
 use super::{connect_many, watch_lists};
-use crate::client::{self, spawn_watcher};
+use crate::client::{self, spawn_watcher, Held};
 use crate::report::{latency_histogram, Report};
 use crate::{now_ms, Common, Setup};
 
@@ -58,6 +58,9 @@ pub async fn run(common: &Common, args: &ExpiryArgs) -> anyhow::Result<()> {
 
     let users: Vec<String> = (0..args.devices).map(|i| format!("e{i}")).collect();
     let (devices, _) = connect_many(node_a, &setup.sources, users.clone(), 100).await?;
+    // Read from now on: a device that answers no ping lets its lease lapse
+    // before the kill when connecting the watchers takes a while.
+    let devices: Vec<Held> = devices.into_iter().map(Held::new).collect();
     let lists = watch_lists(&users, WATCH_PER_SESSION);
     let names: Vec<String> = (0..lists.len()).map(|i| format!("ew{i}")).collect();
     let (watchers, _) = connect_many(node_b, &setup.sources, names, 50).await?;
