@@ -24,7 +24,7 @@
 //! sessions try again on their next due frame.
 
 use std::borrow::Borrow;
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU8, Ordering};
 use std::sync::Arc;
 
 use actix::{Message, Recipient};
@@ -39,30 +39,70 @@ pub const MAX_BATCH: usize = 512;
 /// node parses the other's replies and writes its index entries.
 pub const MAX_IN_FLIGHT: usize = 2;
 
-/// What a session shares with the refresher about its lease: whether a
-/// refresh is in flight, and the deadline last written to
-/// `presence-leases`. The refresher settles the common outcome (the lease is
-/// still ours, nothing else changed) here alone, without waking the session.
+/// What a session shares with the refresher about its lease: where its
+/// refresh stands, and the deadline last written to `presence-leases`. The
+/// refresher settles the common outcome (the lease is still ours, nothing
+/// else changed) here alone, without waking the session.
+///
+/// It also orders a closing session's release after its refresh: a refresh
+/// that reaches Redis after the release would find the lease gone and claim
+/// it again (as it must after Redis lost its data), and the user would come
+/// back online for a lease TTL after going offline. So a session that stops
+/// while its refresh is out leaves the release to the refresher, which
+/// sends it once that refresh is answered ([`LeaseState::close`]).
 #[derive(Debug, Default)]
 pub struct LeaseState {
-    refreshing: AtomicBool,
+    phase: AtomicU8,
     deadline: AtomicI64,
 }
 
+/// No refresh out.
+const IDLE: u8 = 0;
+/// A refresh is with the refresher, or in Redis.
+const OUT: u8 = 1;
+/// Its outcome is on its way to the session (Redis is done with it).
+const HANDED: u8 = 2;
+/// The session stopped while its refresh was out: the refresher releases
+/// the device once that refresh is answered.
+const CLOSING: u8 = 3;
+
 impl LeaseState {
-    /// A refresh is in flight.
+    /// A refresh is in flight (or its outcome not yet acted on).
     pub fn refreshing(&self) -> bool {
-        self.refreshing.load(Ordering::Acquire)
+        self.phase.load(Ordering::Acquire) != IDLE
     }
 
     /// A refresh is on its way.
     pub fn start(&self) {
-        self.refreshing.store(true, Ordering::Release);
+        self.phase.store(OUT, Ordering::Release);
     }
 
-    /// The refresh that was in flight is settled.
+    /// The session acted on the outcome it was handed.
     pub fn finish(&self) {
-        self.refreshing.store(false, Ordering::Release);
+        self.phase.store(IDLE, Ordering::Release);
+    }
+
+    /// The session stopped. True when its release can go now; false when a
+    /// refresh is still out, and the refresher will release the device
+    /// after it.
+    pub fn close(&self) -> bool {
+        self.phase
+            .compare_exchange(OUT, CLOSING, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+    }
+
+    /// The session stopped while its refresh was out.
+    fn closing(&self) -> bool {
+        self.phase.load(Ordering::Acquire) == CLOSING
+    }
+
+    /// The refresh was answered: to `next` (IDLE when settled here, HANDED
+    /// when the session acts on it). False when the session stopped
+    /// meanwhile: the device is then the refresher's to release.
+    fn answered(&self, next: u8) -> bool {
+        self.phase
+            .compare_exchange(OUT, next, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
     }
 
     /// Deadline last written to `presence-leases`, epoch ms (0: none yet).
@@ -123,7 +163,8 @@ impl Refresher {
             notify,
         };
         if let Err(mpsc::error::SendError(request)) = self.tx.send(request) {
-            answer(request, Err(StoreError::RefresherStopped));
+            // Sent by a live session, which acts on the error itself.
+            let _ = answer(request, Err(StoreError::RefresherStopped));
         }
     }
 }
@@ -137,7 +178,7 @@ async fn run(store: Store, mut rx: mpsc::UnboundedReceiver<Request>) {
         tokio::select! {
             done = in_flight.next(), if !in_flight.is_empty() => {
                 if let Some(Err(e)) = done {
-                    fail_queued(&mut rx, &e);
+                    fail_queued(&store, &mut rx, &e);
                 }
             }
             batch = take_batch(&mut rx), if open && in_flight.len() < MAX_IN_FLIGHT => {
@@ -163,17 +204,26 @@ async fn take_batch(rx: &mut mpsc::UnboundedReceiver<Request>) -> Option<Vec<Req
 /// Sends one batch and answers each of its requests. Returns the error
 /// that failed the batch as a whole, if one did.
 async fn send_batch(store: &Store, batch: Vec<Request>) -> Result<(), StoreError> {
+    // A session that stopped while its refresh waited needs no refresh,
+    // only its release, which can go at once: nothing of it is in Redis.
+    let (batch, stopped): (Vec<_>, Vec<_>) = batch.into_iter().partition(|r| !r.state.closing());
+    for request in stopped {
+        release_after(store, Some(request));
+    }
+    if batch.is_empty() {
+        return Ok(());
+    }
     crate::metrics::refresh_batch(batch.len());
     match store.arrive_batch(ArriveMode::Refresh, &batch).await {
         Ok(outcomes) => {
             for (request, outcome) in batch.into_iter().zip(outcomes) {
-                answer(request, outcome);
+                release_after(store, answer(request, outcome));
             }
             Ok(())
         }
         Err(e) => {
             for request in batch {
-                answer(request, Err(e.clone()));
+                release_after(store, answer(request, Err(e.clone())));
             }
             Err(e)
         }
@@ -181,26 +231,55 @@ async fn send_batch(store: &Store, batch: Vec<Request>) -> Result<(), StoreError
 }
 
 /// Hands one outcome to its session: the common one settles the session's
-/// [`LeaseState`] directly; anything else is sent to the session.
-fn answer(request: Request, outcome: StoreResult<Arrival>) {
+/// [`LeaseState`] directly; anything else is sent to the session. Returns
+/// the request when its session stopped meanwhile: its device is then the
+/// caller's to release ([`release_after`]).
+#[must_use]
+fn answer(request: Request, outcome: StoreResult<Arrival>) -> Option<Request> {
     if let Ok(Arrival::Held { deadline, .. }) = outcome {
         request.state.set_deadline(deadline);
     }
-    match outcome {
+    let settled = matches!(
+        outcome,
         Ok(Arrival::Held {
             came_online: false,
             status: None,
             ..
-        }) => request.state.finish(),
-        // A session that stopped meanwhile no longer listens.
-        other => request.notify.do_send(Refreshed(other)),
+        })
+    );
+    if !request.state.answered(if settled { IDLE } else { HANDED }) {
+        return Some(request);
     }
+    if !settled {
+        request.notify.do_send(Refreshed(outcome));
+    }
+    None
+}
+
+/// Releases the device of a session that stopped while its refresh was
+/// out, now that the refresh is answered: the release comes after it.
+fn release_after(store: &Store, request: Option<Request>) {
+    let Some(Request { lease, state, .. }) = request else {
+        return;
+    };
+    log::debug!(
+        "{}/{}: releasing after the refresh that was out",
+        lease.user,
+        lease.device
+    );
+    tokio::spawn(crate::session::release(
+        store.clone(),
+        lease.user,
+        lease.device,
+        lease.owner,
+        state.deadline(),
+    ));
 }
 
 /// Fails every request queued now with `e`, the error that just failed a
 /// whole batch: they would wait their turn only to meet it again.
-fn fail_queued(rx: &mut mpsc::UnboundedReceiver<Request>, e: &StoreError) {
+fn fail_queued(store: &Store, rx: &mut mpsc::UnboundedReceiver<Request>, e: &StoreError) {
     while let Ok(request) = rx.try_recv() {
-        answer(request, Err(e.clone()));
+        release_after(store, answer(request, Err(e.clone())));
     }
 }

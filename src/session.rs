@@ -1060,7 +1060,13 @@ fn unavailable() -> ProtocolError {
 /// Releases a device after its connection closed. While Redis is
 /// unreachable it retries until the lease would have lapsed anyway; after
 /// that the expiry path owns the departure.
-async fn release(store: Store, user: String, device: String, owner: String, deadline: i64) {
+pub(crate) async fn release(
+    store: Store,
+    user: String,
+    device: String,
+    owner: String,
+    deadline: i64,
+) {
     let give_up = Instant::now() + Duration::from_millis(store.ttl_ms());
     let mut wait = RELEASE_RETRY_MIN;
     loop {
@@ -1153,6 +1159,10 @@ impl Session {
         } = &mut self.me;
         if !self.lease.claimed {
             log::debug!("{user}/{device}: closed without a lease to release");
+            return;
+        }
+        if !self.lease.state.close() {
+            log::debug!("{user}/{device}: closed; released once its refresh is answered");
             return;
         }
         actix::spawn(release(

@@ -268,3 +268,94 @@ async fn a_status_stored_but_not_read_back_is_reasserted_after_redis_restarts() 
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// A session that closes while its refresh waits behind other batches is
+/// released after that refresh, not before: a refresh that reached Redis
+/// after the release would find the lease gone and claim it again, and the
+/// user would come back online for a lease TTL after going offline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_closing_while_its_refresh_waits_stays_offline() {
+    closing_during_a_refresh(false).await;
+}
+
+/// The same with the refresh already in Redis when the session closes: the
+/// release follows its answer (the device is released, not left to lapse).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_closing_while_its_refresh_is_in_redis_is_released_after_it() {
+    closing_during_a_refresh(true).await;
+}
+
+async fn closing_during_a_refresh(in_redis: bool) {
+    let redis = Redis::start();
+    // Refreshes are due 1 s after the last one.
+    let node = Node::start_with(&redis, "a", &["--heartbeat-ms", "3000"]);
+    let mut watcher = Client::connect(&node, "watcher", "w").await;
+    watcher.watch(&["alice"]).await;
+    let mut others = Vec::new();
+    if !in_redis {
+        for user in ["bob", "carol"] {
+            others.push(Client::connect(&node, user, "d").await);
+        }
+    }
+    let mut alice = Client::connect(&node, "alice", "a").await;
+    watcher.expect_presence("alice", "online").await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+
+    // Redis holds every write from here on. Without `in_redis`, bob's and
+    // carol's refreshes take the refresher's two batches in flight, so
+    // alice's waits its turn in the node.
+    let mut c = redis.aconn().await;
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(10_000)
+        .arg("WRITE")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let batch_out = |n: usize| {
+        let node = &node;
+        async move {
+            wait_until("a batch out", DEADLINE, || async {
+                metric(node, "presence_refresh_batch_size_count").await >= n as f64
+            })
+            .await
+        }
+    };
+    for (i, other) in others.iter_mut().enumerate() {
+        other.send(json!({"type": "heartbeat"})).await;
+        batch_out(i + 1).await;
+    }
+    alice.send(json!({"type": "heartbeat"})).await;
+    if in_redis {
+        batch_out(1).await;
+    }
+    alice.close().await;
+    // Her session stopped (it counts its device off as it does).
+    let devices = 1.0 + others.len() as f64;
+    wait_until("alice's session stopped", DEADLINE, || async {
+        metric(&node, "presence_devices").await == devices
+    })
+    .await;
+    let _: () = redis::cmd("CLIENT")
+        .arg("UNPAUSE")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+
+    watcher.expect_presence("alice", "offline").await;
+    // Released by the node once the refresh was settled, not left to lapse.
+    node.wait_log("alice/a: releasing after the refresh that was out")
+        .await;
+    node.wait_log("alice/a: closed, device released, user offline")
+        .await;
+    if let Some(frame) = watcher.next_within(TTL + Duration::from_secs(1)).await {
+        panic!("alice came back after going offline: {frame:?}");
+    }
+    let lease: Option<String> = redis::cmd("GET")
+        .arg("presence:{alice}:a")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(lease, None);
+    assert_eq!(count(&redis, "alice").await, 0);
+}

@@ -183,6 +183,11 @@ async fn hidden_users_stay_hidden_when_redis_comes_back_empty() {
     alice
         .send(json!({"type":"status","status":"invisible"}))
         .await;
+    // The node has the answer: it knows the status it is to re-assert.
+    // (Stored alone is not enough: Redis may go away with the reply, and
+    // then the node cannot know whether the change was made.)
+    let own = alice.expect("presence").await;
+    assert_eq!(own["status"], "invisible", "{own}");
     w.expect_presence("alice", "offline").await;
     let mut bob = Client::connect(&node, "bob", "laptop").await;
     assert_eq!(w.expect("presence").await["user"], "bob");

@@ -201,19 +201,6 @@ fn node_with_hooks(redis: &Redis, id: &str, receiver: &Receiver, extra: &[&str])
     Node::start_with(redis, id, &args)
 }
 
-/// A metric's value from `/metrics`.
-async fn metric(node: &Node, name: &str) -> f64 {
-    let text = reqwest::get(format!("{}/metrics", node.http()))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or_else(|| panic!("{name} not in /metrics:\n{text}"))
-}
-
 /// Every batch is signed (and a wrong secret or a changed body fails the
 /// check); a batch fills to `--webhook-batch-size` at once, and a lone event
 /// goes after `--webhook-batch-ms`; online, status and offline each come

@@ -734,3 +734,16 @@ pub async fn last_of_offlines(
     }
     latest
 }
+
+/// A metric's value from a node's `/metrics` (the first series of `name`).
+pub async fn metric(node: &Node, name: &str) -> f64 {
+    let text = reqwest::get(format!("{}/metrics", node.http()))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("{name} not in /metrics:\n{text}"))
+}
