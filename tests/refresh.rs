@@ -34,20 +34,9 @@ fn now_ms() -> i64 {
 
 /// Refreshes queued from all sessions at once go out in batches.
 async fn batch_sizes(node: &Node) -> (f64, f64) {
-    let text = reqwest::get(format!("{}/metrics", node.http()))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let sample = |name: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse::<f64>().ok())
-            .unwrap_or_else(|| panic!("{name} missing from /metrics:\n{text}"))
-    };
     (
-        sample("presence_refresh_batch_size_count"),
-        sample("presence_refresh_batch_size_sum"),
+        metric(node, "presence_refresh_batch_size_count").await,
+        metric(node, "presence_refresh_batch_size_sum").await,
     )
 }
 
