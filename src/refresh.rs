@@ -24,7 +24,7 @@
 //! sessions try again on their next due frame.
 
 use std::borrow::Borrow;
-use std::sync::atomic::{AtomicI64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU8, Ordering};
 use std::sync::Arc;
 
 use actix::{Message, Recipient};
@@ -53,6 +53,8 @@ pub const MAX_IN_FLIGHT: usize = 2;
 #[derive(Debug, Default)]
 pub struct LeaseState {
     phase: AtomicU8,
+    /// The node is going away: the lease is left to lapse, not released.
+    leaving: AtomicBool,
     deadline: AtomicI64,
 }
 
@@ -75,6 +77,16 @@ impl LeaseState {
     /// A refresh is on its way.
     pub fn start(&self) {
         self.phase.store(OUT, Ordering::Release);
+    }
+
+    /// The node is going away: nothing releases this lease any more.
+    pub fn leave(&self) {
+        self.leaving.store(true, Ordering::Release);
+    }
+
+    /// See [`LeaseState::leave`].
+    pub fn leaving(&self) -> bool {
+        self.leaving.load(Ordering::Acquire)
     }
 
     /// The session acted on the outcome it was handed.

@@ -1132,12 +1132,37 @@ impl Session {
         self.hb(ctx);
         // Frames that come meanwhile are taken in; requests among them wait
         // for the claim (see [`Requests`]).
+        // The claim outlives the session: one that closes while its claim
+        // is in Redis has the lease the claim took released after it, not
+        // left online for a TTL. (Unless the node is going away: leases
+        // then lapse, see [`GoingAway`].)
         let claim = self.arrive(ArriveMode::Connect);
-        ctx.spawn(
-            claim
-                .into_actor(self)
-                .map(|res, act, ctx| act.claimed(res, ctx)),
-        );
+        let addr = ctx.address();
+        let store = self.node.store.clone();
+        let state = self.lease.state.clone();
+        let Me {
+            user,
+            device,
+            owner,
+            ..
+        } = &self.me;
+        let (user, device, owner) = (user.clone(), device.clone(), owner.clone());
+        log::debug!("{user}/{device}: claiming the lease");
+        actix::spawn(async move {
+            let res = claim.await;
+            // Nothing was written by a refused claim; an error leaves it
+            // unknown, and the release is safe either way.
+            let deadline = match &res {
+                Ok(Arrival::Held { deadline, .. }) => Some(*deadline),
+                Ok(_) => None,
+                Err(_) => Some(0),
+            };
+            let taken = addr.send(Claimed(res)).await.is_ok();
+            if let Some(deadline) = deadline.filter(|_| !taken && !state.leaving()) {
+                log::debug!("{user}/{device}: closed while claiming; releasing after the claim");
+                release(store, user, device, owner, deadline).await;
+            }
+        });
     }
 
     /// The connection closed: leave the registry and release the lease.
@@ -1175,6 +1200,19 @@ impl Session {
     }
 }
 
+/// The outcome of this connection's claim of its lease.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct Claimed(StoreResult<Arrival>);
+
+impl Handler<Claimed> for Session {
+    type Result = ();
+
+    fn handle(&mut self, Claimed(res): Claimed, ctx: &mut Self::Context) {
+        self.claimed(res, ctx);
+    }
+}
+
 impl Handler<GoingAway> for Session {
     type Result = ();
 
@@ -1183,6 +1221,7 @@ impl Handler<GoingAway> for Session {
     /// on another node within its TTL shows no transition at all.
     fn handle(&mut self, _: GoingAway, ctx: &mut Self::Context) {
         self.lease.claimed = false;
+        self.lease.state.leave();
         ctx.close(Some(ws::CloseReason {
             code: ws::CloseCode::Away,
             description: Some("server shutting down, reconnect".into()),

@@ -294,13 +294,7 @@ async fn closing_during_a_refresh(in_redis: bool) {
     // carol's refreshes take the refresher's two batches in flight, so
     // alice's waits its turn in the node.
     let mut c = redis.aconn().await;
-    let _: () = redis::cmd("CLIENT")
-        .arg("PAUSE")
-        .arg(10_000)
-        .arg("WRITE")
-        .query_async(&mut c)
-        .await
-        .unwrap();
+    pause_writes(&mut c).await;
     let batch_out = |n: usize| {
         let node = &node;
         async move {
@@ -325,11 +319,7 @@ async fn closing_during_a_refresh(in_redis: bool) {
         metric(&node, "presence_devices").await == devices
     })
     .await;
-    let _: () = redis::cmd("CLIENT")
-        .arg("UNPAUSE")
-        .query_async(&mut c)
-        .await
-        .unwrap();
+    unpause(&mut c).await;
 
     watcher.expect_presence("alice", "offline").await;
     // Released by the node once the refresh was settled, not left to lapse.
@@ -346,5 +336,55 @@ async fn closing_during_a_refresh(in_redis: bool) {
         .await
         .unwrap();
     assert_eq!(lease, None);
+    assert_eq!(count(&redis, "alice").await, 0);
+}
+
+/// Redis holds every write command until [`unpause`] (reads still go).
+async fn pause_writes(c: &mut redis::aio::MultiplexedConnection) {
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(10_000)
+        .arg("WRITE")
+        .query_async(c)
+        .await
+        .unwrap();
+}
+
+async fn unpause(c: &mut redis::aio::MultiplexedConnection) {
+    let _: () = redis::cmd("CLIENT")
+        .arg("UNPAUSE")
+        .query_async(c)
+        .await
+        .unwrap();
+}
+
+/// A session that closes while its claim of the lease is in Redis has the
+/// lease the claim took released after it, not left online for a TTL.
+#[tokio::test]
+async fn a_device_closing_while_its_claim_is_in_redis_is_released_after_it() {
+    let redis = Redis::start();
+    // A TTL of 18 s: longer than the wait below, so only a release can
+    // bring the `offline`.
+    let node = Node::start_with(&redis, "a", &["--heartbeat-ms", "6000"]);
+    let mut watcher = Client::connect(&node, "watcher", "w").await;
+    watcher.watch(&["alice"]).await;
+    let mut c = redis.aconn().await;
+    pause_writes(&mut c).await;
+    let alice = Client::connect_raw(&node.ws_url("alice", "a"), "alice", "a")
+        .await
+        .unwrap();
+    node.wait_log("alice/a: claiming the lease").await;
+    alice.close().await;
+    wait_until("alice's session stopped", DEADLINE, || async {
+        metric(&node, "presence_sessions").await == 1.0
+    })
+    .await;
+    unpause(&mut c).await;
+
+    // The claim took the lease (the device did connect), then the release.
+    watcher.expect_presence("alice", "online").await;
+    watcher.expect_presence("alice", "offline").await;
+    node.wait_log("alice/a: closed while claiming; releasing after the claim")
+        .await;
     assert_eq!(count(&redis, "alice").await, 0);
 }

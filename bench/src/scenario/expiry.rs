@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use serde_json::json;
 
-use super::{connect_many, watch_lists};
-use crate::client::{self, spawn_watcher, Held};
+use super::{connect_many, hold_many, watch_lists};
+use crate::client::{self, spawn_watcher};
 use crate::report::{latency_histogram, Report};
 use crate::{now_ms, Common, Setup};
 
@@ -57,10 +57,9 @@ pub async fn run(common: &Common, args: &ExpiryArgs) -> anyhow::Result<()> {
     let (node_a, node_b) = (setup.nodes[0].addr, setup.nodes[1].addr);
 
     let users: Vec<String> = (0..args.devices).map(|i| format!("e{i}")).collect();
-    let (devices, _) = connect_many(node_a, &setup.sources, users.clone(), 100).await?;
-    // Read from now on: a device that answers no ping lets its lease lapse
-    // before the kill when connecting the watchers takes a while.
-    let devices: Vec<Held> = devices.into_iter().map(Held::new).collect();
+    // Each answers pings from its connect on: one that did not would let its
+    // lease lapse before the kill on a loaded machine.
+    let devices = hold_many(node_a, &setup.sources, users.clone(), 100).await?;
     let lists = watch_lists(&users, WATCH_PER_SESSION);
     let names: Vec<String> = (0..lists.len()).map(|i| format!("ew{i}")).collect();
     let (watchers, _) = connect_many(node_b, &setup.sources, names, 50).await?;

@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use serde_json::json;
 
-use super::{connect_many, watch_lists};
-use crate::client::{self, spawn_watcher, Held};
+use super::{connect_many, hold_many, watch_lists};
+use crate::client::{self, spawn_watcher};
 use crate::procs::{node_metric_sum, LocalCluster, LocalRedis, Node};
 use crate::report::{latency_histogram, Report};
 use crate::Common;
@@ -301,9 +301,8 @@ pub async fn run(common: &Common, args: &FleetArgs) -> anyhow::Result<()> {
     );
 
     // Phase 2: the extra node dies with its devices.
-    let (victim_devices, _) = connect_many(victim.addr, &sources, dying.clone(), 50).await?;
     // Answering pings until the kill, as live devices do.
-    let victim_devices: Vec<Held> = victim_devices.into_iter().map(Held::new).collect();
+    let victim_devices = hold_many(victim.addr, &sources, dying.clone(), 50).await?;
     let departures0 = lapsed_departures(&addrs).await?;
     let heard0 = fleet_sum(&addrs, "presence_expired_events_total").await?;
     eprintln!("fleet: SIGKILL a node with {} devices", dying.len());

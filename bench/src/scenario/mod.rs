@@ -17,7 +17,7 @@ use futures_util::StreamExt;
 use hdrhistogram::Histogram;
 use tokio::sync::Semaphore;
 
-use crate::client::{self, Sources, Ws};
+use crate::client::{self, Held, Sources, Ws};
 
 /// Connects `users` (device `d` each) to `node`, at most `concurrency`
 /// handshakes at a time. Returns the sockets in order, the handshake
@@ -28,6 +28,31 @@ pub async fn connect_many(
     users: Vec<String>,
     concurrency: usize,
 ) -> anyhow::Result<(Vec<Ws>, Histogram<u64>)> {
+    connect_many_as(node, sources, users, concurrency, |ws| ws).await
+}
+
+/// Like [`connect_many`], for devices that must stay alive meanwhile: each
+/// is [`Held`] (answering pings) from the moment it is connected, not from
+/// when the last one is.
+pub async fn hold_many(
+    node: SocketAddr,
+    sources: &Arc<Sources>,
+    users: Vec<String>,
+    concurrency: usize,
+) -> anyhow::Result<Vec<Held>> {
+    let (held, _) = connect_many_as(node, sources, users, concurrency, Held::new).await?;
+    Ok(held)
+}
+
+/// [`connect_many`], with each socket passed through `wrap` as soon as it
+/// is connected.
+async fn connect_many_as<T: Send + 'static>(
+    node: SocketAddr,
+    sources: &Arc<Sources>,
+    users: Vec<String>,
+    concurrency: usize,
+    wrap: fn(Ws) -> T,
+) -> anyhow::Result<(Vec<T>, Histogram<u64>)> {
     let sem = Arc::new(Semaphore::new(concurrency.max(1)));
     let mut tasks = Vec::with_capacity(users.len());
     for user in users {
@@ -37,7 +62,7 @@ pub async fn connect_many(
             let start = Instant::now();
             let ws = client::connect(node, sources.next(), &user, "d").await;
             drop(permit);
-            ws.map(|ws| (ws, start.elapsed()))
+            ws.map(|ws| (wrap(ws), start.elapsed()))
         }));
     }
     let mut out = Vec::with_capacity(tasks.len());
