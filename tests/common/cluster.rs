@@ -175,6 +175,17 @@ impl Cluster {
         if shards.len() != 3 || shards.iter().any(|s| dead.contains(&s.primary)) {
             return false;
         }
+        // Every live replica is listed: just after `--cluster create` a node
+        // may not know a replica yet, and one killed before its first sync
+        // never takes over ("Disconnected from master for longer than
+        // allowed").
+        let listed: usize = shards
+            .iter()
+            .map(|s| s.replicas.iter().filter(|p| !dead.contains(p)).count())
+            .sum();
+        if listed + shards.len() + dead.len() != self.nodes.len() {
+            return false;
+        }
         // Replicas in sync, so that a primary's death can be taken over.
         for shard in &shards {
             for &replica in shard.replicas.iter().filter(|p| !dead.contains(p)) {
