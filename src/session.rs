@@ -1151,14 +1151,18 @@ impl Session {
         actix::spawn(async move {
             let res = claim.await;
             // Nothing was written by a refused claim; an error leaves it
-            // unknown, and the release is safe either way.
-            let deadline = match &res {
-                Ok(Arrival::Held { deadline, .. }) => Some(*deadline),
-                Ok(_) => None,
-                Err(_) => Some(0),
+            // unknown, and the release is safe either way. A failed claim
+            // is released here even when the session took the outcome: it
+            // closes with 1011 holding no lease, yet the claim may still be
+            // in Redis (timed out in the node, not in Redis) and take the
+            // lease after, announcing a device that has no connection.
+            let (deadline, failed) = match &res {
+                Ok(Arrival::Held { deadline, .. }) => (Some(*deadline), false),
+                Ok(_) => (None, false),
+                Err(_) => (Some(0), true),
             };
             let taken = addr.send(Claimed(res)).await.is_ok();
-            if let Some(deadline) = deadline.filter(|_| !taken && !state.leaving()) {
+            if let Some(deadline) = deadline.filter(|_| (failed || !taken) && !state.leaving()) {
                 log::debug!("{user}/{device}: closed while claiming; releasing after the claim");
                 release(store, user, device, owner, deadline).await;
             }
