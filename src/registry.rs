@@ -301,6 +301,9 @@ pub struct Registry {
     touched: HashSet<String>,
     /// Records re-sent by resyncs.
     resynced: u64,
+    /// The node is shutting down ([`Shutdown`]): a session that joins from
+    /// now on (its first-frame token verified late) is told at once.
+    shutting_down: bool,
 }
 
 impl Registry {
@@ -335,6 +338,7 @@ impl Registry {
             reading: false,
             touched: HashSet::new(),
             resynced: 0,
+            shutting_down: false,
         }
     }
 
@@ -686,6 +690,9 @@ impl Handler<Join> for Registry {
     type Result = ();
 
     fn handle(&mut self, msg: Join, _: &mut Self::Context) {
+        if self.shutting_down {
+            msg.addr.do_send(GoingAway);
+        }
         let home = match self.homes.iter().position(|h| h.thread == msg.home.thread) {
             Some(i) => i,
             None => {
@@ -722,6 +729,7 @@ impl Handler<Shutdown> for Registry {
     type Result = usize;
 
     fn handle(&mut self, _: Shutdown, _: &mut Self::Context) -> usize {
+        self.shutting_down = true;
         for s in self.sessions.values() {
             s.going_away.do_send(GoingAway);
         }

@@ -1067,6 +1067,22 @@ pub(crate) async fn release(
     owner: String,
     deadline: i64,
 ) {
+    release_with(store, user, device, owner, deadline, true).await;
+}
+
+/// [`release`], retrying or not: a failed claim's release is tried once.
+/// A claim that never reached Redis left nothing to release, and one that
+/// is still in Redis is ahead of the release on the same connection; were
+/// every failed connect retried for a TTL, clients reconnecting through a
+/// Redis outage would pile up one retrying task per attempt.
+async fn release_with(
+    store: Store,
+    user: String,
+    device: String,
+    owner: String,
+    deadline: i64,
+    retry: bool,
+) {
     let give_up = Instant::now() + Duration::from_millis(store.ttl_ms());
     let mut wait = RELEASE_RETRY_MIN;
     loop {
@@ -1085,12 +1101,14 @@ pub(crate) async fn release(
             Ok(Departure::AlreadyGone) => {
                 log::debug!("{user}/{device}: closed, device was already released")
             }
-            Err(e) if Instant::now() + wait < give_up => {
+            Err(e) if retry && Instant::now() + wait < give_up => {
                 log::debug!("{user}/{device}: release failed ({e}); retrying in {wait:?}");
                 tokio::time::sleep(wait).await;
                 wait = (wait * 2).min(RELEASE_RETRY_MAX);
                 continue;
             }
+            // Expected through an outage for a claim that failed.
+            Err(e) if !retry => log::debug!("{user}/{device}: release failed ({e})"),
             Err(e) => log::warn!("{user}/{device}: release failed ({e}); the lease will lapse"),
         }
         return;
@@ -1151,16 +1169,20 @@ impl Session {
         actix::spawn(async move {
             let res = claim.await;
             // Nothing was written by a refused claim; an error leaves it
-            // unknown, and the release is safe either way.
-            let deadline = match &res {
-                Ok(Arrival::Held { deadline, .. }) => Some(*deadline),
-                Ok(_) => None,
-                Err(_) => Some(0),
+            // unknown, and the release is safe either way. A failed claim
+            // is released here even when the session took the outcome: it
+            // closes with 1011 holding no lease, yet the claim may still be
+            // in Redis (timed out in the node, not in Redis) and take the
+            // lease after, announcing a device that has no connection.
+            let (deadline, failed) = match &res {
+                Ok(Arrival::Held { deadline, .. }) => (Some(*deadline), false),
+                Ok(_) => (None, false),
+                Err(_) => (Some(0), true),
             };
             let taken = addr.send(Claimed(res)).await.is_ok();
-            if let Some(deadline) = deadline.filter(|_| !taken && !state.leaving()) {
+            if let Some(deadline) = deadline.filter(|_| (failed || !taken) && !state.leaving()) {
                 log::debug!("{user}/{device}: closed while claiming; releasing after the claim");
-                release(store, user, device, owner, deadline).await;
+                release_with(store, user, device, owner, deadline, !failed).await;
             }
         });
     }

@@ -746,3 +746,23 @@ async fn internal_listen_keeps_operations_off_the_public_port() {
     let (code, _) = get(&format!("{}/healthz", plain.http())).await;
     assert_eq!(code, 200);
 }
+
+/// A session whose first-frame token is verified after SIGTERM joins the
+/// registry after it told every session to go: it is told too (1001), like
+/// the others, instead of claiming a lease on a node going away and being
+/// cut without a close frame when the drain ends.
+#[tokio::test]
+async fn a_session_authenticated_after_sigterm_is_told_to_go() {
+    let redis = Redis::start();
+    let mut node = first_frame_node(&redis, &[]);
+    let mut c = bare(&node, "device=d").await;
+    unsafe {
+        libc::kill(node.pid() as i32, libc::SIGTERM);
+    }
+    node.wait_log("shutting down: closed 0 sessions").await;
+    c.send(json!({"type": "auth", "token": token_for("alice", 600)}))
+        .await;
+    let closed = c.expect_closed().await;
+    assert_eq!(closed.map(|c| c.0), Some(1001), "{}", node.logs());
+    assert!(node.wait_exit(DEADLINE).await.is_some(), "node exits");
+}

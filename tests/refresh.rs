@@ -388,3 +388,38 @@ async fn a_device_closing_while_its_claim_is_in_redis_is_released_after_it() {
         .await;
     assert_eq!(count(&redis, "alice").await, 0);
 }
+
+/// A claim the node gave up on (Redis held it past the response timeout)
+/// still takes the lease once Redis goes on, and announces the device: the
+/// session, closed with 1011 meanwhile, holds no lease to release, so the
+/// claim's task releases it after the claim, as for a session that closed.
+/// Otherwise the device stays online for a TTL with no connection at all.
+#[tokio::test]
+async fn a_claim_that_timed_out_is_released_after_it() {
+    let redis = Redis::start();
+    // A TTL of 18 s: longer than the waits below, so only a release can
+    // bring the `offline`.
+    let node = Node::start_with(&redis, "a", &["--heartbeat-ms", "6000"]);
+    let mut watcher = Client::connect(&node, "watcher", "w").await;
+    watcher.watch(&["alice"]).await;
+    let mut c = redis.aconn().await;
+    // For 10 s: past the node's response timeout (5 s).
+    pause_writes(&mut c).await;
+    let mut alice = Client::connect_raw(&node.ws_url("alice", "a"), "alice", "a")
+        .await
+        .unwrap();
+    let close = alice.expect_closed().await;
+    assert_eq!(close.map(|(code, _)| code), Some(1011), "{}", node.logs());
+    unpause(&mut c).await;
+
+    // The claim took the lease when Redis went on, then the release.
+    watcher.expect_presence("alice", "online").await;
+    watcher.expect_presence("alice", "offline").await;
+    assert_eq!(count(&redis, "alice").await, 0);
+    let lease: Option<String> = redis::cmd("GET")
+        .arg("presence:{alice}:a")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(lease, None);
+}
