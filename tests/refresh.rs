@@ -330,13 +330,7 @@ async fn closing_during_a_refresh(in_redis: bool) {
     if let Some(frame) = watcher.next_within(TTL + Duration::from_secs(1)).await {
         panic!("alice came back after going offline: {frame:?}");
     }
-    let lease: Option<String> = redis::cmd("GET")
-        .arg("presence:{alice}:a")
-        .query_async(&mut c)
-        .await
-        .unwrap();
-    assert_eq!(lease, None);
-    assert_eq!(count(&redis, "alice").await, 0);
+    assert_released(&redis, &mut c).await;
 }
 
 /// Redis holds every write command until [`unpause`] (reads still go).
@@ -358,13 +352,19 @@ async fn unpause(c: &mut redis::aio::MultiplexedConnection) {
         .unwrap();
 }
 
-/// A session that closes while its claim of the lease is in Redis has the
-/// lease the claim took released after it, not left online for a TTL.
-#[tokio::test]
-async fn a_device_closing_while_its_claim_is_in_redis_is_released_after_it() {
+/// A node whose leases live 18 s (longer than any wait of these tests, so
+/// only a release can bring an `offline`), a watcher of alice, and alice
+/// connecting while Redis holds every write: her claim waits in Redis.
+/// Returns the Redis, the node, the watcher, a connection to Redis and
+/// alice (connected, not yet greeted).
+async fn alice_connects_with_writes_paused() -> (
+    Redis,
+    Node,
+    Client,
+    redis::aio::MultiplexedConnection,
+    Client,
+) {
     let redis = Redis::start();
-    // A TTL of 18 s: longer than the wait below, so only a release can
-    // bring the `offline`.
     let node = Node::start_with(&redis, "a", &["--heartbeat-ms", "6000"]);
     let mut watcher = Client::connect(&node, "watcher", "w").await;
     watcher.watch(&["alice"]).await;
@@ -373,6 +373,25 @@ async fn a_device_closing_while_its_claim_is_in_redis_is_released_after_it() {
     let alice = Client::connect_raw(&node.ws_url("alice", "a"), "alice", "a")
         .await
         .unwrap();
+    (redis, node, watcher, c, alice)
+}
+
+/// alice's device is gone from Redis: no lease, not counted.
+async fn assert_released(redis: &Redis, c: &mut redis::aio::MultiplexedConnection) {
+    let lease: Option<String> = redis::cmd("GET")
+        .arg("presence:{alice}:a")
+        .query_async(c)
+        .await
+        .unwrap();
+    assert_eq!(lease, None);
+    assert_eq!(count(redis, "alice").await, 0);
+}
+
+/// A session that closes while its claim of the lease is in Redis has the
+/// lease the claim took released after it, not left online for a TTL.
+#[tokio::test]
+async fn a_device_closing_while_its_claim_is_in_redis_is_released_after_it() {
+    let (redis, node, mut watcher, mut c, alice) = alice_connects_with_writes_paused().await;
     node.wait_log("alice/a: claiming the lease").await;
     alice.close().await;
     wait_until("alice's session stopped", DEADLINE, || async {
@@ -386,7 +405,7 @@ async fn a_device_closing_while_its_claim_is_in_redis_is_released_after_it() {
     watcher.expect_presence("alice", "offline").await;
     node.wait_log("alice/a: closed while claiming; releasing after the claim")
         .await;
-    assert_eq!(count(&redis, "alice").await, 0);
+    assert_released(&redis, &mut c).await;
 }
 
 /// A claim the node gave up on (Redis held it past the response timeout)
@@ -396,18 +415,8 @@ async fn a_device_closing_while_its_claim_is_in_redis_is_released_after_it() {
 /// Otherwise the device stays online for a TTL with no connection at all.
 #[tokio::test]
 async fn a_claim_that_timed_out_is_released_after_it() {
-    let redis = Redis::start();
-    // A TTL of 18 s: longer than the waits below, so only a release can
-    // bring the `offline`.
-    let node = Node::start_with(&redis, "a", &["--heartbeat-ms", "6000"]);
-    let mut watcher = Client::connect(&node, "watcher", "w").await;
-    watcher.watch(&["alice"]).await;
-    let mut c = redis.aconn().await;
-    // For 10 s: past the node's response timeout (5 s).
-    pause_writes(&mut c).await;
-    let mut alice = Client::connect_raw(&node.ws_url("alice", "a"), "alice", "a")
-        .await
-        .unwrap();
+    // Writes are held for 10 s: past the node's response timeout (5 s).
+    let (redis, node, mut watcher, mut c, mut alice) = alice_connects_with_writes_paused().await;
     let close = alice.expect_closed().await;
     assert_eq!(close.map(|(code, _)| code), Some(1011), "{}", node.logs());
     unpause(&mut c).await;
@@ -415,11 +424,5 @@ async fn a_claim_that_timed_out_is_released_after_it() {
     // The claim took the lease when Redis went on, then the release.
     watcher.expect_presence("alice", "online").await;
     watcher.expect_presence("alice", "offline").await;
-    assert_eq!(count(&redis, "alice").await, 0);
-    let lease: Option<String> = redis::cmd("GET")
-        .arg("presence:{alice}:a")
-        .query_async(&mut c)
-        .await
-        .unwrap();
-    assert_eq!(lease, None);
+    assert_released(&redis, &mut c).await;
 }
