@@ -47,8 +47,8 @@ impl LocalRedis {
                 .prefix("presence-bench-redis")
                 .tempdir()?;
             let port = free_port()?;
-            let child = Command::new("redis-server")
-                .arg(&conf)
+            let mut cmd = Command::new("redis-server");
+            cmd.arg(&conf)
                 .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
                 .arg("--dir")
                 .arg(dir.path())
@@ -57,7 +57,9 @@ impl LocalRedis {
                 // Persistence would measure the disk, not the server.
                 .args(["--appendonly", "no"])
                 .stdout(Stdio::null())
-                .stderr(Stdio::null())
+                .stderr(Stdio::null());
+            own_session(&mut cmd);
+            let child = cmd
                 .spawn()
                 .context("cannot run redis-server (apt-get install -y redis-server)")?;
             let mut redis = Self {
@@ -95,6 +97,37 @@ impl LocalRedis {
     /// The process id, for RSS.
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+}
+
+/// Starts `cmd` in a session of its own, as Redis on a host of its own would
+/// be scheduled. With the kernel's autogroup scheduling (on in most
+/// distributions' kernels), the processes of one session share the CPU as
+/// one group: in the bench's session Redis's one thread competes with the
+/// load generator's and the node's threads one for one, and in `refresh`
+/// it got under half a core while a backlog of refreshes waited for it,
+/// against a whole core in the ceiling's phase of the same run.
+///
+/// Out of the bench's session, a Ctrl-C at the terminal no longer reaches
+/// it, so it is killed when the bench's main thread ends, however it ends.
+fn own_session(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    let bench = std::process::id() as libc::pid_t;
+    // SAFETY: runs in the child between fork and exec, and calls only
+    // setsid(2), prctl(2) and getppid(2), which are async-signal-safe.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::setsid() == -1
+                || libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) == -1
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The bench died before the prctl took effect.
+            if libc::getppid() != bench {
+                libc::_exit(1);
+            }
+            Ok(())
+        });
     }
 }
 
@@ -388,13 +421,23 @@ pub fn server_bin(given: Option<&Path>) -> anyhow::Result<PathBuf> {
 /// One sample of a node's `/metrics` (Prometheus text), e.g.
 /// `presence_refresh_batch_size_sum`; 0 when the node does not have it yet.
 pub async fn node_metric(node: SocketAddr, name: &str) -> anyhow::Result<f64> {
+    Ok(node_metrics(node, &[name]).await?[0])
+}
+
+/// Several unlabelled metrics from one read of a node's `/metrics`, so that
+/// they are of the same moment; 0 for one it does not have.
+pub async fn node_metrics(node: SocketAddr, names: &[&str]) -> anyhow::Result<Vec<f64>> {
     let body = scrape(node).await?;
-    let prefix = format!("{name} ");
-    Ok(body
-        .lines()
-        .find_map(|l| l.strip_prefix(prefix.as_str()))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0.0))
+    Ok(names
+        .iter()
+        .map(|name| {
+            let prefix = format!("{name} ");
+            body.lines()
+                .find_map(|l| l.strip_prefix(prefix.as_str()))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0.0)
+        })
+        .collect())
 }
 
 /// A node's `/metrics` text.

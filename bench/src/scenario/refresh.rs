@@ -99,12 +99,14 @@ pub async fn run(common: &Common, args: &RefreshArgs) -> anyhow::Result<()> {
     let secs = Duration::from_secs(args.secs.max(1));
 
     // Phase 1: the ceiling, straight to Redis, while the node is idle.
-    let ceiling = ceiling(&setup, &mut redis, args, secs).await?;
+    let redis_pid = setup.local_redis.as_ref().map(|r| r.pid());
+    let (ceiling, ceiling_redis_cpu) = ceiling(&setup, &mut redis, args, secs).await?;
     report.figure(
         "ceiling_direct_to_redis",
         ceiling,
         "refresh/s",
-        json!({"connections": args.direct_conns, "pipeline": args.pipeline}),
+        json!({"connections": args.direct_conns, "pipeline": args.pipeline,
+               "redis_cpu_share": ceiling_redis_cpu.map(|c| c.share)}),
     );
 
     // Phase 2: through the node.
@@ -122,11 +124,9 @@ pub async fn run(common: &Common, args: &RefreshArgs) -> anyhow::Result<()> {
     let pid = setup.nodes[0].pid();
     let cpu0 = pid.and_then(procs::cpu_us);
     let user0 = pid.and_then(procs::user_cpu_us);
+    let redis_cpu0 = redis_pid.and_then(procs::cpu_us);
     let node = setup.nodes[0].addr;
-    let (refreshed0, batches0) = (
-        procs::node_metric(node, "presence_refresh_batch_size_sum").await?,
-        procs::node_metric(node, "presence_refresh_batch_size_count").await?,
-    );
+    let (refreshed0, batches0, read0) = refresh_metrics(node).await?;
     let (calls0, sent0, t0) = (
         redis_calls(&mut redis, "evalsha").await?,
         devices.sent(),
@@ -138,12 +138,10 @@ pub async fn run(common: &Common, args: &RefreshArgs) -> anyhow::Result<()> {
         devices.sent(),
         t0.elapsed(),
     );
-    let (refreshed1, batches1) = (
-        procs::node_metric(node, "presence_refresh_batch_size_sum").await?,
-        procs::node_metric(node, "presence_refresh_batch_size_count").await?,
-    );
+    let (refreshed1, batches1, read1) = refresh_metrics(node).await?;
     let cpu1 = pid.and_then(procs::cpu_us);
     let user1 = pid.and_then(procs::user_cpu_us);
+    let redis_cpu1 = redis_pid.and_then(procs::cpu_us);
     let (still_open, why_closed) = devices.finish().await?;
     anyhow::ensure!(
         calls1 >= calls0,
@@ -153,7 +151,11 @@ pub async fn run(common: &Common, args: &RefreshArgs) -> anyhow::Result<()> {
     // EVALSHA count also holds the node's other scripts (the reconciliation
     // pass runs one per user every minute), so it is only an upper bound.
     let refreshed = (refreshed1 - refreshed0).max(0.0);
-    let through_node = refreshed / took.as_secs_f64();
+    // Over the window between the two reads of the node's count, not the
+    // bench's own window inside it: under load a /metrics request takes a
+    // while, and the count kept growing meanwhile.
+    let node_took = read1.duration_since(read0);
+    let through_node = refreshed / node_took.as_secs_f64();
     let bound = args.devices as f64 * 3000.0 / hb_ms as f64;
     report.figure(
         "heartbeats_sent",
@@ -175,7 +177,7 @@ pub async fn run(common: &Common, args: &RefreshArgs) -> anyhow::Result<()> {
             "node_cpu_per_refresh",
             (b - a) as f64 / refreshed.max(1.0),
             "us",
-            json!({"node_cpu_share": (b - a) as f64 / took.as_micros() as f64,
+            json!({"node_cpu_share": (b - a) as f64 / node_took.as_micros() as f64,
                    "includes": "parsing every heartbeat frame, refreshed or not",
                    "target_max": 8}),
         );
@@ -203,12 +205,26 @@ pub async fn run(common: &Common, args: &RefreshArgs) -> anyhow::Result<()> {
             json!({}),
         );
     }
+    // What Redis spent per refresh, and how much of a core it got, in each
+    // phase: through the node the same refreshes cost Redis about the same,
+    // so a lower rate through the node with Redis below a whole core means
+    // Redis was starved of CPU on this box, not that the node sent less.
+    if let (Some(ceiling_cpu), Some(a), Some(b)) = (ceiling_redis_cpu, redis_cpu0, redis_cpu1) {
+        report.figure(
+            "redis_cpu_per_refresh",
+            (b - a) as f64 / refreshed.max(1.0),
+            "us",
+            json!({"redis_cpu_share": (b - a) as f64 / node_took.as_micros() as f64,
+                   "ceiling_redis_cpu_per_refresh": ceiling_cpu.per_refresh,
+                   "ceiling_redis_cpu_share": ceiling_cpu.share}),
+        );
+    }
     let batches = (batches1 - batches0).max(0.0);
     report.figure(
         "node_refresh_batch_mean",
         refreshed / batches.max(1.0),
         "refresh/batch",
-        json!({"batches_per_s": batches / took.as_secs_f64()}),
+        json!({"batches_per_s": batches / node_took.as_secs_f64()}),
     );
     report.figure(
         "throttle_bound",
@@ -269,12 +285,36 @@ pub async fn run(common: &Common, args: &RefreshArgs) -> anyhow::Result<()> {
 /// pipelined, from a few connections, for `secs`; refreshes per second.
 /// Measured before the devices connect, on a Redis that does nothing else
 /// (measured after them, it shared Redis with their 10,000 departures).
+/// The node's count of refreshes sent in batches and of those batches, from
+/// one read of its /metrics, and about when the node wrote them: halfway
+/// through the request.
+async fn refresh_metrics(node: std::net::SocketAddr) -> anyhow::Result<(f64, f64, Instant)> {
+    let asked = Instant::now();
+    let names = [
+        "presence_refresh_batch_size_sum",
+        "presence_refresh_batch_size_count",
+    ];
+    let values = procs::node_metrics(node, &names).await?;
+    Ok((values[0], values[1], asked + asked.elapsed() / 2))
+}
+
+/// Redis's CPU in the ceiling's window.
+#[derive(Clone, Copy)]
+struct RedisCpu {
+    /// Of one core.
+    share: f64,
+    /// µs per refresh.
+    per_refresh: f64,
+}
+
+/// The ceiling in refreshes per second, and Redis's CPU meanwhile when the
+/// bench started Redis.
 async fn ceiling(
     setup: &Setup,
     redis: &mut redis::aio::MultiplexedConnection,
     args: &RefreshArgs,
     secs: Duration,
-) -> anyhow::Result<f64> {
+) -> anyhow::Result<(f64, Option<RedisCpu>)> {
     eprintln!("refresh: ceiling, straight to Redis");
     let sha: String = redis::cmd("SCRIPT")
         .arg("LOAD")
@@ -284,6 +324,8 @@ async fn ceiling(
     let owner = crate::fixture::LEASE_VALUE;
     crate::fixture::live_leases(redis, "x", args.devices, owner, false).await?;
     let done = Arc::new(AtomicU64::new(0));
+    let redis_pid = setup.local_redis.as_ref().map(|r| r.pid());
+    let (cpu0, cpu_t0) = (redis_pid.and_then(procs::cpu_us), Instant::now());
     let deadline = Instant::now() + secs;
     let mut workers = Vec::new();
     let devices = args.devices.max(1);
@@ -351,7 +393,17 @@ async fn ceiling(
     for w in workers {
         w.await??;
     }
-    Ok(done.load(Ordering::Relaxed) as f64 / t0.elapsed().as_secs_f64())
+    let (took, cpu_took) = (t0.elapsed(), cpu_t0.elapsed());
+    let cpu1 = redis_pid.and_then(procs::cpu_us);
+    let done = done.load(Ordering::Relaxed) as f64;
+    let cpu = match (cpu0, cpu1) {
+        (Some(a), Some(b)) => Some(RedisCpu {
+            share: (b - a) as f64 / cpu_took.as_micros() as f64,
+            per_refresh: (b - a) as f64 / done.max(1.0),
+        }),
+        _ => None,
+    };
+    Ok((done / took.as_secs_f64(), cpu))
 }
 
 /// How one device's task ended: its reading task, and whether it was still
