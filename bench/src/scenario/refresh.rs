@@ -281,10 +281,6 @@ pub async fn run(common: &Common, args: &RefreshArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The ceiling: the node's refresh commands sent straight to Redis,
-/// pipelined, from a few connections, for `secs`; refreshes per second.
-/// Measured before the devices connect, on a Redis that does nothing else
-/// (measured after them, it shared Redis with their 10,000 departures).
 /// The node's count of refreshes sent in batches and of those batches, from
 /// one read of its /metrics, and about when the node wrote them: halfway
 /// through the request.
@@ -307,8 +303,11 @@ struct RedisCpu {
     per_refresh: f64,
 }
 
-/// The ceiling in refreshes per second, and Redis's CPU meanwhile when the
-/// bench started Redis.
+/// The ceiling: the node's refresh commands sent straight to Redis,
+/// pipelined, from a few connections, for `secs`; refreshes per second, and
+/// Redis's CPU meanwhile when the bench started Redis. Measured before the
+/// devices connect, on a Redis that does nothing else (measured after them,
+/// it shared Redis with their 10,000 departures).
 async fn ceiling(
     setup: &Setup,
     redis: &mut redis::aio::MultiplexedConnection,
