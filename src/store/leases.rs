@@ -202,7 +202,7 @@ impl Store {
     ) -> StoreResult<Vec<StoreResult<Arrival>>> {
         let now = now_ms();
         let deadline = now + self.ttl_ms as i64;
-        let mut pipe = redis::pipe();
+        let mut pipe = redis::Pipeline::with_capacity(leases.len());
         // One bad reply fails its own lease, not the batch.
         pipe.ignore_errors();
         for lease in leases {
