@@ -105,11 +105,13 @@ impl LocalRedis {
 /// distributions' kernels), the processes of one session share the CPU as
 /// one group: in the bench's session Redis's one thread competes with the
 /// load generator's and the node's threads one for one, and in `refresh`
-/// it got under half a core while a backlog of refreshes waited for it,
+/// it got about half a core while a backlog of refreshes waited for it,
 /// against a whole core in the ceiling's phase of the same run.
 ///
 /// Out of the bench's session, a Ctrl-C at the terminal no longer reaches
-/// it, so it is killed when the bench's main thread ends, however it ends.
+/// it, so it is killed when the thread that started it ends, however it
+/// ends: start it from the thread that runs the scenario (every caller runs
+/// it inside the future given to `block_on`), not from a pool thread.
 fn own_session(cmd: &mut Command) {
     use std::os::unix::process::CommandExt;
     let bench = std::process::id() as libc::pid_t;

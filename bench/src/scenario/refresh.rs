@@ -13,9 +13,12 @@
 //! `--pipeline` EVALSHAs followed by the ZADDs of as many members, from a
 //! few connections. Refreshes through the node are the
 //! node's own count of what it sent (`presence_refresh_batch_size` in its
-//! /metrics, which also gives the mean batch size); Redis's EVALSHA count
-//! over the same window is printed beside it as a check, an upper bound
-//! since it includes the node's other scripts (the reconciliation pass).
+//! /metrics, which also gives the mean batch size); Redis's EVALSHA count,
+//! over a window just inside the node's, is printed beside it as a check, an
+//! upper bound since it includes the node's other scripts (the
+//! reconciliation pass). Each phase also prints what Redis spent per
+//! refresh and its share of a core: the bench starts Redis in a session of
+//! its own, so that it is scheduled as on a host of its own in both phases.
 //!
 //! The node refreshes one session's lease at most once per heartbeat / 3,
 //! however fast the client sends, so the node's figure is bounded by
@@ -122,44 +125,40 @@ pub async fn run(common: &Common, args: &RefreshArgs) -> anyhow::Result<()> {
         secs.as_secs()
     );
     let pid = setup.nodes[0].pid();
-    let cpu0 = pid.and_then(procs::cpu_us);
-    let user0 = pid.and_then(procs::user_cpu_us);
-    let redis_cpu0 = redis_pid.and_then(procs::cpu_us);
     let node = setup.nodes[0].addr;
-    let (refreshed0, batches0, read0) = refresh_metrics(node).await?;
-    let (calls0, sent0, t0) = (
-        redis_calls(&mut redis, "evalsha").await?,
-        devices.sent(),
-        Instant::now(),
-    );
+    let r0 = Reading::take(node, pid, redis_pid, &devices).await?;
+    let (calls0, t0) = (redis_calls(&mut redis, "evalsha").await?, Instant::now());
     tokio::time::sleep(secs).await;
-    let (calls1, sent1, took) = (
-        redis_calls(&mut redis, "evalsha").await?,
-        devices.sent(),
-        t0.elapsed(),
-    );
-    let (refreshed1, batches1, read1) = refresh_metrics(node).await?;
-    let cpu1 = pid.and_then(procs::cpu_us);
-    let user1 = pid.and_then(procs::user_cpu_us);
-    let redis_cpu1 = redis_pid.and_then(procs::cpu_us);
+    let (calls1, took) = (redis_calls(&mut redis, "evalsha").await?, t0.elapsed());
+    let r1 = Reading::take(node, pid, redis_pid, &devices).await?;
     let (still_open, why_closed) = devices.finish().await?;
     anyhow::ensure!(
         calls1 >= calls0,
         "EVALSHA calls went down ({calls0} -> {calls1}): was Redis restarted or its stats reset?"
     );
+    // Every figure of the node's phase is over the window between the two
+    // readings, each dated halfway through its /metrics request, with the
+    // CPU times and the frames sent read around the request: under load the
+    // request takes a while, and everything kept growing meanwhile.
+    let node_took = r1.at.duration_since(r0.at);
+    let per_s = |n: f64| n / node_took.as_secs_f64();
+    let cpu_delta = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| (b - a).max(0.0));
+    let (cpu, user_cpu, redis_cpu) = (
+        cpu_delta(r0.cpu, r1.cpu),
+        cpu_delta(r0.user_cpu, r1.user_cpu),
+        cpu_delta(r0.redis_cpu, r1.redis_cpu),
+    );
     // The node's own count of the refreshes it sent in batches: Redis's
-    // EVALSHA count also holds the node's other scripts (the reconciliation
-    // pass runs one per user every minute), so it is only an upper bound.
-    let refreshed = (refreshed1 - refreshed0).max(0.0);
-    // Over the window between the two reads of the node's count, not the
-    // bench's own window inside it: under load a /metrics request takes a
-    // while, and the count kept growing meanwhile.
-    let node_took = read1.duration_since(read0);
-    let through_node = refreshed / node_took.as_secs_f64();
+    // EVALSHA count (over the bench's own window inside this one) also holds
+    // the node's other scripts (the reconciliation pass runs one per user
+    // every minute), so it is only an upper bound.
+    let refreshed = (r1.refreshed - r0.refreshed).max(0.0);
+    let frames = (r1.sent - r0.sent).max(0.0);
+    let through_node = per_s(refreshed);
     let bound = args.devices as f64 * 3000.0 / hb_ms as f64;
     report.figure(
         "heartbeats_sent",
-        (sent1 - sent0) as f64 / took.as_secs_f64(),
+        per_s(frames),
         "frames/s",
         json!({"devices": args.devices, "still_open": still_open,
                "send_interval_ms": send_interval_ms}),
@@ -172,22 +171,19 @@ pub async fn run(common: &Common, args: &RefreshArgs) -> anyhow::Result<()> {
                "counted": "the node's presence_refresh_batch_size_sum over the window",
                "evalsha_per_s": (calls1 - calls0) as f64 / took.as_secs_f64()}),
     );
-    if let (Some(a), Some(b)) = (cpu0, cpu1) {
+    if let Some(cpu) = cpu {
         report.figure(
             "node_cpu_per_refresh",
-            (b - a) as f64 / refreshed.max(1.0),
+            cpu / refreshed.max(1.0),
             "us",
-            json!({"node_cpu_share": (b - a) as f64 / node_took.as_micros() as f64,
+            json!({"node_cpu_share": cpu / node_took.as_micros() as f64,
                    "includes": "parsing every heartbeat frame, refreshed or not",
                    "target_max": 8}),
         );
     }
     // Every frame the node reads costs it at least what a bare server pays
     // for one: the floor, from the same devices, in the same run.
-    let node_per_frame = match (cpu0, cpu1) {
-        (Some(a), Some(b)) => Some((b - a) as f64 / (sent1 - sent0).max(1) as f64),
-        _ => None,
-    };
+    let node_per_frame = cpu.map(|cpu| cpu / frames.max(1.0));
     if let Some(per_frame) = node_per_frame {
         report.figure(
             "node_cpu_per_frame",
@@ -197,10 +193,10 @@ pub async fn run(common: &Common, args: &RefreshArgs) -> anyhow::Result<()> {
         );
     }
     // The node's own code, without the kernel's TCP path (the floor's cost).
-    if let (Some(a), Some(b)) = (user0, user1) {
+    if let Some(user_cpu) = user_cpu {
         report.figure(
             "node_user_cpu_per_frame",
-            (b - a) as f64 / (sent1 - sent0).max(1) as f64,
+            user_cpu / frames.max(1.0),
             "us",
             json!({}),
         );
@@ -209,22 +205,22 @@ pub async fn run(common: &Common, args: &RefreshArgs) -> anyhow::Result<()> {
     // phase: through the node the same refreshes cost Redis about the same,
     // so a lower rate through the node with Redis below a whole core means
     // Redis was starved of CPU on this box, not that the node sent less.
-    if let (Some(ceiling_cpu), Some(a), Some(b)) = (ceiling_redis_cpu, redis_cpu0, redis_cpu1) {
+    if let (Some(ceiling_cpu), Some(redis_cpu)) = (ceiling_redis_cpu, redis_cpu) {
         report.figure(
             "redis_cpu_per_refresh",
-            (b - a) as f64 / refreshed.max(1.0),
+            redis_cpu / refreshed.max(1.0),
             "us",
-            json!({"redis_cpu_share": (b - a) as f64 / node_took.as_micros() as f64,
+            json!({"redis_cpu_share": redis_cpu / node_took.as_micros() as f64,
                    "ceiling_redis_cpu_per_refresh": ceiling_cpu.per_refresh,
                    "ceiling_redis_cpu_share": ceiling_cpu.share}),
         );
     }
-    let batches = (batches1 - batches0).max(0.0);
+    let batches = (r1.batches - r0.batches).max(0.0);
     report.figure(
         "node_refresh_batch_mean",
         refreshed / batches.max(1.0),
         "refresh/batch",
-        json!({"batches_per_s": batches / node_took.as_secs_f64()}),
+        json!({"batches_per_s": per_s(batches)}),
     );
     report.figure(
         "throttle_bound",
@@ -281,17 +277,54 @@ pub async fn run(common: &Common, args: &RefreshArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The node's count of refreshes sent in batches and of those batches, from
-/// one read of its /metrics, and about when the node wrote them: halfway
-/// through the request.
-async fn refresh_metrics(node: std::net::SocketAddr) -> anyhow::Result<(f64, f64, Instant)> {
-    let asked = Instant::now();
-    let names = [
-        "presence_refresh_batch_size_sum",
-        "presence_refresh_batch_size_count",
-    ];
-    let values = procs::node_metrics(node, &names).await?;
-    Ok((values[0], values[1], asked + asked.elapsed() / 2))
+/// The counters of the node's phase at one moment: the node's count of
+/// refreshes sent in batches and of those batches (one read of its
+/// /metrics), and, averaged from just before and just after that request,
+/// the node's and Redis's CPU times (µs) and the frames the devices sent.
+/// Dated halfway through the request.
+struct Reading {
+    at: Instant,
+    refreshed: f64,
+    batches: f64,
+    cpu: Option<f64>,
+    user_cpu: Option<f64>,
+    redis_cpu: Option<f64>,
+    sent: f64,
+}
+
+impl Reading {
+    async fn take(
+        node: std::net::SocketAddr,
+        pid: Option<u32>,
+        redis_pid: Option<u32>,
+        devices: &Devices,
+    ) -> anyhow::Result<Self> {
+        let sample = || {
+            (
+                pid.and_then(procs::cpu_us),
+                pid.and_then(procs::user_cpu_us),
+                redis_pid.and_then(procs::cpu_us),
+                devices.sent(),
+            )
+        };
+        let mean = |a: Option<u64>, b: Option<u64>| a.zip(b).map(|(a, b)| (a + b) as f64 / 2.0);
+        let (asked, before) = (Instant::now(), sample());
+        let names = [
+            "presence_refresh_batch_size_sum",
+            "presence_refresh_batch_size_count",
+        ];
+        let values = procs::node_metrics(node, &names).await?;
+        let after = sample();
+        Ok(Self {
+            at: asked + asked.elapsed() / 2,
+            refreshed: values[0],
+            batches: values[1],
+            cpu: mean(before.0, after.0),
+            user_cpu: mean(before.1, after.1),
+            redis_cpu: mean(before.2, after.2),
+            sent: (before.3 + after.3) as f64 / 2.0,
+        })
+    }
 }
 
 /// Redis's CPU in the ceiling's window.
@@ -324,7 +357,7 @@ async fn ceiling(
     crate::fixture::live_leases(redis, "x", args.devices, owner, false).await?;
     let done = Arc::new(AtomicU64::new(0));
     let redis_pid = setup.local_redis.as_ref().map(|r| r.pid());
-    let (cpu0, cpu_t0) = (redis_pid.and_then(procs::cpu_us), Instant::now());
+    let (cpu0, t0) = (redis_pid.and_then(procs::cpu_us), Instant::now());
     let deadline = Instant::now() + secs;
     let mut workers = Vec::new();
     let devices = args.devices.max(1);
@@ -388,16 +421,17 @@ async fn ceiling(
             anyhow::Ok(())
         }));
     }
-    let t0 = Instant::now();
     for w in workers {
         w.await??;
     }
-    let (took, cpu_took) = (t0.elapsed(), cpu_t0.elapsed());
+    // From before the first worker started: each starts sending as soon as
+    // it is spawned, while the next ones connect.
+    let took = t0.elapsed();
     let cpu1 = redis_pid.and_then(procs::cpu_us);
     let done = done.load(Ordering::Relaxed) as f64;
     let cpu = match (cpu0, cpu1) {
         (Some(a), Some(b)) => Some(RedisCpu {
-            share: (b - a) as f64 / cpu_took.as_micros() as f64,
+            share: (b - a) as f64 / took.as_micros() as f64,
             per_refresh: (b - a) as f64 / done.max(1.0),
         }),
         _ => None,
