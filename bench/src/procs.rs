@@ -492,12 +492,11 @@ pub fn cpu_us(pid: u32) -> Option<u64> {
     stat_cpu_us(&format!("/proc/{pid}/stat"))
 }
 
-/// User-space CPU time a process has used so far, in µs: the part of
-/// [`cpu_us`] that is the server's own code, without the kernel's network
-/// path that the floors measure.
-pub fn user_cpu_us(pid: u32) -> Option<u64> {
-    let (user, _) = stat_cpu_split_us(&format!("/proc/{pid}/stat"))?;
-    Some(user)
+/// User-space and system CPU time a process has used so far, in µs, from
+/// one read: the user-space part is the server's own code, without the
+/// kernel's network path that the floors measure.
+pub fn cpu_split_us(pid: u32) -> Option<(u64, u64)> {
+    stat_cpu_split_us(&format!("/proc/{pid}/stat"))
 }
 
 /// CPU time (user + system) one thread of this process has used, in µs.

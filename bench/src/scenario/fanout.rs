@@ -74,8 +74,8 @@ pub async fn run(common: &Common, args: &FanoutArgs) -> anyhow::Result<()> {
         setup.nodes[0].pid()
     );
     let pid = setup.nodes[0].pid();
-    let cpu0 = pid.and_then(crate::procs::cpu_us);
-    let user0 = pid.and_then(crate::procs::user_cpu_us);
+    let split0 = pid.and_then(crate::procs::cpu_split_us);
+    let (cpu0, user0) = (split0.map(|(u, s)| u + s), split0.map(|(u, _)| u));
     let mut device = None;
     for _ in 0..args.transitions {
         receipts.begin();
@@ -94,8 +94,8 @@ pub async fn run(common: &Common, args: &FanoutArgs) -> anyhow::Result<()> {
         }
         receipts.end(args.watchers).await;
     }
-    let cpu1 = pid.and_then(crate::procs::cpu_us);
-    let user1 = pid.and_then(crate::procs::user_cpu_us);
+    let split1 = pid.and_then(crate::procs::cpu_split_us);
+    let (cpu1, user1) = (split1.map(|(u, s)| u + s), split1.map(|(u, _)| u));
     let _ = stop_tx.send(true);
     for r in readers {
         let _ = r.await;

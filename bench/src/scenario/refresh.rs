@@ -103,7 +103,7 @@ pub async fn run(common: &Common, args: &RefreshArgs) -> anyhow::Result<()> {
 
     // Phase 1: the ceiling, straight to Redis, while the node is idle.
     let redis_pid = setup.local_redis.as_ref().map(|r| r.pid());
-    let (ceiling, ceiling_redis_cpu) = ceiling(&setup, &mut redis, args, secs).await?;
+    let (ceiling, ceiling_redis_cpu) = ceiling(&setup, redis_pid, &mut redis, args, secs).await?;
     report.figure(
         "ceiling_direct_to_redis",
         ceiling,
@@ -300,9 +300,10 @@ impl Reading {
         devices: &Devices,
     ) -> anyhow::Result<Self> {
         let sample = || {
+            let split = pid.and_then(procs::cpu_split_us);
             (
-                pid.and_then(procs::cpu_us),
-                pid.and_then(procs::user_cpu_us),
+                split.map(|(user, system)| user + system),
+                split.map(|(user, _)| user),
                 redis_pid.and_then(procs::cpu_us),
                 devices.sent(),
             )
@@ -338,11 +339,12 @@ struct RedisCpu {
 
 /// The ceiling: the node's refresh commands sent straight to Redis,
 /// pipelined, from a few connections, for `secs`; refreshes per second, and
-/// Redis's CPU meanwhile when the bench started Redis. Measured before the
-/// devices connect, on a Redis that does nothing else (measured after them,
-/// it shared Redis with their 10,000 departures).
+/// Redis's CPU meanwhile when the bench started Redis (`redis_pid`).
+/// Measured before the devices connect, on a Redis that does nothing else
+/// (measured after them, it shared Redis with their 10,000 departures).
 async fn ceiling(
     setup: &Setup,
+    redis_pid: Option<u32>,
     redis: &mut redis::aio::MultiplexedConnection,
     args: &RefreshArgs,
     secs: Duration,
@@ -356,9 +358,8 @@ async fn ceiling(
     let owner = crate::fixture::LEASE_VALUE;
     crate::fixture::live_leases(redis, "x", args.devices, owner, false).await?;
     let done = Arc::new(AtomicU64::new(0));
-    let redis_pid = setup.local_redis.as_ref().map(|r| r.pid());
     let (cpu0, t0) = (redis_pid.and_then(procs::cpu_us), Instant::now());
-    let deadline = Instant::now() + secs;
+    let deadline = t0 + secs;
     let mut workers = Vec::new();
     let devices = args.devices.max(1);
     let per = args.pipeline.max(1);
