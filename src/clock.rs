@@ -1,8 +1,18 @@
-//! Noticing that this process was frozen (SIGSTOP, a paused VM, a long
-//! stall): its periodic timers then fire far later than due, and everything
-//! they measure includes time in which the node could not hear anybody.
+//! Time: the wall clock in epoch ms ([`now_ms`]), and noticing that this
+//! process was frozen (SIGSTOP, a paused VM, a long stall): its periodic
+//! timers then fire far later than due, and everything they measure
+//! includes time in which the node could not hear anybody.
 
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// Now, in epoch ms (the unit of every timestamp in Redis and on the wire).
+/// A clock set before 1970 reads as 0 rather than failing every caller.
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
 
 /// The ticks of one periodic timer.
 #[derive(Debug, Clone, Copy)]

@@ -1,6 +1,7 @@
 //! Runtime settings shared by every actor, with the timings derived from one
 //! heartbeat so that no second magic number can disagree with it.
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// Default interval between server pings (and expected client activity).
@@ -77,10 +78,10 @@ pub struct Config {
     /// `auth_expiring` frame.
     pub auth_expiring: Duration,
     /// `--trust-proxy`: peers whose `X-Forwarded-For` names the client
-    /// (`crate::http::client_ip`).
+    /// (the HTTP layer's `client_ip`).
     pub trust_proxy: crate::proxy::TrustedProxies,
     /// What `/` and other non-API paths serve (`--no-demo`, `--static-dir`).
-    pub static_files: crate::static_files::StaticFiles,
+    pub static_files: StaticFiles,
 }
 
 impl Config {
@@ -149,5 +150,31 @@ impl Config {
     /// the number for another node.
     pub fn run_hold(&self) -> Duration {
         (self.run_renew_interval() * 3).max(Duration::from_secs(30))
+    }
+}
+
+/// What `GET /` and the other non-API paths serve.
+#[derive(Debug, Clone, Default)]
+pub enum StaticFiles {
+    /// The built-in demo page and `presence-client.js`.
+    #[default]
+    Demo,
+    /// Nothing: every such path is 404 (`--no-demo`, for production).
+    Off,
+    /// The files under this directory, `/` being its `index.html`.
+    Dir(PathBuf),
+}
+
+impl StaticFiles {
+    /// `--static-dir DIR`: checked now, so that a typo fails at start-up
+    /// rather than as 404s in production.
+    pub fn dir(dir: &Path) -> anyhow::Result<Self> {
+        let dir = dir
+            .canonicalize()
+            .map_err(|e| anyhow::anyhow!("--static-dir {}: {e}", dir.display()))?;
+        if !dir.is_dir() {
+            anyhow::bail!("--static-dir {}: not a directory", dir.display());
+        }
+        Ok(Self::Dir(dir))
     }
 }

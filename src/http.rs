@@ -57,7 +57,7 @@ pub struct AppState {
     /// With development auth, the `Host` names `/ws` and `/api/*` answer to.
     pub dev_hosts: Option<DevHosts>,
     /// Redis's state as last checked, for `/healthz`.
-    pub redis_health: Arc<crate::redis_setup::RedisHealth>,
+    pub redis_health: Arc<crate::redis::RedisHealth>,
 }
 
 /// An HTTP error: a status and the same `{code, message}` as an error frame.

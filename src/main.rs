@@ -8,11 +8,10 @@ use std::time::Duration;
 use clap::{CommandFactory, Parser};
 use presence_server::auth::{self, Auth, Jwks, JwtRules, JwtVerifier, Origins};
 use presence_server::config::{self, Config};
-use presence_server::local_redis::LocalRedis;
 use presence_server::logging::{self, LogFormat};
-use presence_server::redis_setup::RedisOptions;
+use presence_server::redis::RedisOptions;
 use presence_server::server::Security;
-use presence_server::static_files::StaticFiles;
+use presence_server::config::StaticFiles;
 use presence_server::webhooks::{self, WebhookConfig};
 use presence_server::{config_file, ids, server};
 
@@ -415,21 +414,15 @@ fn start(args: Args) -> anyhow::Result<()> {
         ),
         None => None,
     };
-    let mut redis = RedisOptions {
+    let redis = RedisOptions {
         url: args.redis_url,
         sentinels: args.redis_sentinel,
         sentinel_master: args.redis_sentinel_master,
         tls_ca_file: args.redis_tls_ca_file,
         tls_cert_file: args.redis_tls_cert_file,
         tls_key_file: args.redis_tls_key_file,
+        local_dir: Some(args.local_redis_dir),
     };
-    // Kept alive until the server stops; dropping it stops the private Redis.
-    let mut _local = None;
-    if redis.url.is_none() && redis.sentinels.is_empty() {
-        let local = LocalRedis::start(&args.local_redis_dir)?;
-        redis.url = Some(local.url.clone());
-        _local = Some(local);
-    }
     actix_web::rt::System::new().block_on(server::run(config, security, &redis, listener, internal))
 }
 

@@ -26,7 +26,7 @@ use actix::prelude::*;
 use bytestring::ByteString;
 use tokio::sync::oneshot;
 
-use crate::cluster::Source;
+use crate::redis::cluster::Source;
 use crate::conn::ConnHandle;
 use crate::fanout::{self, Home, SlowWatchers};
 use crate::keys;

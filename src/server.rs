@@ -11,14 +11,13 @@ use anyhow::Context as _;
 use tokio::sync::oneshot;
 
 use crate::auth::{Auth, Origins};
-use crate::cluster::Source;
 use crate::config::Config;
 use crate::expiry::ExpiryListener;
 use crate::http::{self, AppState};
-use crate::redis_setup::{self, RedisOptions};
+use crate::redis::RedisOptions;
 use crate::refresh::Refresher;
 use crate::registry::{Registry, Shutdown};
-use crate::store::{RedisConn, Store};
+use crate::store::Store;
 use crate::webhooks::Webhooks;
 
 /// Longest time an HTTP request may take before it is answered 503: the
@@ -68,18 +67,10 @@ pub async fn run(
     if let Auth::Jwt(verifier) = &security.auth {
         verifier.start().await?;
     }
-    let (client, conn, redis_health) = match crate::cluster::connect(redis, &config.node_id).await?
-    {
-        Some(cluster) => cluster,
-        None => {
-            let redis = redis_setup::connect(redis, &config.node_id).await?;
-            (
-                Source::Single(redis.source),
-                RedisConn::new(redis.conn),
-                redis.health,
-            )
-        }
-    };
+    let redis = crate::redis::connect(redis, &config.node_id).await?;
+    let (client, conn, redis_health) = (redis.source, redis.conn, redis.health);
+    // Dropping it stops the private Redis: kept until the node has stopped.
+    let _local = redis.local;
     let webhooks = match &security.webhooks {
         Some(hooks) => Some(Webhooks::start(hooks.clone(), &config.node_id)?),
         None => None,

@@ -6,6 +6,7 @@ use std::path::{Component, Path, PathBuf};
 
 use actix_web::{web, HttpRequest, HttpResponse};
 
+use crate::config::StaticFiles;
 use crate::http::AppState;
 
 /// The demo page and the client library it uses, built into the binary.
@@ -26,32 +27,6 @@ const EMBEDDED: &[(&str, &str, &str)] = &[
         include_str!("../static/presence-client.d.ts"),
     ),
 ];
-
-/// What `GET /` and the other non-API paths serve.
-#[derive(Debug, Clone, Default)]
-pub enum StaticFiles {
-    /// The built-in demo page and `presence-client.js`.
-    #[default]
-    Demo,
-    /// Nothing: every such path is 404 (`--no-demo`, for production).
-    Off,
-    /// The files under this directory, `/` being its `index.html`.
-    Dir(PathBuf),
-}
-
-impl StaticFiles {
-    /// `--static-dir DIR`: checked now, so that a typo fails at start-up
-    /// rather than as 404s in production.
-    pub fn dir(dir: &Path) -> anyhow::Result<Self> {
-        let dir = dir
-            .canonicalize()
-            .map_err(|e| anyhow::anyhow!("--static-dir {}: {e}", dir.display()))?;
-        if !dir.is_dir() {
-            anyhow::bail!("--static-dir {}: not a directory", dir.display());
-        }
-        Ok(Self::Dir(dir))
-    }
-}
 
 /// Content type by file extension, for `--static-dir`.
 fn content_type(path: &Path) -> &'static str {

@@ -34,7 +34,7 @@ use redis::cluster_routing::Slot;
 use redis::{AsyncConnectionConfig, ProtocolVersion, PushInfo, PushKind, RedisResult, Value};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::cluster::Source;
+use crate::redis::cluster::Source;
 
 /// First wait before reconnecting after the connection broke.
 const BACKOFF_MIN: Duration = Duration::from_millis(100);

@@ -268,7 +268,7 @@ impl Webhooks {
             (false, 0) => Kind::Offline,
             (false, _) => Kind::Online,
         };
-        let event = WebhookEvent::new(kind, event, crate::store::now_ms());
+        let event = WebhookEvent::new(kind, event, crate::clock::now_ms());
         let json: Arc<str> = match serde_json::to_string(&event) {
             Ok(j) => j.into(),
             Err(e) => {

@@ -1,8 +1,6 @@
 //! Every Redis read and write of the server.
 //!
 //! # Layout
-//! - [`conn`]: [`RedisConn`], the one connection type the store calls Redis
-//!   through (timed into the metrics).
 //! - [`scripts`]: the atomic per-user steps (Lua files in `src/lua/`), each
 //!   called through one function, each reply parsed into a named type.
 //! - [`leases`]: a device arriving (connect, batched refresh) and departing.
@@ -15,13 +13,12 @@
 //! - [`setup`]: the deployment's constants, read (or written) at start.
 //!
 //! How the node connects, and what it checks of Redis itself at start, is
-//! [`crate::redis_setup`].
+//! [`crate::redis`].
 //!
 //! A reply that does not have the shape a step promises is a
 //! [`StoreError::Reply`] naming the key it came from; it never becomes a
 //! silent 0 or empty string.
 
-pub mod conn;
 pub mod leases;
 pub mod lists;
 pub mod passes;
@@ -33,11 +30,11 @@ pub mod status;
 
 use std::borrow::Cow;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use redis::{Pipeline, RedisError, Value};
 
-pub use conn::RedisConn;
+pub use crate::redis::RedisConn;
 pub use leases::{Arrival, ArriveMode, Departure, Lease, LeaseClock, LeaseOwner};
 pub use lists::{Cursor, OnlinePage, OnlineUser};
 pub use records::{DeviceInfo, Observed, Reader};
@@ -84,13 +81,7 @@ impl StoreError {
 /// Result of a Redis operation.
 pub type StoreResult<T> = Result<T, StoreError>;
 
-/// Now, in epoch ms (the unit of every timestamp in Redis and on the wire).
-pub fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
-}
+pub use crate::clock::now_ms;
 
 fn is_noscript(v: &Value) -> bool {
     matches!(v, Value::ServerError(e) if e.code() == "NOSCRIPT")
@@ -228,7 +219,7 @@ impl Store {
     }
 
     /// The nodes a SCAN must walk: the one server, or every primary.
-    pub async fn data_nodes(&self) -> StoreResult<Vec<conn::NodeAddr>> {
+    pub async fn data_nodes(&self) -> StoreResult<Vec<crate::redis::conn::NodeAddr>> {
         Ok(self.conn.data_nodes().await?)
     }
 

@@ -246,7 +246,7 @@ impl Store {
     /// on a cluster each primary is walked on its own.
     pub async fn reconcile_step(
         &self,
-        node: &super::conn::NodeAddr,
+        node: &crate::redis::conn::NodeAddr,
         cursor: u64,
     ) -> StoreResult<Reconciliation> {
         let mut conn = self.conn();

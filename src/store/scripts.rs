@@ -123,7 +123,7 @@ impl Scripts {
             migrate_devices: Script::new(include_str!("../lua/migrate_devices.lua")),
             fold_active: Script::new(include_str!("../lua/fold_active.lua")),
         };
-        super::conn::name_scripts(scripts.named());
+        crate::redis::conn::name_scripts(scripts.named());
         scripts
     }
 

@@ -1,6 +1,6 @@
 //! What start-up reads from Redis before the node serves: the deployment's
 //! constants. (How it connects, and what it checks of Redis itself, is
-//! [`crate::redis_setup`].)
+//! [`crate::redis`].)
 
 impl super::Store {
     /// Reads the deployment's constants from `presence-meta`, writing the
@@ -210,7 +210,7 @@ impl super::Store {
     /// (`user_of` each key; keys it does not parse are skipped).
     pub(super) async fn scan_users(
         &self,
-        node: &super::conn::NodeAddr,
+        node: &crate::redis::conn::NodeAddr,
         cursor: u64,
         pattern: &str,
         count: usize,

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 
-use crate::redis_setup::RedisSource;
+use crate::redis::RedisSource;
 
 /// First wait before reconnecting after the subscription broke.
 const BACKOFF_MIN: Duration = Duration::from_millis(100);

@@ -31,7 +31,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, Slot, SlotAddr};
 use redis::{Arg, Cmd, Pipeline, RedisFuture, RedisResult, Value};
 
-use crate::redis_setup::PrimaryConn;
+use crate::redis::PrimaryConn;
 
 /// The store's handle on Redis; cheap to clone.
 #[derive(Clone)]

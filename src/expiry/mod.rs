@@ -15,12 +15,15 @@
 //! On a Redis Cluster the events come from every primary, each primary's
 //! stream owned by one node at a time (`src/cluster.rs`).
 
+
+mod streams;
+
 use std::sync::Arc;
 use std::time::Instant;
 
 use actix::prelude::*;
 
-use crate::cluster::Source;
+use crate::redis::Source;
 use crate::config::Config;
 use crate::keys;
 use crate::metrics::METRICS;
@@ -303,7 +306,7 @@ impl Actor for ExpiryListener {
             true
         };
         // Each primary's events, owned by one node of the fleet at a time.
-        actix::spawn(crate::cluster::expiry_streams(
+        actix::spawn(streams::expiry_streams(
             self.store.clone(),
             self.client.clone(),
             self.config.node_id.clone(),

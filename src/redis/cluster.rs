@@ -1,21 +1,14 @@
-//! Running on a Redis Cluster: telling a cluster from one server, the
-//! cluster connection, and the expired-key events of every primary.
+//! Running on a Redis Cluster: telling a cluster from one server, and the
+//! cluster connection.
 //!
 //! `--redis-url` takes one URL or a comma-separated list of seed URLs. The
 //! server asks the first seed that answers (`INFO cluster`) whether it is a
 //! cluster node, so one seed is enough; the cluster connection then learns
 //! every node from it.
 //!
-//! Keyspace notifications are local to each primary. The node finds the
-//! primaries with `CLUSTER SHARDS` every [`OWNER_REFRESH`] (so it follows
-//! failovers and resharding) and, for each, competes for a short lock
-//! `presence-expiry-owner:{<primary id>}`: the holder subscribes to that
-//! primary's `expired` events, the other nodes stand by and take over
-//! within [`OWNER_HOLD`] when it dies. One Redis server is one primary
-//! (`presence-expiry-owner:{primary}`). So each lapsed lease is departed
-//! once by its event; the deadline pass covers what falls between owners.
+//! Which node hears which primary's expired-key events is the expiry
+//! listener's business (its `streams`).
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -24,16 +17,9 @@ use redis::{AsyncConnectionConfig, ConnectionAddr, ConnectionInfo, IntoConnectio
 
 use std::sync::Arc;
 
-use crate::keys;
-use crate::redis_setup::{redact, ExpiredEvents, RedisHealth, RedisOptions, RedisSource};
-use crate::store::conn::NodeAddr;
-use crate::store::{RedisConn, Store};
+use super::conn::{NodeAddr, RedisConn, Shard};
+use super::{redact, ExpiredEvents, RedisHealth, RedisOptions, RedisSource};
 
-/// How often the node re-reads the primaries and renews its expiry locks.
-const OWNER_REFRESH: Duration = Duration::from_secs(1);
-/// How long an expiry lock lasts unless renewed: a dead owner's primaries
-/// are taken over within this.
-const OWNER_HOLD: Duration = Duration::from_secs(3);
 /// Retries of one cluster command while its slot has no reachable primary
 /// (a failover takes the cluster's node timeout plus an election).
 const RETRIES: u32 = 16;
@@ -102,7 +88,7 @@ impl Seeds {
 
     /// Remembers every node of `shards` as a starting point for new
     /// connections.
-    pub fn learn(&self, shards: &[crate::store::conn::Shard]) {
+    pub fn learn(&self, shards: &[Shard]) {
         let nodes: Vec<ConnectionInfo> = shards
             .iter()
             .flat_map(|s| &s.nodes)
@@ -339,118 +325,6 @@ pub async fn connect(
     Ok(Some((Source::Cluster(seeds), conn, health)))
 }
 
-/// One primary whose `expired` events some node of the fleet must hear.
-struct Stream {
-    /// Names its ownership lock: the cluster node id, or [`SINGLE`].
-    id: String,
-    /// Where it is, as shown in logs; a new address ends the old stream.
-    addr: String,
-    /// Its keyevent channel.
-    channel: String,
-    /// Connects to it.
-    source: RedisSource,
-}
-
-/// The lock name of one Redis server's (or Sentinel group's) events.
-const SINGLE: &str = "primary";
-
-/// The primaries of `source` now: one server, or every primary of the
-/// cluster (`CLUSTER SHARDS`).
-async fn streams(source: &Source, store: &Store) -> redis::RedisResult<Vec<Stream>> {
-    match source {
-        Source::Single(client) => Ok(vec![Stream {
-            id: SINGLE.to_string(),
-            addr: client.display().to_string(),
-            channel: keys::expired_channel(client.db()),
-            source: client.clone(),
-        }]),
-        Source::Cluster(seeds) => {
-            let shards = store.redis().shards().await?;
-            seeds.learn(&shards);
-            Ok(shards
-                .into_iter()
-                .filter_map(|shard| match seeds.client_for(&shard.primary) {
-                    Ok(client) => Some(Stream {
-                        id: shard.primary_id,
-                        addr: shard.primary.to_string(),
-                        channel: keys::expired_channel(0),
-                        source: RedisSource::direct(client),
-                    }),
-                    Err(e) => {
-                        log::warn!("{}: {e}", shard.primary);
-                        None
-                    }
-                })
-                .collect())
-        }
-    }
-}
-
-/// Holds the expired-key events of the primaries this node owns (see the
-/// module docs) while `alive` holds; one Redis server counts as one
-/// primary. Each announced key goes to `on_key`; `ready` runs once the
-/// first round of ownership is settled.
-pub async fn expiry_streams(
-    store: Store,
-    source: Source,
-    node_id: String,
-    ready: impl FnOnce(),
-    alive: impl Fn() -> bool,
-    on_key: impl Fn(String) -> bool + Clone + Send + 'static,
-) {
-    let mut owned: HashMap<String, (String, tokio::task::JoinHandle<()>)> = HashMap::new();
-    let mut ready = Some(ready);
-    while alive() {
-        match streams(&source, &store).await {
-            Ok(streams) => {
-                // A primary that is no longer one (failover, resharding):
-                // its stream is over.
-                owned.retain(|id, (addr, task)| {
-                    let current = streams.iter().any(|s| &s.id == id && &s.addr == addr);
-                    if !current {
-                        log::info!("expired events of {addr}: no longer a primary");
-                        task.abort();
-                    }
-                    current
-                });
-                for stream in streams {
-                    let lock = keys::expiry_owner(&stream.id);
-                    match store.hold_lock(&lock, &node_id, OWNER_HOLD).await {
-                        Ok(true) if !owned.contains_key(&stream.id) => {
-                            log::info!("owning the expired events of {}", stream.addr);
-                            let task = tokio::spawn(crate::pubsub::run(
-                                stream.source,
-                                stream.channel,
-                                || {},
-                                on_key.clone(),
-                            ));
-                            owned.insert(stream.id, (stream.addr, task));
-                        }
-                        Ok(true) => {}
-                        Ok(false) => {
-                            if let Some((addr, task)) = owned.remove(&stream.id) {
-                                log::info!("another node owns the expired events of {addr}");
-                                task.abort();
-                            }
-                        }
-                        // Keep what is held: two owners for a moment only
-                        // cost a second, idempotent departure step.
-                        Err(e) => log::warn!("expiry lock of {}: {e}", stream.addr),
-                    }
-                }
-            }
-            Err(e) => log::warn!("cannot read the primaries: {e}"),
-        }
-        if let Some(ready) = ready.take() {
-            ready();
-        }
-        tokio::time::sleep(OWNER_REFRESH).await;
-    }
-    for (_, (_, task)) in owned {
-        task.abort();
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -493,7 +367,7 @@ mod tests {
             infos: parse_urls("redis://user:pw@127.0.0.1:7000").unwrap(),
             learned: Arc::default(),
         };
-        seeds.learn(&[crate::store::conn::Shard {
+        seeds.learn(&[Shard {
             primary_id: "p".into(),
             primary: NodeAddr::node("10.0.0.3", 7001),
             nodes: vec![
@@ -512,3 +386,4 @@ mod tests {
         assert_eq!(seeds.learned.read().unwrap().len(), 2);
     }
 }
+

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 /// The bundled configuration (the repository's redis.conf), compiled in so
 /// that the binary runs from anywhere.
-pub const REDIS_CONF: &str = include_str!("../redis.conf");
+pub const REDIS_CONF: &str = include_str!("../../redis.conf");
 
 /// How long to wait for the private server to answer PING.
 const START_TIMEOUT: Duration = Duration::from_secs(10);
