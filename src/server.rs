@@ -15,7 +15,7 @@ use crate::config::Config;
 use crate::expiry::ExpiryListener;
 use crate::http::{self, AppState};
 use crate::redis::RedisOptions;
-use crate::refresh::Refresher;
+use crate::lease::Refresher;
 use crate::registry::{Registry, Shutdown};
 use crate::store::Store;
 use crate::webhooks::Webhooks;

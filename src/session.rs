@@ -27,14 +27,14 @@ use bytestring::ByteString;
 
 use crate::bucket::TokenBucket;
 use crate::conn::ConnHandle;
-use crate::fanout;
+use crate::registry::fanout;
 use crate::frames::{Assembled, Fragments};
 use crate::model::{Audience, ChosenStatus, Record, Status};
 use crate::privacy::{self, Relation};
 use crate::protocol::{self, ClientFrame, ErrorCode, ProtocolError};
-use crate::refresh::{LeaseState, Refreshed, Refresher};
+use crate::lease::{release, release_with, LeaseState, Refreshed, Refresher};
 use crate::registry::{self, Deliver, GoingAway, Recheck, Registry, SessionId};
-use crate::store::{now_ms, Arrival, ArriveMode, Departure, Lease, Observed, Store, StoreResult};
+use crate::store::{now_ms, Arrival, ArriveMode, Lease, Observed, Store, StoreResult};
 
 /// Close code sent when another connection of the same device took the lease.
 pub const CLOSE_REPLACED: u16 = 4001;
@@ -45,10 +45,6 @@ pub const CLOSE_TOKEN_EXPIRED: u16 = 4401;
 /// Sustained flooding this many times the allowed rate, within one refill
 /// of the bucket, closes the session instead of refusing frame by frame.
 const FLOOD_CLOSE_FACTOR: u32 = 5;
-/// First wait before retrying a release that Redis refused.
-const RELEASE_RETRY_MIN: Duration = Duration::from_millis(100);
-/// Longest wait between release retries.
-const RELEASE_RETRY_MAX: Duration = Duration::from_secs(2);
 /// Requests that may wait for Redis behind the one in flight; past this a
 /// client gets `rate_limited` (the frame limiter bounds the rate, this
 /// bounds what a stalled Redis lets pile up).
@@ -1057,64 +1053,6 @@ fn unavailable() -> ProtocolError {
     )
 }
 
-/// Releases a device after its connection closed. While Redis is
-/// unreachable it retries until the lease would have lapsed anyway; after
-/// that the expiry path owns the departure.
-pub(crate) async fn release(
-    store: Store,
-    user: String,
-    device: String,
-    owner: String,
-    deadline: i64,
-) {
-    release_with(store, user, device, owner, deadline, true).await;
-}
-
-/// [`release`], retrying or not: a failed claim's release is tried once.
-/// A claim that never reached Redis left nothing to release, and one that
-/// is still in Redis is ahead of the release on the same connection; were
-/// every failed connect retried for a TTL, clients reconnecting through a
-/// Redis outage would pile up one retrying task per attempt.
-async fn release_with(
-    store: Store,
-    user: String,
-    device: String,
-    owner: String,
-    deadline: i64,
-    retry: bool,
-) {
-    let give_up = Instant::now() + Duration::from_millis(store.ttl_ms());
-    let mut wait = RELEASE_RETRY_MIN;
-    loop {
-        match store.depart(&user, &device, (&owner, deadline)).await {
-            Ok(Departure::Removed { last_seen }) => {
-                let offline = if last_seen.is_some() {
-                    ", user offline"
-                } else {
-                    ""
-                };
-                log::debug!("{user}/{device}: closed, device released{offline}");
-            }
-            Ok(Departure::Leased { .. }) => {
-                log::debug!("{user}/{device}: closed, lease kept by a newer connection")
-            }
-            Ok(Departure::AlreadyGone) => {
-                log::debug!("{user}/{device}: closed, device was already released")
-            }
-            Err(e) if retry && Instant::now() + wait < give_up => {
-                log::debug!("{user}/{device}: release failed ({e}); retrying in {wait:?}");
-                tokio::time::sleep(wait).await;
-                wait = (wait * 2).min(RELEASE_RETRY_MAX);
-                continue;
-            }
-            // Expected through an outage for a claim that failed.
-            Err(e) if !retry => log::debug!("{user}/{device}: release failed ({e})"),
-            Err(e) => log::warn!("{user}/{device}: release failed ({e}); the lease will lapse"),
-        }
-        return;
-    }
-}
-
 impl Actor for Session {
     type Context = ws::WebsocketContext<Self>;
 
@@ -1577,3 +1515,4 @@ mod tests {
         assert!(whole <= 840, "the session's context future is {whole} B");
     }
 }
+

@@ -48,12 +48,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// What the subscription task reports.
 #[derive(Debug)]
 pub enum Notice {
-    /// The connection is (again) up and every wanted channel subscribed;
-    /// `first` on the first time.
-    Ready {
-        /// The first connection since start.
-        first: bool,
-    },
+    /// The connection is (again) up and every wanted channel subscribed.
+    Ready,
     /// A message on one of the channels.
     Message {
         /// Its channel.
@@ -231,7 +227,6 @@ async fn run(
     // Our own SUNSUBSCRIBEs whose confirmation has not come yet: those
     // pushes are not Redis dropping a channel.
     let mut leaving: HashMap<String, u32> = HashMap::new();
-    let mut first = true;
     let mut backoff = BACKOFF_MIN;
     loop {
         let (push_tx, mut pushes) = mpsc::unbounded_channel::<PushInfo>();
@@ -259,10 +254,9 @@ async fn run(
         leaving.clear();
         backoff = BACKOFF_MIN;
         log::info!("subscribed to the events of {} watched users", all.len());
-        if !on_notice(Notice::Ready { first }) {
+        if !on_notice(Notice::Ready) {
             return;
         }
-        first = false;
         loop {
             tokio::select! {
                 request = requests.recv() => match request {
@@ -347,7 +341,7 @@ async fn run(
                                 log::warn!("cannot renew the subscriptions: {e}");
                                 break;
                             }
-                            if !on_notice(Notice::Ready { first: false }) {
+                            if !on_notice(Notice::Ready) {
                                 return;
                             }
                         }

@@ -28,7 +28,7 @@ use actix::dev::SendError;
 use actix::prelude::*;
 use tokio::sync::mpsc;
 
-use crate::registry::{Deliver, SessionId};
+use super::{Deliver, SessionId};
 
 thread_local! {
     /// The sessions of this worker thread, by id: where the delivery task

@@ -1,5 +1,5 @@
 //! `GET /api/openapi.json`: the HTTP API described as OpenAPI, generated
-//! from the handlers' `#[utoipa::path]` annotations in [`crate::http`] and
+//! from the handlers' `#[utoipa::path]` annotations in the HTTP handlers and
 //! the types they answer with. The WebSocket frames and webhook payloads
 //! are in `docs/events.md`; the webhook batch is here as a schema too.
 
@@ -9,7 +9,8 @@ use actix_web::HttpResponse;
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
-use crate::http::{Contacts, OnlineResult, PrivacyBody, Query, QueryResult, UserPresence};
+use super::reads::{OnlineResult, Query, QueryResult, UserPresence};
+use super::users::{Contacts, PrivacyBody};
 use crate::model::Record;
 use crate::protocol::{ErrorCode, ProtocolError};
 use crate::store::{DeviceInfo, OnlinePage, OnlineUser};
@@ -23,16 +24,16 @@ use crate::webhooks::{Kind, WebhookBatch, WebhookEvent};
         description = "Who is online, on which devices, with which status. Reads take `?viewer=` (development auth) or a token (JWT auth); the admin key or `--service-key` as `Authorization: Bearer` reads the truth, marked `\"view\": \"service\"`. WebSocket frames and webhook payloads: docs/events.md."
     ),
     paths(
-        crate::http::websocket,
-        crate::http::presence,
-        crate::http::query,
-        crate::http::online,
-        crate::http::set_privacy,
-        crate::http::put_contacts,
-        crate::http::get_contacts,
-        crate::http::healthz,
-        crate::http::metrics,
-        crate::http::info,
+        super::upgrade::websocket,
+        super::reads::presence,
+        super::reads::query,
+        super::reads::online,
+        super::users::set_privacy,
+        super::users::put_contacts,
+        super::users::get_contacts,
+        super::ops::healthz,
+        super::ops::metrics,
+        super::ops::info,
         document,
     ),
     components(schemas(

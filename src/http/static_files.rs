@@ -14,17 +14,17 @@ const EMBEDDED: &[(&str, &str, &str)] = &[
     (
         "index.html",
         "text/html; charset=utf-8",
-        include_str!("../static/index.html"),
+        include_str!("../../static/index.html"),
     ),
     (
         "presence-client.js",
         "text/javascript; charset=utf-8",
-        include_str!("../static/presence-client.js"),
+        include_str!("../../static/presence-client.js"),
     ),
     (
         "presence-client.d.ts",
         "application/typescript; charset=utf-8",
-        include_str!("../static/presence-client.d.ts"),
+        include_str!("../../static/presence-client.d.ts"),
     ),
 ];
 

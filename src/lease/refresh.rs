@@ -279,7 +279,7 @@ fn release_after(store: &Store, request: Option<Request>) {
         lease.user,
         lease.device
     );
-    tokio::spawn(crate::session::release(
+    tokio::spawn(super::release::release(
         store.clone(),
         lease.user,
         lease.device,

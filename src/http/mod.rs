@@ -1,0 +1,162 @@
+//! The HTTP side of a node: the WebSocket upgrade, the read API, users'
+//! settings and the admin API, operations, the OpenAPI document and the
+//! demo page, each in a file of its own; [`routes`] puts them on the
+//! listeners.
+
+pub mod openapi;
+mod ops;
+mod reads;
+pub mod routes;
+pub mod static_files;
+mod upgrade;
+mod users;
+
+pub use routes::{internal_routes, public_routes, route_table, routes, Router};
+
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+
+use actix::Addr;
+use actix_web::http::StatusCode;
+use actix_web::{web, HttpRequest, HttpResponse, ResponseError};
+
+use crate::auth::{Auth, DevHosts, Origins};
+use crate::config::Config;
+use crate::ids;
+use crate::protocol::{ErrorCode, ProtocolError};
+use crate::lease::Refresher;
+use crate::registry::Registry;
+use crate::session::NodeParts;
+use crate::store::{Store, StoreError};
+
+/// Default page size of `GET /api/online`.
+const ONLINE_DEFAULT_LIMIT: usize = 50;
+/// Largest page size of `GET /api/online`.
+const ONLINE_MAX_LIMIT: usize = 1_000;
+/// Most contacts one user may have.
+const MAX_CONTACTS: usize = 1_000;
+/// Largest JSON body accepted by `POST /api/presence/query`: room for
+/// [`MAX_QUERY_USERS`] ids of the longest length, and then some.
+const MAX_QUERY_BODY: usize = 256 * 1024;
+
+/// Shared by every HTTP worker.
+pub struct AppState {
+    /// Redis state.
+    pub store: Store,
+    /// Batches the lease refreshes of this node's sessions.
+    pub refresher: Refresher,
+    /// This node's registry.
+    pub registry: Addr<Registry>,
+    /// Timings and limits.
+    pub config: Arc<Config>,
+    /// The same four, shared by every session of this node.
+    pub sessions: Arc<NodeParts>,
+    /// Next session id on this node.
+    pub next_session: AtomicU64,
+    /// How clients prove who they are; sessions keep it to verify the
+    /// fresh tokens their clients send.
+    pub auth: Arc<Auth>,
+    /// Browser origins allowed to open a WebSocket.
+    pub origins: Origins,
+    /// Bearer key of the admin API (contacts); `None` turns it off.
+    pub admin_key: Option<String>,
+    /// Bearer key of the service view (truthful reads, nothing else);
+    /// `None` turns it off. The admin key reads the same way.
+    pub service_key: Option<String>,
+    /// With development auth, the `Host` names `/ws` and `/api/*` answer to.
+    pub dev_hosts: Option<DevHosts>,
+    /// Redis's state as last checked, for `/healthz`.
+    pub redis_health: Arc<crate::redis::RedisHealth>,
+}
+
+/// An HTTP error: a status and the same `{code, message}` as an error frame.
+#[derive(Debug, thiserror::Error)]
+#[error("{status}: {error}")]
+pub struct ApiError {
+    status: StatusCode,
+    error: ProtocolError,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, code: ErrorCode, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            error: ProtocolError::new(code, message),
+        }
+    }
+}
+
+impl From<ProtocolError> for ApiError {
+    /// Input the protocol refuses is a 400 with the same code.
+    fn from(error: ProtocolError) -> Self {
+        Self {
+            status: StatusCode::BAD_REQUEST,
+            error,
+        }
+    }
+}
+
+impl From<ids::IdError> for ApiError {
+    fn from(e: ids::IdError) -> Self {
+        ProtocolError::from(e).into()
+    }
+}
+
+/// Query-string and path errors: a 400 with `bad_request`.
+fn bad_input(err: impl std::fmt::Display) -> actix_web::Error {
+    ApiError::new(
+        StatusCode::BAD_REQUEST,
+        ErrorCode::BadRequest,
+        err.to_string(),
+    )
+    .into()
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        log::warn!("request failed: {e}");
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            ErrorCode::Unavailable,
+            "presence store unavailable, try again",
+        )
+    }
+}
+
+impl ResponseError for ApiError {
+    fn status_code(&self) -> StatusCode {
+        self.status
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        HttpResponse::build(self.status).json(&self.error)
+    }
+}
+
+/// Middleware: with development auth, `/ws` and `/api/*` answer 403 to a
+/// `Host` that is not loopback or allowed (DNS rebinding, issue 12).
+pub async fn dev_host_guard(
+    req: actix_web::dev::ServiceRequest,
+    next: actix_web::middleware::Next<impl actix_web::body::MessageBody>,
+) -> Result<actix_web::dev::ServiceResponse<impl actix_web::body::MessageBody>, actix_web::Error> {
+    let path = req.path();
+    if path == "/ws" || path.starts_with("/api/") {
+        if let Some(hosts) = req
+            .app_data::<web::Data<AppState>>()
+            .and_then(|s| s.dev_hosts.as_ref())
+        {
+            hosts.check(req.request()).map_err(ApiError::from)?;
+        }
+    }
+    next.call(req).await
+}
+
+/// The client's address: the peer, or with `--trust-proxy` the one its
+/// proxy names ([`crate::proxy`]). The one source of the client's address:
+/// logs use it, and so must any per-IP limit.
+pub fn client_ip(req: &HttpRequest, config: &Config) -> String {
+    config
+        .trust_proxy
+        .client_ip(req.peer_addr(), req.headers())
+        .map_or_else(|| "unknown".to_string(), |ip| ip.to_string())
+}

@@ -1,0 +1,59 @@
+//! Operations: `/healthz`, `/metrics` (Prometheus text) and `/api/info`.
+
+
+use actix_web::{web, HttpResponse};
+
+use crate::auth::Auth;
+use crate::registry::GetStats;
+use super::*;
+
+/// `GET /healthz`: 200 when the process is up and Redis answered the last
+/// health check (at most about a second ago), else 503. Answers from that
+/// cached state, so it is as fast with Redis down as up.
+#[utoipa::path(get, path = "/healthz", tag = "operations",
+    responses(
+        (status = 200, description = "Up, Redis reachable", body = Object),
+        (status = 503, description = "Redis unreachable", body = Object),
+    ))]
+pub(crate) async fn healthz(state: web::Data<AppState>) -> HttpResponse {
+    let stats = state.registry.send(GetStats).await.unwrap_or_default();
+    let redis = state.redis_health.report();
+    if redis.up {
+        HttpResponse::Ok().json(serde_json::json!({
+            "status": "ok", "node": state.config.node_id, "redis": "up", "registry": stats,
+            "counters": crate::metrics::METRICS.health_counters(),
+            "redis_details": redis.details,
+        }))
+    } else {
+        HttpResponse::ServiceUnavailable().json(serde_json::json!({
+            "status": "unavailable", "node": state.config.node_id, "redis": "down",
+            "error": redis.details["error"], "redis_details": redis.details,
+        }))
+    }
+}
+
+/// `GET /metrics`: Prometheus text exposition; answers even when Redis does not.
+#[utoipa::path(get, path = "/metrics", tag = "operations",
+    responses((status = 200, description = "Prometheus text exposition", content_type = "text/plain", body = String)))]
+pub(crate) async fn metrics(state: web::Data<AppState>) -> HttpResponse {
+    let stats = state.registry.send(GetStats).await.unwrap_or_default();
+    HttpResponse::Ok()
+        .content_type("text/plain; version=0.0.4; charset=utf-8")
+        .body(crate::metrics::METRICS.render(stats.into()))
+}
+
+/// `GET /api/info`: what a client needs to know before it connects (the
+/// demo page asks it whether to show a token field).
+#[utoipa::path(get, path = "/api/info", tag = "presence",
+    responses((status = 200, description = "The server, its version, its auth mode (dev or jwt) and heartbeat", body = Object)))]
+pub(crate) async fn info(state: web::Data<AppState>) -> HttpResponse {
+    // Public facts: a page served from elsewhere (`?server=`) may read them.
+    HttpResponse::Ok()
+        .insert_header(("access-control-allow-origin", "*"))
+        .json(serde_json::json!({
+            "server": "presence-server",
+            "version": env!("CARGO_PKG_VERSION"),
+            "auth": match *state.auth { Auth::Dev => "dev", Auth::Jwt(_) => "jwt" },
+            "heartbeat_ms": state.config.heartbeat.as_millis() as u64,
+        }))
+}

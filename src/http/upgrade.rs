@@ -1,0 +1,157 @@
+//! `GET /ws`: the WebSocket upgrade. Checks the origin and the handshake's
+//! credentials, then starts a [`Session`] actor for the device.
+
+use std::sync::atomic::Ordering;
+
+use actix_web::http::StatusCode;
+use actix_web::{web, HttpRequest, HttpResponse};
+use actix_web_actors::ws;
+use serde::Deserialize;
+
+use crate::auth::{Auth, AuthError, Handshake};
+use crate::conn::ConnHandle;
+use crate::ids;
+use crate::model::Status;
+use crate::protocol::{ErrorCode, ProtocolError};
+use crate::session::{Identity, Session, TokenState};
+use super::*;
+
+/// Query string of the WebSocket handshake.
+#[derive(Deserialize)]
+pub(crate) struct Connect {
+    /// The user (development auth; with JWT it must match the token if given).
+    user: Option<String>,
+    /// The device.
+    device: Option<String>,
+    /// A JWT (browsers cannot set headers on a WebSocket handshake).
+    token: Option<String>,
+    /// The status to arrive with if none is stored yet (e.g. `invisible`,
+    /// so that a device never shows online before it can say so).
+    status: Option<String>,
+}
+
+impl From<AuthError> for ApiError {
+    fn from(e: AuthError) -> Self {
+        let (status, code) = match e {
+            AuthError::Missing | AuthError::Invalid(_) => {
+                (StatusCode::UNAUTHORIZED, ErrorCode::Unauthorized)
+            }
+            AuthError::Mismatch { .. } | AuthError::Origin(_) | AuthError::Host(_) => {
+                (StatusCode::FORBIDDEN, ErrorCode::Forbidden)
+            }
+        };
+        ApiError::new(status, code, e.to_string())
+    }
+}
+
+/// `GET /ws?user=&device=` (dev auth) or `GET /ws?device=` (JWT auth: the
+/// token in `Sec-WebSocket-Protocol`, `?token=`, `Authorization`, or as the
+/// first frame): upgrades to a session. Logs each one with the client's
+/// address.
+#[utoipa::path(get, path = "/ws", tag = "websocket",
+    params(
+        ("device" = String, Query, description = "The device id"),
+        ("user" = Option<String>, Query, description = "Development auth: the user id"),
+        ("token" = Option<String>, Query, description = "JWT auth: the token (prefer Sec-WebSocket-Protocol or the first frame)"),
+        ("status" = Option<String>, Query, description = "Status to arrive with if none is stored: online, away, busy or invisible"),
+    ),
+    responses(
+        (status = 101, description = "Upgraded: the frames are in docs/events.md"),
+        (status = 400, description = "Missing or invalid ids", body = ProtocolError),
+        (status = 401, description = "Missing or invalid token", body = ProtocolError),
+        (status = 403, description = "Refused origin or host, or token for another user", body = ProtocolError),
+    ))]
+pub(crate) async fn websocket(
+    req: HttpRequest,
+    stream: web::Payload,
+    query: web::Query<Connect>,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, actix_web::Error> {
+    let ip = client_ip(&req, &state.config);
+    let opened = open_session(&req, stream, query.into_inner(), &state, &ip).await;
+    if let Err(e) = &opened {
+        log::info!("websocket from {ip} refused: {e}");
+    }
+    opened
+}
+
+/// The upgrade proper, for [`websocket`].
+async fn open_session(
+    req: &HttpRequest,
+    stream: web::Payload,
+    query: Connect,
+    state: &AppState,
+    ip: &str,
+) -> Result<HttpResponse, actix_web::Error> {
+    let req = req.clone();
+    state.origins.check(&req).map_err(ApiError::from)?;
+    let protocol = match *state.auth {
+        Auth::Jwt(_) => crate::auth::protocol_token(&req),
+        Auth::Dev => None,
+    };
+    let handshake = state
+        .auth
+        .handshake(
+            &req,
+            protocol.as_ref(),
+            query.token.as_deref(),
+            query.user.as_deref(),
+        )
+        .await
+        .map_err(ApiError::from)?;
+    let (Some(handshake), Some(device)) = (handshake, query.device) else {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            ErrorCode::BadRequest,
+            "connect as /ws?user=<user>&device=<device> (or, with JWT auth, /ws?device=<device>)",
+        )
+        .into());
+    };
+    ids::validate("device", &device).map_err(ApiError::from)?;
+    if let Some(user) = &query.user {
+        ids::validate("user", user).map_err(ApiError::from)?;
+    }
+    let (user, token) = match handshake {
+        Handshake::User { user, exp } => {
+            ids::validate("user", &user).map_err(ApiError::from)?;
+            (user, exp.map(TokenState::Valid))
+        }
+        Handshake::FirstFrame => (
+            String::new(),
+            Some(TokenState::Awaited {
+                asked: query.user.clone(),
+            }),
+        ),
+    };
+    let status = match query.status.as_deref() {
+        None | Some("") => None,
+        Some(s) => Some(Status::parse(s).map_err(|e| ApiError::from(ProtocolError::from(e)))?),
+    };
+    crate::metrics::METRICS.sessions_opened.inc();
+    let id = state.next_session.fetch_add(1, Ordering::Relaxed);
+    let owner = state.store.lease_value();
+    if user.is_empty() {
+        log::info!("device {device}: websocket from {ip}, awaiting its auth frame");
+    } else {
+        log::info!("{user}/{device}: websocket from {ip}");
+    }
+    let who = Identity {
+        id,
+        user,
+        device,
+        owner,
+        status,
+        token: token.map(|t| (state.auth.clone(), t)),
+    };
+    let session = Session::new(
+        who,
+        state.sessions.clone(),
+        req.conn_data::<ConnHandle>().cloned(),
+    );
+    let answer = protocol.as_ref().map(|p| p.answer.as_str());
+    let protocols: Vec<&str> = answer.into_iter().collect();
+    ws::WsResponseBuilder::new(session, &req, stream)
+        .frame_size(state.config.max_frame_bytes)
+        .protocols(&protocols)
+        .start()
+}

@@ -1,0 +1,288 @@
+//! The registry's handlers: notices from the subscriptions, resyncs,
+//! watches and unwatches, joins and leaves, and each published event.
+
+use std::collections::{HashMap, HashSet};
+
+use actix::prelude::*;
+
+use crate::keys;
+use crate::model::{Audience, Event};
+use super::*;
+use super::messages::{FromSubscriptions, Resynced};
+
+impl Handler<FromSubscriptions> for Registry {
+    type Result = ();
+
+    fn handle(&mut self, FromSubscriptions(notice): FromSubscriptions, ctx: &mut Self::Context) {
+        match notice {
+            Notice::Ready => match self.ready.take() {
+                Some(ready) => {
+                    let _ = ready.send(());
+                }
+                None => self.resync(ctx),
+            },
+            Notice::Message { channel, payload } => self.published(&channel, &payload),
+            Notice::Dropped { channels } => {
+                log::info!(
+                    "{} subscription(s) dropped by redis and renewed; re-reading the watched users",
+                    channels.len()
+                );
+                self.resync(ctx);
+            }
+        }
+    }
+}
+
+impl Handler<Resynced> for Registry {
+    type Result = ();
+
+    fn handle(&mut self, msg: Resynced, _: &mut Self::Context) {
+        if msg.round != self.round {
+            return;
+        }
+        let mut sent = 0;
+        for o in msg.records {
+            if self.touched.contains(&o.presence.user) {
+                continue;
+            }
+            sent += 1;
+            self.deliver(Deliver::new(&o.presence, o.seq, true));
+            // A contacts change may have been missed too: watchers of a
+            // user whose view depends on contacts re-read their relation.
+            let p = &o.presence;
+            if self.contacts_only
+                || p.show_online == Audience::Contacts
+                || p.show_last_seen == Audience::Contacts
+            {
+                self.recheck(&p.user);
+            }
+        }
+        self.resynced += sent;
+        crate::metrics::registry_resynced(sent);
+        self.touched.clear();
+        self.reading = false;
+        log::info!("resync: re-read {sent} watched users after resubscribing");
+    }
+}
+
+impl Handler<Watch> for Registry {
+    type Result = ResponseActFuture<Self, Result<(), String>>;
+
+    fn handle(&mut self, msg: Watch, _: &mut Self::Context) -> Self::Result {
+        let watcher = self.watchers.entry(msg.session).or_insert_with(|| Watcher {
+            recheck: msg.recheck,
+            users: HashSet::new(),
+        });
+        let mut unsubscribed = Vec::new();
+        for user in msg.users {
+            self.lingering.remove(&user);
+            if !self.subscribed.contains(&user) {
+                unsubscribed.push(user.clone());
+            }
+            self.by_user
+                .entry(user.clone())
+                .or_default()
+                .insert(msg.session);
+            if msg.devices {
+                self.devices_by_user
+                    .entry(user.clone())
+                    .or_default()
+                    .insert(msg.session);
+            }
+            watcher.users.insert(user);
+        }
+        let subs = self.subscriptions.clone();
+        let channels: Vec<String> = unsubscribed.iter().map(|u| keys::events(u)).collect();
+        let subscribe = async move {
+            match subs {
+                _ if channels.is_empty() => Ok(()),
+                Some(subs) => subs.subscribe(channels).await.map_err(|e| e.to_string()),
+                None => Err("the event subscriptions are not running".to_string()),
+            }
+        };
+        Box::pin(subscribe.into_actor(self).map(move |res, act, _| {
+            if res.is_ok() {
+                // Confirmed; a user unwatched meanwhile lingers as usual.
+                act.subscribed.extend(unsubscribed);
+            }
+            res
+        }))
+    }
+}
+
+impl Handler<Unwatch> for Registry {
+    type Result = ();
+
+    fn handle(&mut self, msg: Unwatch, _: &mut Self::Context) {
+        for user in &msg.users {
+            self.unwatch(msg.session, user);
+        }
+        if let Some(w) = self.watchers.get_mut(&msg.session) {
+            for user in &msg.users {
+                w.users.remove(user);
+            }
+            if w.users.is_empty() {
+                self.watchers.remove(&msg.session);
+            }
+        }
+    }
+}
+
+impl Handler<Join> for Registry {
+    type Result = ();
+
+    fn handle(&mut self, msg: Join, _: &mut Self::Context) {
+        if self.shutting_down {
+            msg.addr.do_send(GoingAway);
+        }
+        let home = match self.homes.iter().position(|h| h.thread == msg.home.thread) {
+            Some(i) => i,
+            None => {
+                self.homes.push(msg.home);
+                self.homes.len() - 1
+            }
+        };
+        self.sessions.insert(
+            msg.session,
+            Joined {
+                going_away: msg.addr,
+                conn: msg.conn,
+                alive: msg.alive,
+                home,
+            },
+        );
+    }
+}
+
+impl Handler<SlowWatchers> for Registry {
+    type Result = ();
+
+    fn handle(&mut self, msg: SlowWatchers, _: &mut Self::Context) {
+        for session in msg.sessions {
+            // Still watching: not cut off yet by an earlier list.
+            if self.watchers.contains_key(&session) {
+                self.cut_off(session);
+            }
+        }
+    }
+}
+
+impl Handler<Shutdown> for Registry {
+    type Result = usize;
+
+    fn handle(&mut self, _: Shutdown, _: &mut Self::Context) -> usize {
+        self.shutting_down = true;
+        for s in self.sessions.values() {
+            s.going_away.do_send(GoingAway);
+        }
+        self.sessions.len()
+    }
+}
+
+impl Handler<Disconnect> for Registry {
+    type Result = ();
+
+    fn handle(&mut self, msg: Disconnect, _: &mut Self::Context) {
+        self.sessions.remove(&msg.session);
+        if let Some(w) = self.watchers.remove(&msg.session) {
+            for user in &w.users {
+                self.unwatch(msg.session, user);
+            }
+        }
+        // Maps keep their largest size: give it back once they are mostly
+        // empty, so that memory taken by a crowd that left is returned.
+        shrink(&mut self.sessions);
+        shrink(&mut self.watchers);
+        shrink(&mut self.by_user);
+        shrink(&mut self.devices_by_user);
+    }
+}
+
+/// Shrinks a map that holds less than a quarter of its capacity.
+fn shrink<K: std::hash::Hash + Eq, V>(map: &mut HashMap<K, V>) {
+    if map.capacity() > 64 && map.len() * 4 < map.capacity() {
+        map.shrink_to_fit();
+    }
+}
+
+impl Registry {
+    /// A payload on a user's events channel: a transition, or word that its
+    /// contacts changed.
+    fn published(&mut self, channel: &str, payload: &str) {
+        let wire: Wire = match serde_json::from_str(payload) {
+            Ok(w) => w,
+            Err(e) => {
+                log::warn!("ignoring malformed presence event on {channel} ({e}): {payload}");
+                return;
+            }
+        };
+        let user = match &wire {
+            Wire::ContactsChanged { user, .. } => user,
+            Wire::Event(event) => &event.presence.user,
+        };
+        // The channel names its user; a payload about someone else is not
+        // ours to trust.
+        if keys::parse_events(channel) != Some(user.as_str()) {
+            log::warn!("ignoring an event about {user} on {channel}");
+            return;
+        }
+        match wire {
+            Wire::ContactsChanged { user, .. } => self.recheck(&user),
+            Wire::Event(event) => {
+                // A change of the device count alone wakes only the
+                // watchers who asked for it; except during a resync read,
+                // which it overrides for every watcher (it carries the
+                // whole record, and the others pass it on only if their
+                // view differs).
+                if event.devices_only && !self.reading {
+                    if self.devices_by_user.contains_key(&event.presence.user) {
+                        let mut deliver = Deliver::new(&event.presence, event.seq, false);
+                        deliver.devices_only = true;
+                        self.deliver(deliver);
+                    }
+                    return;
+                }
+                if !event.devices_only {
+                    crate::metrics::transition_published(event.presence.status.as_str());
+                }
+                if !self.by_user.contains_key(&event.presence.user) {
+                    return;
+                }
+                if self.reading {
+                    self.touched.insert(event.presence.user.clone());
+                }
+                self.deliver(Deliver::new(&event.presence, event.seq, false));
+            }
+        }
+    }
+}
+
+/// What travels on `presence-events:{<user>}`.
+#[derive(serde::Deserialize)]
+#[serde(untagged)]
+enum Wire {
+    /// A user's contacts were replaced.
+    ContactsChanged {
+        /// The user.
+        user: String,
+        /// Always true; tells this shape apart.
+        #[allow(dead_code)]
+        contacts_changed: bool,
+    },
+    /// A transition, as published by the scripts.
+    Event(Event),
+}
+
+impl Handler<GetStats> for Registry {
+    type Result = RegistryStats;
+
+    fn handle(&mut self, _: GetStats, _: &mut Self::Context) -> RegistryStats {
+        RegistryStats {
+            sessions: self.sessions.len(),
+            watching_sessions: self.watchers.len(),
+            watched_users: self.by_user.len(),
+            resynced: self.resynced,
+        }
+    }
+}
+
