@@ -10,38 +10,53 @@ pub struct TokenBucket {
     /// When `tokens` was last refilled.
     refilled: Instant,
     /// Units per second.
-    rate: f64,
+    rate: u32,
     /// Most units held at once (the bucket starts full).
-    burst: f64,
+    burst: u32,
 }
 
 impl TokenBucket {
     /// A full bucket.
     pub fn new(rate: u32, burst: u32) -> Self {
+        Self::new_at(rate, burst, Instant::now())
+    }
+
+    /// A full bucket as of `now`.
+    pub fn new_at(rate: u32, burst: u32, now: Instant) -> Self {
         Self {
             tokens: f64::from(burst),
-            refilled: Instant::now(),
-            rate: f64::from(rate),
-            burst: f64::from(burst),
+            refilled: now,
+            rate,
+            burst,
         }
+    }
+
+    /// Units per second.
+    pub fn rate(&self) -> u32 {
+        self.rate
     }
 
     /// Takes `n` units if all are there; otherwise takes none and returns
     /// how long until they will be.
     pub fn take(&mut self, n: u32) -> Result<(), std::time::Duration> {
-        let now = Instant::now();
-        let elapsed = now.duration_since(self.refilled).as_secs_f64();
+        self.take_at(n, Instant::now())
+    }
+
+    /// [`Self::take`] as of `now`.
+    pub fn take_at(&mut self, n: u32, now: Instant) -> Result<(), std::time::Duration> {
+        let (rate, burst) = (f64::from(self.rate), f64::from(self.burst));
+        let elapsed = now.saturating_duration_since(self.refilled).as_secs_f64();
         self.refilled = now;
-        self.tokens = (self.tokens + elapsed * self.rate).min(self.burst);
+        self.tokens = (self.tokens + elapsed * rate).min(burst);
         let n = f64::from(n);
         if self.tokens >= n {
             self.tokens -= n;
             return Ok(());
         }
-        let wait = if n > self.burst {
+        let wait = if n > burst {
             f64::INFINITY
         } else {
-            (n - self.tokens) / self.rate
+            (n - self.tokens) / rate
         };
         Err(std::time::Duration::try_from_secs_f64(wait).unwrap_or(std::time::Duration::MAX))
     }

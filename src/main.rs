@@ -7,11 +7,11 @@ use std::time::Duration;
 
 use clap::{CommandFactory, Parser};
 use presence_server::auth::{self, Auth, Jwks, JwtRules, JwtVerifier, Origins};
+use presence_server::config::StaticFiles;
 use presence_server::config::{self, Config};
 use presence_server::logging::{self, LogFormat};
 use presence_server::redis::RedisOptions;
 use presence_server::server::Security;
-use presence_server::config::StaticFiles;
 use presence_server::webhooks::{self, WebhookConfig};
 use presence_server::{config_file, ids, server};
 

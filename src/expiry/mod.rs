@@ -15,7 +15,6 @@
 //! On a Redis Cluster the events come from every primary, each primary's
 //! stream owned by one node at a time (`src/cluster.rs`).
 
-
 mod streams;
 
 use std::sync::Arc;
@@ -23,10 +22,10 @@ use std::time::Instant;
 
 use actix::prelude::*;
 
-use crate::redis::Source;
 use crate::config::Config;
 use crate::keys;
 use crate::metrics::METRICS;
+use crate::redis::Source;
 use crate::store::{Store, StoreError};
 
 /// A deadline-pass lock is held for this many ticks of the pass; its holder

@@ -1,11 +1,10 @@
 //! Operations: `/healthz`, `/metrics` (Prometheus text) and `/api/info`.
 
-
 use actix_web::{web, HttpResponse};
 
+use super::*;
 use crate::auth::Auth;
 use crate::registry::GetStats;
-use super::*;
 
 /// `GET /healthz`: 200 when the process is up and Redis answered the last
 /// health check (at most about a second ago), else 503. Answers from that

@@ -2,18 +2,17 @@
 //! as the viewer may see it (`?viewer=` under development auth, a token
 //! under JWT, or the admin or service key for the truth).
 
-
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde::{Deserialize, Serialize};
 
+use super::users::is_service;
+use super::*;
 use crate::config::MAX_QUERY_USERS;
 use crate::ids;
 use crate::model::Record;
 use crate::protocol::{ErrorCode, ProtocolError};
 use crate::store::{Cursor, DeviceInfo, OnlinePage, Reader};
-use super::*;
-use super::users::is_service;
 
 /// Who reads: `?viewer=` in dev mode, a token with JWT.
 #[derive(Deserialize)]

@@ -1,16 +1,15 @@
 //! The routes of each listener, registered through one [`Router`] so that
 //! the list the OpenAPI test checks ([`route_table`]) is the server's own.
 
-
 use actix_web::http::{Method, StatusCode};
 use actix_web::{web, ResponseError};
 
-use crate::protocol::ErrorCode;
-use super::*;
 use super::ops::*;
 use super::reads::*;
 use super::upgrade::*;
 use super::users::*;
+use super::*;
+use crate::protocol::ErrorCode;
 
 /// Where routes go: the actix configuration of a listener, or the list of
 /// [`route_table`]. Every route is registered through it, so that the list

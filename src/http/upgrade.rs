@@ -8,13 +8,13 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use actix_web_actors::ws;
 use serde::Deserialize;
 
+use super::*;
 use crate::auth::{Auth, AuthError, Handshake};
 use crate::conn::ConnHandle;
 use crate::ids;
 use crate::model::Status;
 use crate::protocol::{ErrorCode, ProtocolError};
 use crate::session::{Identity, Session, TokenState};
-use super::*;
 
 /// Query string of the WebSocket handshake.
 #[derive(Deserialize)]

@@ -1,17 +1,16 @@
 //! A user's own settings (`PUT /api/users/{user}/privacy`) and the admin
 //! API (contacts), with the bearer-key checks they share.
 
-
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde::{Deserialize, Serialize};
 
+use super::reads::As;
+use super::routes::PublicOnly;
+use super::*;
 use crate::auth::AuthError;
 use crate::ids;
 use crate::protocol::{parse_privacy, ErrorCode, ProtocolError};
-use super::*;
-use super::reads::As;
-use super::routes::PublicOnly;
 
 /// Body of `PUT /api/users/{user}/privacy`.
 #[derive(Deserialize, utoipa::ToSchema)]

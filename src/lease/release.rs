@@ -15,13 +15,7 @@ const RELEASE_RETRY_MAX: Duration = Duration::from_secs(2);
 /// Releases a device after its connection closed. While Redis is
 /// unreachable it retries until the lease would have lapsed anyway; after
 /// that the expiry path owns the departure.
-pub async fn release(
-    store: Store,
-    user: String,
-    device: String,
-    owner: String,
-    deadline: i64,
-) {
+pub async fn release(store: Store, user: String, device: String, owner: String, deadline: i64) {
     release_with(store, user, device, owner, deadline, true).await;
 }
 

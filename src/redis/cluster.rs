@@ -386,4 +386,3 @@ mod tests {
         assert_eq!(seeds.learned.read().unwrap().len(), 2);
     }
 }
-

@@ -320,7 +320,6 @@ async fn probe_expired_events(
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

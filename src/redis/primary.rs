@@ -8,13 +8,10 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionLike, ConnectionManager};
-use redis::{
-    Cmd, Pipeline, RedisFuture, RedisResult, Value,
-};
+use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
 
-use super::*;
 use super::source::primary_may_have_moved;
-
+use super::*;
 
 /// The command connection to the current primary; cheap to clone,
 /// reconnects by itself (and behind Sentinel, follows a failover).

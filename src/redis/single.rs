@@ -8,7 +8,9 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use redis::RedisError;
 
-use super::health::{ensure_expired_events, eviction_warning, info_field, parse_version, read_policy};
+use super::health::{
+    ensure_expired_events, eviction_warning, info_field, parse_version, read_policy,
+};
 use super::{PrimaryConn, RedisHealth, RedisOptions, RedisSource, MIN_VERSION, START_TIMEOUT};
 
 pub struct Redis {
@@ -100,4 +102,3 @@ fn connect_error(source: &RedisSource, e: &RedisError) -> anyhow::Error {
         anyhow::anyhow!("cannot connect to Redis at {target}: {text}")
     }
 }
-

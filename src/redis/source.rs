@@ -11,8 +11,7 @@ use std::sync::Arc;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
 use redis::{
-    ClientTlsConfig, IntoConnectionInfo, RedisError, RedisResult,
-    TlsCertificates, TlsMode,
+    ClientTlsConfig, IntoConnectionInfo, RedisError, RedisResult, TlsCertificates, TlsMode,
 };
 
 use super::*;

@@ -5,10 +5,10 @@ use std::collections::{HashMap, HashSet};
 
 use actix::prelude::*;
 
+use super::messages::{FromSubscriptions, Resynced};
+use super::*;
 use crate::keys;
 use crate::model::{Audience, Event};
-use super::*;
-use super::messages::{FromSubscriptions, Resynced};
 
 impl Handler<FromSubscriptions> for Registry {
     type Result = ();
@@ -285,4 +285,3 @@ impl Handler<GetStats> for Registry {
         }
     }
 }
-

@@ -8,12 +8,12 @@ use std::sync::Arc;
 use actix::prelude::*;
 use bytestring::ByteString;
 
+use super::*;
 use crate::conn::ConnHandle;
 use crate::model::{Presence, Record};
 use crate::privacy::{self, Relation};
 use crate::protocol;
 use crate::store::Observed;
-use super::*;
 
 /// One viewer class's view of a transition, ready to send.
 #[derive(Debug, Clone)]
@@ -202,4 +202,3 @@ impl From<RegistryStats> for crate::metrics::NodeGauges {
         }
     }
 }
-

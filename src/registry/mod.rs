@@ -33,9 +33,9 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use tokio::sync::oneshot;
 
-use crate::redis::cluster::Source;
 use crate::conn::ConnHandle;
 use crate::keys;
+use crate::redis::cluster::Source;
 use crate::store::Store;
 use subscriptions::{Notice, Subscriptions};
 
@@ -382,4 +382,3 @@ impl Actor for Registry {
         }
     }
 }
-

@@ -1,0 +1,147 @@
+//! The WebSocket stream: frames in (text, fragments, binary, pings,
+//! pongs, close), each client frame routed to the feature it belongs to.
+
+use actix::prelude::*;
+use actix_web_actors::ws;
+
+use super::watches::Request;
+use super::*;
+use crate::frames::Assembled;
+use crate::model::Status;
+use crate::protocol::{self, ClientFrame, ErrorCode, ProtocolError};
+use crate::registry::{self};
+
+impl Session {
+    pub(super) fn send_error(&mut self, ctx: &mut ws::WebsocketContext<Self>, err: &ProtocolError) {
+        self.send(ctx, err.to_frame());
+    }
+
+    pub(super) fn handle_frame(
+        &mut self,
+        frame: ClientFrame,
+        ctx: &mut ws::WebsocketContext<Self>,
+    ) {
+        match frame {
+            ClientFrame::Watch { users, devices } => self.watch(users, devices, ctx),
+            ClientFrame::Unwatch { users } => {
+                for user in &users {
+                    self.watches.seen.remove(user);
+                    self.watches.early.remove(user);
+                }
+                self.node.registry.do_send(registry::Unwatch {
+                    session: self.me.id,
+                    users,
+                });
+            }
+            ClientFrame::Status { status, text } => {
+                // Already validated by the parser.
+                let Ok(status) = Status::parse(&status) else {
+                    return;
+                };
+                self.request(Request::Status { status, text }, ctx);
+            }
+            ClientFrame::Heartbeat => {}
+            ClientFrame::Auth { token } => self.authenticate(token.0, ctx),
+            ClientFrame::Privacy { online, last_seen } => {
+                // Already validated by the parser.
+                let Ok((online, last_seen)) =
+                    protocol::parse_privacy(online.as_deref(), last_seen.as_deref())
+                else {
+                    return;
+                };
+                self.request(Request::Privacy { online, last_seen }, ctx);
+            }
+        }
+    }
+}
+
+impl StreamHandler<Result<ws::Message, ws::ProtocolError>> for Session {
+    fn handle(&mut self, msg: Result<ws::Message, ws::ProtocolError>, ctx: &mut Self::Context) {
+        let msg = match msg {
+            Ok(msg) => msg,
+            Err(e) => {
+                let max = self.node.config.max_frame_bytes;
+                let (code, reason) = crate::frames::close_for(&e, max);
+                log::debug!(
+                    "{}/{}: closing with {code:?}: {e}",
+                    self.me.user,
+                    self.me.device
+                );
+                close(ctx, code, &reason);
+                return;
+            }
+        };
+        match msg {
+            ws::Message::Pong(_) => {
+                self.touch(ctx);
+                // The answer to our own ping is free; unsolicited pongs
+                // are frames like any other (a pong flood kept a core busy).
+                if !std::mem::take(&mut self.liveness.awaiting_pong) {
+                    self.admit(ctx);
+                }
+            }
+            ws::Message::Ping(payload) => {
+                self.touch(ctx);
+                if self.admit(ctx) {
+                    ctx.pong(&payload);
+                }
+            }
+            ws::Message::Text(text) => {
+                self.touch(ctx);
+                if self.admit(ctx) {
+                    self.handle_text(&text, ctx);
+                }
+            }
+            ws::Message::Continuation(item) => {
+                self.touch(ctx);
+                let admitted = self.admit(ctx);
+                let max = self.node.config.max_frame_bytes;
+                match self.fragments.push(item, admitted, max) {
+                    Ok(Assembled::Text(text)) => self.handle_text(&text, ctx),
+                    Ok(Assembled::Binary) => self.refuse_binary(ctx),
+                    Ok(Assembled::Pending | Assembled::Dropped) => {}
+                    Err(refused) => {
+                        let (code, reason) = refused.close(max);
+                        close(ctx, code, &reason);
+                    }
+                }
+            }
+            ws::Message::Binary(_) => {
+                self.touch(ctx);
+                if self.admit(ctx) {
+                    self.refuse_binary(ctx);
+                }
+            }
+            ws::Message::Close(reason) => {
+                ctx.close(reason);
+                ctx.stop();
+            }
+            ws::Message::Nop => {}
+        }
+    }
+}
+
+impl Session {
+    /// One whole text message (a frame, or assembled fragments).
+    pub(super) fn handle_text(&mut self, text: &str, ctx: &mut ws::WebsocketContext<Self>) {
+        if self.awaiting_auth() {
+            self.first_frame(text, ctx);
+            return;
+        }
+        match protocol::parse_client_frame(text) {
+            Ok(frame) => self.handle_frame(frame, ctx),
+            Err(e) => self.send_error(ctx, &e),
+        }
+    }
+
+    /// Answers a binary message: the protocol is JSON text.
+    pub(super) fn refuse_binary(&mut self, ctx: &mut ws::WebsocketContext<Self>) {
+        self.send_error(
+            ctx,
+            &ProtocolError::new(
+                ErrorCode::Unsupported,
+                "only text frames holding one JSON object are accepted",
+            ),
+        );
+    }
+}

@@ -1,0 +1,161 @@
+//! Token lifetime under JWT auth: the first-frame deadline, the
+//! `auth` frame, `auth_expiring`, the expiry close and fresh tokens.
+
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use actix::prelude::*;
+use actix_web_actors::ws;
+
+use crate::auth::{Auth, AuthError};
+
+use super::*;
+use crate::protocol::{self, ClientFrame, ErrorCode, ProtocolError};
+
+/// Token lifetime (JWT auth): the first-frame deadline, `auth_expiring`,
+/// the expiry close, and fresh tokens.
+impl Session {
+    /// True while the first frame must still bring the token.
+    pub(super) fn awaiting_auth(&self) -> bool {
+        matches!(
+            self.token.as_deref(),
+            Some(TokenClock {
+                state: TokenState::Awaited { .. },
+                ..
+            })
+        )
+    }
+
+    /// Closes the connection with 1008 unless its `auth` frame is in by
+    /// the deadline.
+    pub(super) fn await_auth(&mut self, ctx: &mut ws::WebsocketContext<Self>) {
+        ctx.run_later(self.node.config.auth_timeout, |act, ctx| {
+            if act.awaiting_auth() {
+                log::debug!("device {}: no auth frame in time, closing", act.me.device);
+                close(ctx, ws::CloseCode::Policy, "no auth frame in time");
+            }
+        });
+    }
+
+    /// The first frame of a connection that carried no token: it must be
+    /// `{"type":"auth","token":...}`; anything else closes with 1008.
+    pub(super) fn first_frame(&mut self, text: &str, ctx: &mut ws::WebsocketContext<Self>) {
+        self.liveness.last_activity = Instant::now();
+        match protocol::parse_client_frame(text) {
+            Ok(ClientFrame::Auth { token }) => self.authenticate(token.0, ctx),
+            _ => close(
+                ctx,
+                ws::CloseCode::Policy,
+                "the first frame must be {\"type\":\"auth\",\"token\":...}",
+            ),
+        }
+    }
+
+    /// Verifies `token`: the first one starts the session; a later one must
+    /// be for the same user and replaces the expiry. Verification may fetch
+    /// the provider's keys, so it runs beside the mailbox; frames that come
+    /// meanwhile are taken in, and their requests wait for the claim.
+    pub(super) fn authenticate(&mut self, token: String, ctx: &mut ws::WebsocketContext<Self>) {
+        let Some(clock) = &mut self.token else {
+            self.send_error(
+                ctx,
+                &ProtocolError::new(
+                    ErrorCode::BadRequest,
+                    "auth frames are only used with --auth jwt",
+                ),
+            );
+            return;
+        };
+        let (first, asked) = match &clock.state {
+            TokenState::Awaited { asked } => (true, asked.clone()),
+            TokenState::Verifying => {
+                // A second token before the first one is known: one at a time.
+                let err = ProtocolError::new(ErrorCode::BadRequest, "authentication in progress");
+                self.send_error(ctx, &err);
+                return;
+            }
+            TokenState::Valid(_) => (false, Some(self.me.user.clone())),
+        };
+        if first {
+            clock.state = TokenState::Verifying;
+        }
+        let auth = clock.auth.clone();
+        let verify = async move {
+            match &*auth {
+                Auth::Jwt(v) => v.verify_as(&token, asked.as_deref()).await,
+                Auth::Dev => Err(AuthError::Invalid("no JWT auth".into())),
+            }
+        };
+        ctx.spawn(verify.into_actor(self).map(move |res, act, ctx| match res {
+            Ok(verified) => {
+                if let Some(clock) = &mut act.token {
+                    clock.state = TokenState::Valid(verified.exp);
+                }
+                if first {
+                    act.me.user = verified.user;
+                    act.begin(ctx);
+                } else {
+                    log::debug!("{}/{}: token refreshed", act.me.user, act.me.device);
+                    act.schedule_expiry(ctx);
+                }
+            }
+            Err(e) if first => {
+                log::debug!("device {}: auth frame refused: {e}", act.me.device);
+                close(ctx, ws::CloseCode::Policy, &e.to_string());
+            }
+            Err(e) => {
+                let code = match e {
+                    AuthError::Mismatch { .. } => ErrorCode::Forbidden,
+                    _ => ErrorCode::Unauthorized,
+                };
+                act.send_error(ctx, &ProtocolError::new(code, e.to_string()));
+            }
+        }));
+    }
+
+    /// Arms the `auth_expiring` notice and the expiry close for the current
+    /// token, replacing those of an earlier one.
+    pub(super) fn schedule_expiry(&mut self, ctx: &mut ws::WebsocketContext<Self>) {
+        let Some(clock) = &mut self.token else {
+            return;
+        };
+        for timer in clock.timers.drain(..) {
+            ctx.cancel_future(timer);
+        }
+        let Some(left) = self.token_left() else {
+            return;
+        };
+        let notice = ctx.run_later(
+            left.saturating_sub(self.node.config.auth_expiring),
+            |act, ctx| {
+                let in_ms = act.token_left().unwrap_or_default().as_millis() as u64;
+                act.send(ctx, protocol::auth_expiring_frame(in_ms));
+            },
+        );
+        let close = ctx.run_later(left, |act, ctx| {
+            log::debug!("{}/{}: token expired, closing", act.me.user, act.me.device);
+            close(
+                ctx,
+                ws::CloseCode::Other(CLOSE_TOKEN_EXPIRED),
+                "token expired",
+            );
+        });
+        if let Some(clock) = &mut self.token {
+            clock.timers = vec![notice, close];
+        }
+    }
+
+    /// Time until the session is closed for its token's expiry: `exp` plus
+    /// the verifier's leeway, from now. `None` without a valid token.
+    pub(super) fn token_left(&self) -> Option<Duration> {
+        let clock = self.token.as_ref()?;
+        let TokenState::Valid(exp) = clock.state else {
+            return None;
+        };
+        let leeway = match &*clock.auth {
+            Auth::Jwt(v) => v.leeway(),
+            Auth::Dev => Duration::ZERO,
+        };
+        let at = UNIX_EPOCH + Duration::from_secs(exp) + leeway;
+        Some(at.duration_since(SystemTime::now()).unwrap_or_default())
+    }
+}

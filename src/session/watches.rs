@@ -1,0 +1,538 @@
+//! User presence inside a session: watches and their snapshots, the
+//! chosen status and privacy, re-reads when contacts change, and the
+//! delivery of each presence event (only what differs from what the client
+//! was last told). Requests that need Redis wait in [`Requests`] and run one
+//! at a time, in order.
+
+use std::collections::{HashMap, VecDeque};
+
+use actix::prelude::*;
+use actix_web_actors::ws;
+
+use super::*;
+use crate::model::{Audience, Record, Status};
+use crate::privacy::{self, Relation};
+use crate::protocol::{self, ErrorCode, ProtocolError};
+use crate::registry::{self, Deliver, Recheck};
+use crate::store::Observed;
+
+/// The users this client watches.
+#[derive(Default)]
+pub(super) struct Watches {
+    /// Watched users -> what this client was last told about them.
+    pub(super) seen: HashMap<String, Seen>,
+    /// Events that arrived for a user whose snapshot read is still in
+    /// flight, the newest per user; delivered after the snapshot, which
+    /// drops those it already covers. Empty almost always.
+    pub(super) early: HashMap<String, Deliver>,
+}
+
+/// What a session last told its client about one watched user.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Seen {
+    /// Highest transition sequence number reflected: older events (ones a
+    /// snapshot already covered) are dropped.
+    pub(super) seq: u64,
+    /// Fingerprint of the last record sent: a record that looks the same
+    /// (e.g. `online` re-announced after a Redis restart) is not sent again.
+    pub(super) fingerprint: u64,
+    /// How this session's user stands to the watched one: which view of
+    /// each transition it gets.
+    pub(super) relation: Relation,
+    /// Asked for, but its snapshot has not been read yet: events for it
+    /// are held in [`Watches::early`] until it has.
+    pub(super) pending: bool,
+    /// The client asked for this user's device counts (`"devices":true`):
+    /// a change of the count alone is news to it.
+    pub(super) devices: bool,
+}
+
+impl Seen {
+    /// What this client can tell apart in `record`.
+    pub(super) fn fingerprint_of(&self, record: &Record) -> u64 {
+        if self.devices {
+            registry::devices_fingerprint(record)
+        } else {
+            registry::fingerprint(record)
+        }
+    }
+}
+
+impl Default for Seen {
+    fn default() -> Self {
+        Self {
+            seq: 0,
+            fingerprint: 0,
+            relation: Relation::Other,
+            pending: false,
+            devices: false,
+        }
+    }
+}
+
+/// Client requests that need a Redis round trip. They run one at a time in
+/// arrival order, so that answers keep the order of the questions (a watch
+/// is answered by its snapshot before the next request's answer), and only
+/// once the lease is claimed, so that `hello` comes first.
+#[derive(Default)]
+pub(super) struct Requests {
+    /// Waiting, oldest first.
+    pub(super) queue: VecDeque<Request>,
+    /// One is in flight.
+    pub(super) busy: bool,
+    /// The connect claim succeeded; requests may run.
+    pub(super) ready: bool,
+}
+
+/// One request waiting for Redis.
+pub(super) enum Request {
+    /// Register `new` with the registry, then read and send their
+    /// snapshot (users watched before are not read again).
+    Watch {
+        /// The users not watched before the frame, sorted (and those
+        /// watched before whose device counts are now asked for).
+        new: Vec<String>,
+        /// The frame asked for device counts.
+        devices: bool,
+    },
+    /// Set the user's status.
+    Status {
+        /// The chosen status.
+        status: Status,
+        /// Its text.
+        text: Option<String>,
+    },
+    /// Change the user's privacy settings.
+    Privacy {
+        /// Who may see the user online.
+        online: Option<Audience>,
+        /// Who may see the user's last seen.
+        last_seen: Option<Audience>,
+    },
+    /// Re-read a watched user whose contacts changed.
+    Recheck {
+        /// The watched user.
+        user: String,
+    },
+}
+
+impl Session {
+    /// Checks a watch against the limit, marks its new users pending and
+    /// queues it; the snapshot follows when its turn comes.
+    pub(super) fn watch(
+        &mut self,
+        mut users: Vec<String>,
+        devices: bool,
+        ctx: &mut ws::WebsocketContext<Self>,
+    ) {
+        users.sort();
+        users.dedup();
+        let new: Vec<String> = users
+            .iter()
+            .filter(|u| !self.watches.seen.contains_key(*u))
+            .cloned()
+            .collect();
+        // Users watched before whose device counts are now asked for are
+        // read again, like new ones: the client's record of them may lack
+        // a count that changed meanwhile.
+        let upgraded: Vec<String> = users
+            .iter()
+            .filter(|u| devices && self.watches.seen.get(*u).is_some_and(|s| !s.devices))
+            .cloned()
+            .collect();
+        let max = self.node.config.max_watches;
+        let watching = self.watches.seen.len();
+        if watching + new.len() > max {
+            let err = ProtocolError::new(
+                ErrorCode::TooManyWatches,
+                format!(
+                    "a session may watch at most {max} users (watching {watching}, asked for {} more)",
+                    new.len()
+                ),
+            );
+            self.send_error(ctx, &err);
+            return;
+        }
+        // Users already watched are current through live events: only new
+        // ones are read (in start_watch), and reads are bounded per second.
+        if let Err(wait) = self
+            .reads
+            .take(u32::try_from(new.len() + upgraded.len()).unwrap_or(u32::MAX))
+        {
+            let err = ProtocolError::new(
+                ErrorCode::RateLimited,
+                format!(
+                    "watching {} new users needs that many reads; a session may read {} users per second: try again in {} ms",
+                    new.len(),
+                    self.node.config.max_user_reads_per_sec,
+                    wait.as_millis()
+                ),
+            );
+            self.send_error(ctx, &err);
+            return;
+        }
+        for user in &new {
+            let seen = Seen {
+                pending: true,
+                devices,
+                ..Seen::default()
+            };
+            self.watches.seen.insert(user.clone(), seen);
+        }
+        for user in &upgraded {
+            if let Some(seen) = self.watches.seen.get_mut(user) {
+                seen.devices = true;
+            }
+        }
+        let mut new = new;
+        new.extend(upgraded);
+        new.sort();
+        self.request(Request::Watch { new, devices }, ctx);
+    }
+
+    /// Queues a request for Redis and starts it if nothing is in flight.
+    pub(super) fn request(&mut self, request: Request, ctx: &mut ws::WebsocketContext<Self>) {
+        if self.requests.queue.len() >= MAX_PENDING_REQUESTS {
+            if let Request::Watch { new, .. } = &request {
+                self.forget_pending(new);
+            }
+            let err = ProtocolError::new(
+                ErrorCode::RateLimited,
+                format!(
+                    "{MAX_PENDING_REQUESTS} requests are already waiting for the presence store; try again"
+                ),
+            );
+            self.send_error(ctx, &err);
+            return;
+        }
+        self.requests.queue.push_back(request);
+        self.next_request(ctx);
+    }
+
+    /// Starts the oldest waiting request, unless one is in flight or the
+    /// lease is not claimed yet.
+    pub(super) fn next_request(&mut self, ctx: &mut ws::WebsocketContext<Self>) {
+        if self.requests.busy || !self.requests.ready {
+            return;
+        }
+        let Some(request) = self.requests.queue.pop_front() else {
+            return;
+        };
+        self.requests.busy = true;
+        match request {
+            Request::Watch { new, devices } => self.start_watch(new, devices, ctx),
+            Request::Status { status, text } => self.start_status(status, text, ctx),
+            Request::Privacy { online, last_seen } => self.start_privacy(online, last_seen, ctx),
+            Request::Recheck { user } => self.start_recheck(user, ctx),
+        }
+    }
+
+    /// The request in flight is answered: start the next one.
+    pub(super) fn request_done(&mut self, ctx: &mut ws::WebsocketContext<Self>) {
+        self.requests.busy = false;
+        self.next_request(ctx);
+    }
+
+    /// Registers the watch (the registry answers once the node is
+    /// subscribed to the new users' events), then reads the snapshot:
+    /// subscribed first, so that no transition falls between the read and
+    /// the subscription. Only users new to the session are read.
+    pub(super) fn start_watch(
+        &mut self,
+        new: Vec<String>,
+        devices: bool,
+        ctx: &mut ws::WebsocketContext<Self>,
+    ) {
+        // An unwatch that came while this waited its turn wins. A user
+        // watched before whose device counts this frame asked for is read
+        // again, its events held until then like a new one's.
+        let new: Vec<String> = new
+            .into_iter()
+            .filter(|u| match self.watches.seen.get_mut(u) {
+                Some(seen) if seen.pending => true,
+                Some(seen) if devices && seen.devices => {
+                    seen.pending = true;
+                    true
+                }
+                _ => false,
+            })
+            .collect();
+        if new.is_empty() {
+            self.send(ctx, protocol::snapshot_frame(&[]));
+            return self.request_done(ctx);
+        }
+        let registry = self.node.registry.clone();
+        let store = self.node.store.clone();
+        let session = self.me.id;
+        let watch = registry::Watch {
+            session,
+            recheck: ctx.address().recipient(),
+            users: new.clone(),
+            devices,
+        };
+        let viewer = self.me.user.clone();
+        let fut = async move {
+            match registry.send(watch).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    log::warn!("cannot subscribe to watched users' events: {e}");
+                    registry.do_send(registry::Unwatch {
+                        session,
+                        users: new.clone(),
+                    });
+                    return Err(new);
+                }
+                Err(e) => {
+                    log::error!("registry unreachable: {e}");
+                    return Err(new);
+                }
+            }
+            match store.presences(&new, Some(&viewer)).await {
+                Ok(records) => Ok(records),
+                Err(e) => {
+                    log::warn!("snapshot failed: {e}");
+                    // Undo what this frame added; earlier watches stay.
+                    registry.do_send(registry::Unwatch {
+                        session,
+                        users: new.clone(),
+                    });
+                    Err(new)
+                }
+            }
+        };
+        ctx.spawn(fut.into_actor(self).map(|res, act, ctx| {
+            match res {
+                Ok(observed) => {
+                    let out: Vec<Record> = observed.iter().map(|o| act.observe(o)).collect();
+                    act.send(ctx, protocol::snapshot_frame(&out));
+                    let early: Vec<Deliver> = observed
+                        .iter()
+                        .filter_map(|o| act.watches.early.remove(&o.presence.user))
+                        .collect();
+                    for deliver in early {
+                        act.deliver(deliver, ctx);
+                    }
+                }
+                Err(new) => {
+                    act.forget_pending(&new);
+                    act.send_error(ctx, &unavailable());
+                }
+            }
+            act.request_done(ctx);
+        }));
+    }
+
+    /// Drops watches that were asked for but never answered.
+    pub(super) fn forget_pending(&mut self, users: &[String]) {
+        for user in users {
+            if self.watches.seen.get(user).is_some_and(|s| s.pending) {
+                self.watches.seen.remove(user);
+            }
+            self.watches.early.remove(user);
+        }
+    }
+
+    pub(super) fn start_status(
+        &mut self,
+        status: Status,
+        text: Option<String>,
+        ctx: &mut ws::WebsocketContext<Self>,
+    ) {
+        // A session watching its own user holds that user's events until the
+        // answer is read, like a snapshot: the event of this change is then
+        // dropped as already seen, instead of arriving beside the answer.
+        // (One already pending waits for its own snapshot instead.)
+        let held = match self.watches.seen.get_mut(&self.me.user) {
+            Some(seen) if !seen.pending => {
+                seen.pending = true;
+                true
+            }
+            _ => false,
+        };
+        let store = self.node.store.clone();
+        let user = self.me.user.clone();
+        let chosen_text = text.clone().unwrap_or_default();
+        // Set, then read back as the owner sees it: every accepted status
+        // frame is answered with the sender's own record, so a device that
+        // does not watch its own user can still confirm the change.
+        // A change that Redis made is the session's to re-assert from then
+        // on, whether or not the read-back works.
+        let set = async move {
+            let since = store.set_status(&user, status, text.as_deref()).await?;
+            let own = store
+                .presences(std::slice::from_ref(&user), Some(&user))
+                .await;
+            Ok::<_, crate::store::StoreError>((since, own))
+        };
+        ctx.spawn(set.into_actor(self).map(move |res, act, ctx| {
+            match res {
+                Ok((since, own)) => {
+                    let known = act.lease.known_status.get_or_insert_default();
+                    known.status = status.as_str().to_string();
+                    known.text = chosen_text;
+                    known.since = since;
+                    match own {
+                        Ok(own) => {
+                            if let Some(own) = own.into_iter().next() {
+                                let record = act.observe(&own);
+                                act.send(ctx, protocol::presence_frame(&record));
+                            }
+                        }
+                        // Setting it again is harmless: the same status
+                        // keeps its `since`.
+                        Err(e) => {
+                            log::warn!("{}: status set, reading it back failed: {e}", act.me.user);
+                            act.send_error(ctx, &unavailable());
+                        }
+                    }
+                }
+                Err(e) => {
+                    log::warn!("{}: status change failed: {e}", act.me.user);
+                    act.send_error(ctx, &unavailable());
+                }
+            }
+            if held {
+                let me = act.me.user.clone();
+                if let Some(seen) = act.watches.seen.get_mut(&me) {
+                    seen.pending = false;
+                }
+                if let Some(event) = act.watches.early.remove(&me) {
+                    act.deliver(event, ctx);
+                }
+            }
+            act.request_done(ctx);
+        }));
+    }
+
+    pub(super) fn start_privacy(
+        &mut self,
+        online: Option<Audience>,
+        last_seen: Option<Audience>,
+        ctx: &mut ws::WebsocketContext<Self>,
+    ) {
+        let store = self.node.store.clone();
+        let user = self.me.user.clone();
+        let set = async move { store.set_privacy(&user, online, last_seen).await };
+        ctx.spawn(set.into_actor(self).map(move |res, act, ctx| {
+            match res {
+                Ok(_) => {
+                    let known = act.lease.known_status.get_or_insert_default();
+                    if let Some(a) = online {
+                        known.show_online = a.as_str().to_string();
+                    }
+                    if let Some(a) = last_seen {
+                        known.show_last_seen = a.as_str().to_string();
+                    }
+                }
+                Err(e) => {
+                    log::warn!("{}: privacy change failed: {e}", act.me.user);
+                    act.send_error(ctx, &unavailable());
+                }
+            }
+            act.request_done(ctx);
+        }));
+    }
+
+    /// Re-reads a watched user as this viewer and tells the client if what
+    /// it may see changed.
+    pub(super) fn start_recheck(&mut self, user: String, ctx: &mut ws::WebsocketContext<Self>) {
+        if !self.watches.seen.contains_key(&user) {
+            return self.request_done(ctx);
+        }
+        let store = self.node.store.clone();
+        let viewer = self.me.user.clone();
+        let read = async move { store.presences(&[user], Some(&viewer)).await };
+        ctx.spawn(read.into_actor(self).map(|res, act, ctx| {
+            // On failure the next transition or resync brings it.
+            for o in res.unwrap_or_default() {
+                let Some(before) = act.watches.seen.get(&o.presence.user) else {
+                    continue;
+                };
+                let before = before.fingerprint;
+                let record = act.observe(&o);
+                let after = act
+                    .watches
+                    .seen
+                    .get(&o.presence.user)
+                    .map(|s| s.fingerprint);
+                if after.is_some_and(|after| after != before) {
+                    act.send(ctx, protocol::presence_frame(&record));
+                }
+            }
+            act.request_done(ctx);
+        }));
+    }
+
+    /// Takes in a fresh read of a watched user: how this viewer stands to
+    /// it, its sequence number, and the view this client now holds. The
+    /// view is returned even for a user unwatched meanwhile, whose entry
+    /// stays gone.
+    pub(super) fn observe(&mut self, o: &Observed) -> Record {
+        let relation = o.relation(Some(&self.me.user), self.node.config.contacts_only);
+        let record = privacy::view(&o.presence, relation);
+        if let Some(seen) = self.watches.seen.get_mut(&o.presence.user) {
+            seen.seq = seen.seq.max(o.seq);
+            seen.relation = relation;
+            seen.fingerprint = seen.fingerprint_of(&record);
+            seen.pending = false;
+        }
+        record
+    }
+
+    /// Passes a transition on to the client if it is news to it.
+    pub(super) fn deliver(&mut self, msg: Deliver, ctx: &mut ws::WebsocketContext<Self>) {
+        let Some(seen) = self.watches.seen.get_mut(&*msg.user) else {
+            return;
+        };
+        if seen.pending {
+            // Held until the snapshot: keep the newest.
+            let early = &mut self.watches.early;
+            let newer = early
+                .get(&*msg.user)
+                .is_none_or(|held| msg.resync || msg.seq >= held.seq);
+            if newer {
+                early.insert(msg.user.to_string(), msg);
+            }
+            return;
+        }
+        // A live event no newer than what the client has is stale (its
+        // snapshot covered it); a resync read is newer than every event the
+        // registry let through before it, whatever its sequence number.
+        if !msg.resync && msg.seq <= seen.seq {
+            return;
+        }
+        seen.seq = seen.seq.max(msg.seq);
+        let view = &msg.views[seen.relation.index()];
+        let fingerprint = if seen.devices {
+            view.devices_fingerprint
+        } else {
+            view.fingerprint
+        };
+        if fingerprint == seen.fingerprint {
+            return;
+        }
+        seen.fingerprint = fingerprint;
+        crate::metrics::METRICS.transitions_delivered.inc();
+        self.send(ctx, view.frame.clone());
+    }
+}
+
+impl Handler<Deliver> for Session {
+    type Result = ();
+
+    fn handle(&mut self, msg: Deliver, ctx: &mut Self::Context) {
+        self.deliver(msg, ctx);
+    }
+}
+
+impl Handler<Recheck> for Session {
+    type Result = ();
+
+    /// The user's contacts changed: what this viewer may see of it may have
+    /// changed too; re-read it in turn with the other requests.
+    fn handle(&mut self, msg: Recheck, ctx: &mut Self::Context) {
+        if self.watches.seen.contains_key(&msg.user) {
+            self.request(Request::Recheck { user: msg.user }, ctx);
+        }
+    }
+}
