@@ -13,6 +13,7 @@ pub mod lease;
 pub mod logging;
 pub mod metrics;
 pub mod model;
+pub mod node;
 pub mod privacy;
 pub mod protocol;
 pub mod proxy;

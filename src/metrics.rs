@@ -71,16 +71,8 @@ pub struct Metrics {
     pub redis_errors: IntCounterVec,
     /// Lease refreshes per batch sent by the refresher.
     pub refresh_batch_size: Histogram,
-    /// Webhook events queued (once per URL).
-    pub webhook_events: IntCounter,
-    /// Webhook events a receiver took (2xx).
-    pub webhook_delivered: IntCounter,
-    /// Webhook events dropped, oldest first, from a full queue.
-    pub webhook_dropped: IntCounter,
-    /// Webhook POSTs that failed (no answer or not 2xx) and will be retried.
-    pub webhook_failures: IntCounter,
-    /// Webhook events waiting, over every URL.
-    pub webhook_queued: IntGauge,
+    /// The webhook queue's series.
+    pub webhooks: WebhookSeries,
 }
 
 /// What the registry holds now, read at scrape time rather than kept twice.
@@ -130,167 +122,172 @@ pub fn transition_published(status: &str) {
         .inc();
 }
 
-fn counter(name: &str, help: &str) -> IntCounter {
-    IntCounter::new(name, help).expect("valid metric name")
+/// `presence_redis_command_duration_seconds`: its name and help.
+const REDIS_LATENCY: (&str, &str) = (
+    "presence_redis_command_duration_seconds",
+    "Time per Redis command or pipeline, by command (Lua steps by script name).",
+);
+/// `presence_refresh_batch_size`: its name and help.
+const REFRESH_BATCH: (&str, &str) = (
+    "presence_refresh_batch_size",
+    "Lease refreshes per batch sent to Redis (count: batches, sum: refreshes).",
+);
+
+/// A histogram's options from its name, help and buckets.
+fn histogram_opts((name, help): (&str, &str), buckets: &[f64]) -> HistogramOpts {
+    HistogramOpts::new(name, help).buckets(buckets.to_vec())
 }
 
-fn gauge(name: &str, help: &str) -> IntGauge {
-    IntGauge::new(name, help).expect("valid metric name")
+/// Creates each series and registers it at once, so that no series can be
+/// made and left out of `/metrics`. The names are distinct constants, so
+/// neither step can fail.
+struct Series(Registry);
+
+impl Series {
+    fn add<M: prometheus::core::Collector + Clone + 'static>(&self, m: M) -> M {
+        self.0
+            .register(Box::new(m.clone()))
+            .expect("distinct metric names");
+        m
+    }
+
+    fn counter(&self, name: &str, help: &str) -> IntCounter {
+        self.add(IntCounter::new(name, help).expect("valid metric name"))
+    }
+
+    fn gauge(&self, name: &str, help: &str) -> IntGauge {
+        self.add(IntGauge::new(name, help).expect("valid metric name"))
+    }
+
+    fn counters(&self, name: &str, help: &str, label: &str) -> IntCounterVec {
+        self.add(IntCounterVec::new(Opts::new(name, help), &[label]).expect("valid metric"))
+    }
+}
+
+/// What the webhook queues did and hold.
+pub struct WebhookSeries {
+    /// Webhook events queued (once per URL).
+    pub events: IntCounter,
+    /// Webhook events a receiver took (2xx).
+    pub delivered: IntCounter,
+    /// Webhook events dropped, oldest first, from a full queue.
+    pub dropped: IntCounter,
+    /// Webhook POSTs that failed (no answer or not 2xx) and will be retried.
+    pub failures: IntCounter,
+    /// Webhook events waiting, over every URL.
+    pub queued: IntGauge,
+}
+
+impl WebhookSeries {
+    fn new(s: &Series) -> Self {
+        Self {
+            events: s.counter(
+                "presence_webhook_events_total",
+                "Webhook events queued by this node (once per URL).",
+            ),
+            delivered: s.counter(
+                "presence_webhook_delivered_total",
+                "Webhook events a receiver answered 2xx to.",
+            ),
+            dropped: s.counter(
+                "presence_webhook_dropped_total",
+                "Webhook events dropped, oldest first, because the queue was full.",
+            ),
+            failures: s.counter(
+                "presence_webhook_failures_total",
+                "Webhook POSTs that failed (no answer or not 2xx) and are retried.",
+            ),
+            queued: s.gauge(
+                "presence_webhook_queued",
+                "Webhook events waiting to be delivered, over every URL.",
+            ),
+        }
+    }
 }
 
 impl Metrics {
     fn new() -> Self {
+        let s = Series(Registry::new());
         let m = Self {
-            registry: Registry::new(),
-            sessions_opened: counter(
+            sessions_opened: s.counter(
                 "presence_sessions_opened_total",
                 "WebSocket sessions accepted since start.",
             ),
-            sessions: gauge("presence_sessions", "Open WebSocket sessions."),
-            watching_sessions: gauge(
+            sessions: s.gauge("presence_sessions", "Open WebSocket sessions."),
+            watching_sessions: s.gauge(
                 "presence_watching_sessions",
                 "Sessions watching at least one user.",
             ),
-            watched_users: gauge(
+            watched_users: s.gauge(
                 "presence_watched_users",
                 "Distinct users watched by this node's sessions.",
             ),
-            devices: gauge(
+            devices: s.gauge(
                 "presence_devices",
                 "Device leases held by this node's sessions.",
             ),
-            transitions_published: IntCounterVec::new(
-                Opts::new(
-                    "presence_transitions_published_total",
-                    "Transitions seen on presence-events (from every node), by announced status.",
-                ),
-                &["status"],
-            )
-            .expect("valid metric"),
-            transitions_delivered: counter(
+            transitions_published: s.counters(
+                "presence_transitions_published_total",
+                "Transitions seen on presence-events (from every node), by announced status.",
+                "status",
+            ),
+            transitions_delivered: s.counter(
                 "presence_transitions_delivered_total",
                 "presence frames sent to watching clients.",
             ),
-            expired_events: counter(
+            expired_events: s.counter(
                 "presence_expired_events_total",
                 "Expired-lease events received from Redis and handled.",
             ),
-            devices_reaped: counter(
+            devices_reaped: s.counter(
                 "presence_devices_reaped_total",
                 "Devices removed by the deadline pass.",
             ),
-            departure_steps: IntCounterVec::new(
-                Opts::new(
-                    "presence_departure_steps_total",
-                    "Departure steps run against Redis, by path (close, event, pass).",
-                ),
-                &["path"],
-            )
-            .expect("valid metric"),
-            reconcile_repairs: counter(
+            departure_steps: s.counters(
+                "presence_departure_steps_total",
+                "Departure steps run against Redis, by path (close, event, pass).",
+                "path",
+            ),
+            reconcile_repairs: s.counter(
                 "presence_reconcile_repairs_total",
                 "Users repaired by the reconciliation pass.",
             ),
-            online_pruned: counter(
+            online_pruned: s.counter(
                 "presence_online_pruned_total",
                 "Stale presence-online entries dropped (always 0 since key schema 4, which has no such index).",
             ),
-            slow_consumers_dropped: counter(
+            slow_consumers_dropped: s.counter(
                 "presence_slow_consumers_dropped_total",
                 "Sessions disconnected because they could not keep up with their events.",
             ),
-            floods: counter(
+            floods: s.counter(
                 "presence_floods_total",
                 "Sessions closed for sending too many frames.",
             ),
-            registry_resyncs: counter(
+            registry_resyncs: s.counter(
                 "presence_registry_resyncs_total",
                 "Re-reads of the watched users after resubscribing to presence-events.",
             ),
-            registry_resync_records: counter(
+            registry_resync_records: s.counter(
                 "presence_registry_resync_records_total",
                 "Records re-sent to sessions by those re-reads.",
             ),
-            redis_latency: HistogramVec::new(
-                HistogramOpts::new(
-                    "presence_redis_command_duration_seconds",
-                    "Time per Redis command or pipeline, by command (Lua steps by script name).",
-                )
-                .buckets(REDIS_BUCKETS.to_vec()),
-                &["command"],
-            )
-            .expect("valid metric"),
-            redis_errors: IntCounterVec::new(
-                Opts::new(
-                    "presence_redis_errors_total",
-                    "Redis commands or pipelines that failed, by command.",
-                ),
-                &["command"],
-            )
-            .expect("valid metric"),
-            refresh_batch_size: Histogram::with_opts(
-                HistogramOpts::new(
-                    "presence_refresh_batch_size",
-                    "Lease refreshes per batch sent to Redis (count: batches, sum: refreshes).",
-                )
-                .buckets(BATCH_BUCKETS.to_vec()),
-            )
-            .expect("valid metric"),
-            webhook_events: counter(
-                "presence_webhook_events_total",
-                "Webhook events queued by this node (once per URL).",
+            redis_latency: s.add(
+                HistogramVec::new(histogram_opts(REDIS_LATENCY, REDIS_BUCKETS), &["command"])
+                    .expect("valid metric"),
             ),
-            webhook_delivered: counter(
-                "presence_webhook_delivered_total",
-                "Webhook events a receiver answered 2xx to.",
+            redis_errors: s.counters(
+                "presence_redis_errors_total",
+                "Redis commands or pipelines that failed, by command.",
+                "command",
             ),
-            webhook_dropped: counter(
-                "presence_webhook_dropped_total",
-                "Webhook events dropped, oldest first, because the queue was full.",
+            refresh_batch_size: s.add(
+                Histogram::with_opts(histogram_opts(REFRESH_BATCH, BATCH_BUCKETS))
+                    .expect("valid metric"),
             ),
-            webhook_failures: counter(
-                "presence_webhook_failures_total",
-                "Webhook POSTs that failed (no answer or not 2xx) and are retried.",
-            ),
-            webhook_queued: gauge(
-                "presence_webhook_queued",
-                "Webhook events waiting to be delivered, over every URL.",
-            ),
+            webhooks: WebhookSeries::new(&s),
+            registry: s.0,
         };
-        let r = &m.registry;
-        // Registering distinct names cannot fail.
-        r.register(Box::new(m.sessions_opened.clone())).unwrap();
-        r.register(Box::new(m.sessions.clone())).unwrap();
-        r.register(Box::new(m.watching_sessions.clone())).unwrap();
-        r.register(Box::new(m.watched_users.clone())).unwrap();
-        r.register(Box::new(m.devices.clone())).unwrap();
-        r.register(Box::new(m.transitions_published.clone()))
-            .unwrap();
-        r.register(Box::new(m.transitions_delivered.clone()))
-            .unwrap();
-        r.register(Box::new(m.expired_events.clone())).unwrap();
-        r.register(Box::new(m.devices_reaped.clone())).unwrap();
-        r.register(Box::new(m.departure_steps.clone())).unwrap();
-        r.register(Box::new(m.reconcile_repairs.clone())).unwrap();
-        r.register(Box::new(m.online_pruned.clone())).unwrap();
-        r.register(Box::new(m.slow_consumers_dropped.clone()))
-            .unwrap();
-        r.register(Box::new(m.floods.clone())).unwrap();
-        r.register(Box::new(m.registry_resyncs.clone())).unwrap();
-        r.register(Box::new(m.registry_resync_records.clone()))
-            .unwrap();
-        r.register(Box::new(m.redis_latency.clone())).unwrap();
-        r.register(Box::new(m.redis_errors.clone())).unwrap();
-        r.register(Box::new(m.refresh_batch_size.clone())).unwrap();
-        for c in [
-            &m.webhook_events,
-            &m.webhook_delivered,
-            &m.webhook_dropped,
-            &m.webhook_failures,
-        ] {
-            r.register(Box::new(c.clone())).unwrap();
-        }
-        r.register(Box::new(m.webhook_queued.clone())).unwrap();
         // Series that should read 0 rather than be missing before the first event.
         for status in ["online", "away", "busy", "offline"] {
             m.transitions_published.with_label_values(&[status]);

@@ -114,18 +114,14 @@ pub async fn run(
 
     let dev_hosts = matches!(security.auth, Auth::Dev)
         .then(|| crate::auth::DevHosts::new(security.allowed_hosts.iter().cloned()));
-    let sessions = Arc::new(crate::session::NodeParts {
-        store: store.clone(),
-        refresher: refresher.clone(),
-        registry: registry.clone(),
-        config: config.clone(),
-    });
-    let state = web::Data::new(AppState {
+    let node = Arc::new(crate::node::Node {
         store,
         refresher,
         registry: registry.clone(),
         config: config.clone(),
-        sessions,
+    });
+    let state = web::Data::new(AppState {
+        node,
         next_session: AtomicU64::new(1),
         auth: Arc::new(security.auth),
         origins: security.origins,

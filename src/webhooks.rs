@@ -311,8 +311,8 @@ impl Sink {
         let mut q = self.lock();
         if q.events.len() >= self.limit {
             q.events.pop_front();
-            METRICS.webhook_dropped.inc();
-            METRICS.webhook_queued.dec();
+            METRICS.webhooks.dropped.inc();
+            METRICS.webhooks.queued.dec();
         }
         let number = q.next;
         q.next += 1;
@@ -322,8 +322,8 @@ impl Sink {
             json,
         });
         drop(q);
-        METRICS.webhook_events.inc();
-        METRICS.webhook_queued.inc();
+        METRICS.webhooks.events.inc();
+        METRICS.webhooks.queued.inc();
         self.wake.notify_one();
     }
 
@@ -346,8 +346,8 @@ impl Sink {
         let mut q = self.lock();
         while q.events.front().is_some_and(|e| e.number <= last) {
             q.events.pop_front();
-            METRICS.webhook_delivered.inc();
-            METRICS.webhook_queued.dec();
+            METRICS.webhooks.delivered.inc();
+            METRICS.webhooks.queued.dec();
         }
     }
 
@@ -400,7 +400,7 @@ async fn send_loop(
                 backoff = RETRY_MIN;
             }
             Err(e) => {
-                METRICS.webhook_failures.inc();
+                METRICS.webhooks.failures.inc();
                 log::warn!(
                     "webhook {}: {e}; {} event(s) waiting, retrying in {backoff:?}",
                     sink.url,

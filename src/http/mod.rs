@@ -16,18 +16,15 @@ pub use routes::{internal_routes, public_routes, route_table, routes, Router};
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
-use actix::Addr;
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse, ResponseError};
 
 use crate::auth::{Auth, DevHosts, Origins};
 use crate::config::Config;
 use crate::ids;
-use crate::lease::Refresher;
+use crate::node::Node;
 use crate::protocol::{ErrorCode, ProtocolError};
-use crate::registry::Registry;
-use crate::session::NodeParts;
-use crate::store::{Store, StoreError};
+use crate::store::StoreError;
 
 /// Default page size of `GET /api/online`.
 const ONLINE_DEFAULT_LIMIT: usize = 50;
@@ -41,16 +38,9 @@ const MAX_QUERY_BODY: usize = 256 * 1024;
 
 /// Shared by every HTTP worker.
 pub struct AppState {
-    /// Redis state.
-    pub store: Store,
-    /// Batches the lease refreshes of this node's sessions.
-    pub refresher: Refresher,
-    /// This node's registry.
-    pub registry: Addr<Registry>,
-    /// Timings and limits.
-    pub config: Arc<Config>,
-    /// The same four, shared by every session of this node.
-    pub sessions: Arc<NodeParts>,
+    /// The node's store, refresher, registry and settings, which every
+    /// session shares too.
+    pub node: Arc<Node>,
     /// Next session id on this node.
     pub next_session: AtomicU64,
     /// How clients prove who they are; sessions keep it to verify the

@@ -15,17 +15,17 @@ use crate::registry::GetStats;
         (status = 503, description = "Redis unreachable", body = Object),
     ))]
 pub(crate) async fn healthz(state: web::Data<AppState>) -> HttpResponse {
-    let stats = state.registry.send(GetStats).await.unwrap_or_default();
+    let stats = state.node.registry.send(GetStats).await.unwrap_or_default();
     let redis = state.redis_health.report();
     if redis.up {
         HttpResponse::Ok().json(serde_json::json!({
-            "status": "ok", "node": state.config.node_id, "redis": "up", "registry": stats,
+            "status": "ok", "node": state.node.config.node_id, "redis": "up", "registry": stats,
             "counters": crate::metrics::METRICS.health_counters(),
             "redis_details": redis.details,
         }))
     } else {
         HttpResponse::ServiceUnavailable().json(serde_json::json!({
-            "status": "unavailable", "node": state.config.node_id, "redis": "down",
+            "status": "unavailable", "node": state.node.config.node_id, "redis": "down",
             "error": redis.details["error"], "redis_details": redis.details,
         }))
     }
@@ -35,7 +35,7 @@ pub(crate) async fn healthz(state: web::Data<AppState>) -> HttpResponse {
 #[utoipa::path(get, path = "/metrics", tag = "operations",
     responses((status = 200, description = "Prometheus text exposition", content_type = "text/plain", body = String)))]
 pub(crate) async fn metrics(state: web::Data<AppState>) -> HttpResponse {
-    let stats = state.registry.send(GetStats).await.unwrap_or_default();
+    let stats = state.node.registry.send(GetStats).await.unwrap_or_default();
     HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4; charset=utf-8")
         .body(crate::metrics::METRICS.render(stats.into()))
@@ -53,6 +53,6 @@ pub(crate) async fn info(state: web::Data<AppState>) -> HttpResponse {
             "server": "presence-server",
             "version": env!("CARGO_PKG_VERSION"),
             "auth": match *state.auth { Auth::Dev => "dev", Auth::Jwt(_) => "jwt" },
-            "heartbeat_ms": state.config.heartbeat.as_millis() as u64,
+            "heartbeat_ms": state.node.config.heartbeat.as_millis() as u64,
         }))
 }

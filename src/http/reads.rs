@@ -81,17 +81,18 @@ pub(crate) async fn presence(
     ids::validate("user", &user)?;
     let reader = read_as(&req, &state, &who).await?;
     let record = state
+        .node
         .store
         .records_as(
             std::slice::from_ref(&user),
             reader.reader(),
-            state.config.contacts_only,
+            state.node.config.contacts_only,
         )
         .await?
         .remove(0);
     // Devices only of a user the viewer may see online.
     let devices = if record.devices > 0 {
-        state.store.devices(&user).await?
+        state.node.store.devices(&user).await?
     } else {
         Vec::new()
     };
@@ -178,8 +179,9 @@ pub(crate) async fn query(
     }
     let reader = read_as(&req, &state, &who).await?;
     let presence = state
+        .node
         .store
-        .records_as(&users, reader.reader(), state.config.contacts_only)
+        .records_as(&users, reader.reader(), state.node.config.contacts_only)
         .await?;
     Ok(HttpResponse::Ok().json(QueryResult {
         view: reader.view(),
@@ -226,22 +228,25 @@ pub(crate) async fn online(
     }
     let cursor = match query.cursor.as_deref() {
         None | Some("") => None,
-        Some(c) => Some(Cursor::decode(c, state.store.buckets()).ok_or_else(|| {
-            ApiError::new(
-                StatusCode::BAD_REQUEST,
-                ErrorCode::BadRequest,
-                "cursor is not one this server handed out",
-            )
-        })?),
+        Some(c) => Some(
+            Cursor::decode(c, state.node.store.buckets()).ok_or_else(|| {
+                ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    ErrorCode::BadRequest,
+                    "cursor is not one this server handed out",
+                )
+            })?,
+        ),
     };
     let reader = read_as(&req, &state, &query.who).await?;
     let page = state
+        .node
         .store
         .online_as(
             limit,
             cursor.as_ref(),
             reader.reader(),
-            state.config.contacts_only,
+            state.node.config.contacts_only,
         )
         .await?;
     Ok(HttpResponse::Ok().json(OnlineResult {

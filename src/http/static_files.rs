@@ -83,7 +83,7 @@ pub async fn serve(req: HttpRequest, state: web::Data<AppState>) -> HttpResponse
     let Some(rel) = relative(req.path()) else {
         return not_found();
     };
-    match &state.config.static_files {
+    match &state.node.config.static_files {
         StaticFiles::Off => not_found(),
         StaticFiles::Demo => EMBEDDED
             .iter()

@@ -67,7 +67,7 @@ pub(crate) async fn websocket(
     query: web::Query<Connect>,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, actix_web::Error> {
-    let ip = client_ip(&req, &state.config);
+    let ip = client_ip(&req, &state.node.config);
     let opened = open_session(&req, stream, query.into_inner(), &state, &ip).await;
     if let Err(e) = &opened {
         log::info!("websocket from {ip} refused: {e}");
@@ -129,7 +129,7 @@ async fn open_session(
     };
     crate::metrics::METRICS.sessions_opened.inc();
     let id = state.next_session.fetch_add(1, Ordering::Relaxed);
-    let owner = state.store.lease_value();
+    let owner = state.node.store.lease_value();
     if user.is_empty() {
         log::info!("device {device}: websocket from {ip}, awaiting its auth frame");
     } else {
@@ -145,13 +145,13 @@ async fn open_session(
     };
     let session = Session::new(
         who,
-        state.sessions.clone(),
+        state.node.clone(),
         req.conn_data::<ConnHandle>().cloned(),
     );
     let answer = protocol.as_ref().map(|p| p.answer.as_str());
     let protocols: Vec<&str> = answer.into_iter().collect();
     ws::WsResponseBuilder::new(session, &req, stream)
-        .frame_size(state.config.max_frame_bytes)
+        .frame_size(state.node.config.max_frame_bytes)
         .protocols(&protocols)
         .start()
 }

@@ -55,7 +55,11 @@ pub(crate) async fn set_privacy(
         }
     }
     let (online, last_seen) = parse_privacy(body.online.as_deref(), body.last_seen.as_deref())?;
-    state.store.set_privacy(&user, online, last_seen).await?;
+    state
+        .node
+        .store
+        .set_privacy(&user, online, last_seen)
+        .await?;
     Ok(HttpResponse::NoContent().finish())
 }
 
@@ -151,7 +155,7 @@ pub(crate) async fn put_contacts(
     }
     contacts.sort();
     contacts.dedup();
-    state.store.set_contacts(&user, &contacts).await?;
+    state.node.store.set_contacts(&user, &contacts).await?;
     Ok(HttpResponse::Ok().json(Contacts { contacts }))
 }
 
@@ -172,6 +176,6 @@ pub(crate) async fn get_contacts(
     require_admin(&req, &state)?;
     let user = user.into_inner();
     ids::validate("user", &user)?;
-    let contacts = state.store.contacts(&user).await?;
+    let contacts = state.node.store.contacts(&user).await?;
     Ok(HttpResponse::Ok().json(Contacts { contacts }))
 }

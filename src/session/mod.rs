@@ -30,18 +30,18 @@ use actix::prelude::*;
 use actix_web_actors::ws;
 
 use crate::auth::Auth;
-use crate::config::Config;
 use bytestring::ByteString;
 
 use crate::bucket::TokenBucket;
 use crate::conn::ConnHandle;
 use crate::frames::Fragments;
-use crate::lease::{release, release_with, LeaseState, Refresher};
+use crate::lease::{release, release_with, LeaseState};
 use crate::model::{ChosenStatus, Status};
+use crate::node::Node;
 use crate::protocol::{ErrorCode, ProtocolError};
 use crate::registry::fanout;
-use crate::registry::{self, GoingAway, Registry, SessionId};
-use crate::store::{now_ms, Arrival, ArriveMode, Store, StoreResult};
+use crate::registry::{self, GoingAway, SessionId};
+use crate::store::{now_ms, Arrival, ArriveMode, StoreResult};
 
 /// Sustained flooding this many times the allowed rate, within one refill
 /// of the bucket, closes the session instead of refusing frame by frame.
@@ -57,7 +57,7 @@ pub struct Session {
     me: Me,
     /// The node's shared parts this session talks to (one copy per node:
     /// a copy per session cost every connection about 180 B).
-    node: Arc<NodeParts>,
+    node: Arc<Node>,
     /// The device lease this connection holds.
     lease: LeaseHold,
     /// When the client was last heard from.
@@ -120,18 +120,6 @@ struct Me {
     owner: String,
 }
 
-/// The node-wide parts a session uses, cloned in at start.
-pub struct NodeParts {
-    /// Redis state.
-    pub store: Store,
-    /// Batches this node's lease refreshes.
-    pub refresher: Refresher,
-    /// This node's registry.
-    pub registry: Addr<Registry>,
-    /// Timings and limits.
-    pub config: Arc<Config>,
-}
-
 /// The lease this connection holds, and what a refresh sends with it.
 struct LeaseHold {
     /// Whether a lease refresh is in flight, and the deadline last written
@@ -184,7 +172,7 @@ pub struct Identity {
 
 impl Session {
     /// A session for `who` on connection `conn`.
-    pub fn new(who: Identity, node: Arc<NodeParts>, conn: Option<ConnHandle>) -> Self {
+    pub fn new(who: Identity, node: Arc<Node>, conn: Option<ConnHandle>) -> Self {
         let now = Instant::now();
         Self {
             me: Me {

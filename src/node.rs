@@ -1,0 +1,25 @@
+//! The parts of a node that every session and every HTTP handler shares,
+//! in one handle: the store, the lease refresher, the registry and the
+//! settings. Built once at start (`server::run`) and shared behind an
+//! `Arc`.
+
+use std::sync::Arc;
+
+use actix::Addr;
+
+use crate::config::Config;
+use crate::lease::Refresher;
+use crate::registry::Registry;
+use crate::store::Store;
+
+/// One node's shared parts; cheap to share (`Arc<Node>`).
+pub struct Node {
+    /// Redis state.
+    pub store: Store,
+    /// Batches this node's lease refreshes.
+    pub refresher: Refresher,
+    /// This node's registry.
+    pub registry: Addr<Registry>,
+    /// Timings and limits.
+    pub config: Arc<Config>,
+}
