@@ -75,42 +75,12 @@ pub async fn run(
         Some(hooks) => Some(Webhooks::start(hooks.clone(), &config.node_id)?),
         None => None,
     };
-    let store = Store::with_limits(conn, config.ttl, config.max_devices_per_user)
-        .with_webhooks(webhooks.clone());
-    store.load_scripts().await.context("cannot load scripts")?;
-    let store = store
-        .load_deployment()
-        .await
-        .context("cannot read the deployment's settings (presence-meta)")?
-        .begin_run(&config.node_id, config.run_hold())
-        .await
-        .context("cannot record this node's run (presence-meta, presence-run)")?;
+    let store = open_store(conn, &config, webhooks.clone()).await?;
     // Every session's lease refreshes go through one refresher task, which
     // sends them to Redis in batches.
     let refresher = Refresher::spawn(store.clone());
 
-    let (registry_ready, registry_subscribed) = oneshot::channel();
-    let (expiry_ready, expiry_subscribed) = oneshot::channel();
-    let registry = Registry::new(
-        client.clone(),
-        store.clone(),
-        config.heartbeat + RESYNC_MARGIN,
-        config.contacts_only,
-        config.client_timeout() + config.heartbeat,
-        registry_ready,
-    )
-    .start();
-    ExpiryListener::new(client.clone(), store.clone(), config.clone(), expiry_ready).start();
-    // Serve only once both subscriptions are up: an event published before
-    // would be lost for this node's watchers.
-    tokio::time::timeout(SUBSCRIBE_TIMEOUT, async {
-        let _ = registry_subscribed.await;
-        let _ = expiry_subscribed.await;
-    })
-    .await
-    .with_context(|| {
-        format!("could not subscribe to redis pub/sub within {SUBSCRIBE_TIMEOUT:?}")
-    })?;
+    let registry = start_actors(&client, &store, &config).await?;
 
     let dev_hosts = matches!(security.auth, Auth::Dev)
         .then(|| crate::auth::DevHosts::new(security.allowed_hosts.iter().cloned()));
@@ -131,6 +101,94 @@ pub async fn run(
         redis_health,
     });
     let addr = listener.local_addr()?;
+    let (server, internal) = serve(state, listener, internal, &config.node_id)?;
+    actix::spawn(shutdown_on_signal(
+        server.handle(),
+        internal.as_ref().map(|s| s.handle()),
+        registry,
+    ));
+    log::info!(
+        "node {} listening on http://{addr} (heartbeat {:?}, lease ttl {:?})",
+        config.node_id,
+        config.heartbeat,
+        config.ttl
+    );
+    match internal {
+        Some(internal) => {
+            futures_util::future::try_join(server, internal).await?;
+        }
+        None => server.await?,
+    }
+    if let Some(webhooks) = webhooks {
+        // Stopping is a transition-free drain (leases lapse), but what was
+        // queued before it still belongs to the receivers.
+        webhooks.drain(SHUTDOWN_TIMEOUT).await;
+    }
+    log::info!("node {} stopped", config.node_id);
+    Ok(())
+}
+
+/// The store on `conn`: scripts loaded, the deployment's constants read (or
+/// written) and this node's run recorded.
+async fn open_store(
+    conn: crate::redis::RedisConn,
+    config: &Config,
+    webhooks: Option<Webhooks>,
+) -> anyhow::Result<Store> {
+    let store =
+        Store::with_limits(conn, config.ttl, config.max_devices_per_user).with_webhooks(webhooks);
+    store.load_scripts().await.context("cannot load scripts")?;
+    store
+        .load_deployment()
+        .await
+        .context("cannot read the deployment's settings (presence-meta)")?
+        .begin_run(&config.node_id, config.run_hold())
+        .await
+        .context("cannot record this node's run (presence-meta, presence-run)")
+}
+
+/// Starts the registry and the expiry listener, and waits until both are
+/// subscribed: an event published before would be lost for this node's
+/// watchers.
+async fn start_actors(
+    client: &crate::redis::Source,
+    store: &Store,
+    config: &Arc<Config>,
+) -> anyhow::Result<actix::Addr<Registry>> {
+    let (registry_ready, registry_subscribed) = oneshot::channel();
+    let (expiry_ready, expiry_subscribed) = oneshot::channel();
+    let registry = Registry::new(
+        client.clone(),
+        store.clone(),
+        config.heartbeat + RESYNC_MARGIN,
+        config.contacts_only,
+        config.client_timeout() + config.heartbeat,
+        registry_ready,
+    )
+    .start();
+    ExpiryListener::new(client.clone(), store.clone(), config.clone(), expiry_ready).start();
+    tokio::time::timeout(SUBSCRIBE_TIMEOUT, async {
+        let _ = registry_subscribed.await;
+        let _ = expiry_subscribed.await;
+    })
+    .await
+    .with_context(|| {
+        format!("could not subscribe to redis pub/sub within {SUBSCRIBE_TIMEOUT:?}")
+    })?;
+    Ok(registry)
+}
+
+/// The HTTP servers: the public listener, and the internal one when given.
+type Servers = (actix_web::dev::Server, Option<actix_web::dev::Server>);
+
+/// Starts serving `state` on `listener` and, with `internal`, metrics,
+/// health and the admin API on that listener only.
+fn serve(
+    state: web::Data<AppState>,
+    listener: TcpListener,
+    internal: Option<TcpListener>,
+    node_id: &str,
+) -> anyhow::Result<Servers> {
     let split = internal.is_some();
     let public_state = state.clone();
     let server = HttpServer::new(move || {
@@ -165,37 +223,13 @@ pub async fn run(
             .listen(listener)?
             .run();
             log::info!(
-                "node {}: metrics, health and admin API on http://{internal_addr} only",
-                config.node_id
+                "node {node_id}: metrics, health and admin API on http://{internal_addr} only"
             );
             Some(server)
         }
         None => None,
     };
-    actix::spawn(shutdown_on_signal(
-        server.handle(),
-        internal.as_ref().map(|s| s.handle()),
-        registry,
-    ));
-    log::info!(
-        "node {} listening on http://{addr} (heartbeat {:?}, lease ttl {:?})",
-        config.node_id,
-        config.heartbeat,
-        config.ttl
-    );
-    match internal {
-        Some(internal) => {
-            futures_util::future::try_join(server, internal).await?;
-        }
-        None => server.await?,
-    }
-    if let Some(webhooks) = webhooks {
-        // Stopping is a transition-free drain (leases lapse), but what was
-        // queued before it still belongs to the receivers.
-        webhooks.drain(SHUTDOWN_TIMEOUT).await;
-    }
-    log::info!("node {} stopped", config.node_id);
-    Ok(())
+    Ok((server, internal))
 }
 
 /// A request that outran [`REQUEST_DEADLINE`]: Redis is slow or away, so it

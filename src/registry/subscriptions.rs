@@ -217,16 +217,45 @@ fn resp3(client: redis::Client) -> RedisResult<redis::Client> {
     redis::Client::open(info.set_redis_settings(settings))
 }
 
+/// What the inner loop does after one request batch or push.
+enum Flow {
+    /// Keep reading on this connection.
+    Continue,
+    /// The connection failed: reconnect and subscribe again.
+    Reconnect,
+    /// The registry is gone: end the task.
+    Stop,
+}
+
+/// The channel and payload of a sharded message push.
+fn message_of(push: PushInfo) -> Option<(String, String)> {
+    let mut data = push.data.into_iter();
+    let channel = data
+        .next()
+        .and_then(|v| redis::from_redis_value::<String>(v).ok())?;
+    let payload = data
+        .next()
+        .and_then(|v| redis::from_redis_value::<String>(v).ok())?;
+    Some((channel, payload))
+}
+
+/// The channels the task holds.
+#[derive(Default)]
+struct Channels {
+    /// Every channel the registry wants, across reconnects.
+    wanted: HashSet<String>,
+    /// Our own SUNSUBSCRIBEs whose confirmation has not come yet: those
+    /// pushes are not Redis dropping a channel.
+    leaving: HashMap<String, u32>,
+}
+
 /// The subscription task.
 async fn run(
     source: Source,
     mut requests: mpsc::UnboundedReceiver<Request>,
     mut on_notice: impl FnMut(Notice) -> bool,
 ) {
-    let mut wanted: HashSet<String> = HashSet::new();
-    // Our own SUNSUBSCRIBEs whose confirmation has not come yet: those
-    // pushes are not Redis dropping a channel.
-    let mut leaving: HashMap<String, u32> = HashMap::new();
+    let mut channels = Channels::default();
     let mut backoff = BACKOFF_MIN;
     loop {
         let (push_tx, mut pushes) = mpsc::unbounded_channel::<PushInfo>();
@@ -244,114 +273,152 @@ async fn run(
                 continue;
             }
         };
-        let all: Vec<String> = wanted.iter().cloned().collect();
+        let all: Vec<String> = channels.wanted.iter().cloned().collect();
         if let Err(e) = conn.send_all("SSUBSCRIBE", &all).await {
             log::warn!("cannot subscribe to the watched users' events: {e}");
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(BACKOFF_MAX);
             continue;
         }
-        leaving.clear();
+        channels.leaving.clear();
         backoff = BACKOFF_MIN;
         log::info!("subscribed to the events of {} watched users", all.len());
         if !on_notice(Notice::Ready) {
             return;
         }
         loop {
-            tokio::select! {
+            let flow = tokio::select! {
                 request = requests.recv() => match request {
-                    None => return,
-                    Some(first_request) => {
-                        // Take every request queued meanwhile, in order;
-                        // consecutive subscribes share one round trip.
-                        let mut queued = vec![first_request];
-                        while let Ok(more) = requests.try_recv() {
-                            queued.push(more);
-                        }
-                        let mut batch: Vec<(Vec<String>, oneshot::Sender<RedisResult<()>>)> = Vec::new();
-                        let mut failed = false;
-                        for request in queued {
-                            match request {
-                                Request::Subscribe { channels, done } => batch.push((channels, done)),
-                                Request::Unsubscribe { channels } => {
-                                    failed |= !join(&mut conn, &mut wanted, std::mem::take(&mut batch)).await;
-                                    leave(&mut conn, &mut wanted, &mut leaving, channels).await;
-                                }
-                            }
-                        }
-                        failed |= !join(&mut conn, &mut wanted, batch).await;
-                        if failed {
-                            break;
-                        }
-                    }
+                    None => Flow::Stop,
+                    Some(first) => requested(&mut conn, &mut channels, first, &mut requests).await,
                 },
                 push = pushes.recv() => match push {
-                    None => break,
-                    Some(push) => match push.kind {
-                        PushKind::SMessage => {
-                            let mut data = push.data.into_iter();
-                            let channel = data.next().and_then(|v| redis::from_redis_value::<String>(v).ok());
-                            let payload = data.next().and_then(|v| redis::from_redis_value::<String>(v).ok());
-                            if let (Some(channel), Some(payload)) = (channel, payload) {
-                                if !on_notice(Notice::Message { channel, payload }) {
-                                    return;
-                                }
-                            }
-                        }
-                        PushKind::SUnsubscribe => {
-                            let Some(channel) = push.data.into_iter().next()
-                                .and_then(|v| redis::from_redis_value::<String>(v).ok()) else { continue };
-                            if let Some(n) = leaving.get_mut(&channel) {
-                                *n -= 1;
-                                if *n == 0 {
-                                    leaving.remove(&channel);
-                                }
-                                continue;
-                            }
-                            if !wanted.contains(&channel) {
-                                continue;
-                            }
-                            log::info!("redis dropped the subscription to {channel}; subscribing again");
-                            let channels = vec![channel];
-                            if conn.send_all("SSUBSCRIBE", &channels).await.is_err() {
-                                break;
-                            }
-                            if !on_notice(Notice::Dropped { channels }) {
-                                return;
-                            }
-                        }
-                        PushKind::Disconnection => {
-                            let Link::Cluster(_) = conn else { break };
-                            // One node's connection dropped; see the module docs.
-                            while let Ok(more) = pushes.try_recv() {
-                                if let PushKind::SMessage = more.kind {
-                                    let mut data = more.data.into_iter();
-                                    let channel = data.next().and_then(|v| redis::from_redis_value::<String>(v).ok());
-                                    let payload = data.next().and_then(|v| redis::from_redis_value::<String>(v).ok());
-                                    if let (Some(channel), Some(payload)) = (channel, payload) {
-                                        if !on_notice(Notice::Message { channel, payload }) {
-                                            return;
-                                        }
-                                    }
-                                }
-                            }
-                            let all: Vec<String> = wanted.iter().cloned().collect();
-                            log::info!("a redis cluster node's connection dropped; confirming the {} subscriptions", all.len());
-                            if let Err(e) = conn.send_all("SSUBSCRIBE", &all).await {
-                                log::warn!("cannot renew the subscriptions: {e}");
-                                break;
-                            }
-                            if !on_notice(Notice::Ready) {
-                                return;
-                            }
-                        }
-                        _ => {}
-                    },
+                    None => Flow::Reconnect,
+                    Some(push) => {
+                        pushed(push, &mut conn, &mut channels, &mut pushes, &mut on_notice).await
+                    }
                 },
+            };
+            match flow {
+                Flow::Continue => {}
+                Flow::Reconnect => break,
+                Flow::Stop => return,
             }
         }
         log::warn!("event subscriptions lost; reconnecting");
         tokio::time::sleep(backoff).await;
+    }
+}
+
+/// Runs `first` and every request queued meanwhile, in order; consecutive
+/// subscribes share one round trip.
+async fn requested(
+    conn: &mut Link,
+    channels: &mut Channels,
+    first: Request,
+    requests: &mut mpsc::UnboundedReceiver<Request>,
+) -> Flow {
+    let mut queued = vec![first];
+    while let Ok(more) = requests.try_recv() {
+        queued.push(more);
+    }
+    let mut batch: Vec<(Vec<String>, oneshot::Sender<RedisResult<()>>)> = Vec::new();
+    let mut failed = false;
+    for request in queued {
+        match request {
+            Request::Subscribe { channels: c, done } => batch.push((c, done)),
+            Request::Unsubscribe { channels: c } => {
+                failed |= !join(conn, &mut channels.wanted, std::mem::take(&mut batch)).await;
+                leave(conn, &mut channels.wanted, &mut channels.leaving, c).await;
+            }
+        }
+    }
+    failed |= !join(conn, &mut channels.wanted, batch).await;
+    if failed {
+        Flow::Reconnect
+    } else {
+        Flow::Continue
+    }
+}
+
+/// Handles one push from Redis: a message, a dropped channel, or (on a
+/// cluster) one node's connection dropping.
+async fn pushed(
+    push: PushInfo,
+    conn: &mut Link,
+    channels: &mut Channels,
+    pushes: &mut mpsc::UnboundedReceiver<PushInfo>,
+    on_notice: &mut impl FnMut(Notice) -> bool,
+) -> Flow {
+    match push.kind {
+        PushKind::SMessage => match message_of(push) {
+            Some((channel, payload)) => {
+                if on_notice(Notice::Message { channel, payload }) {
+                    Flow::Continue
+                } else {
+                    Flow::Stop
+                }
+            }
+            None => Flow::Continue,
+        },
+        PushKind::SUnsubscribe => {
+            let Some(channel) = push
+                .data
+                .into_iter()
+                .next()
+                .and_then(|v| redis::from_redis_value::<String>(v).ok())
+            else {
+                return Flow::Continue;
+            };
+            if let Some(n) = channels.leaving.get_mut(&channel) {
+                *n -= 1;
+                if *n == 0 {
+                    channels.leaving.remove(&channel);
+                }
+                return Flow::Continue;
+            }
+            if !channels.wanted.contains(&channel) {
+                return Flow::Continue;
+            }
+            log::info!("redis dropped the subscription to {channel}; subscribing again");
+            let dropped = vec![channel];
+            if conn.send_all("SSUBSCRIBE", &dropped).await.is_err() {
+                return Flow::Reconnect;
+            }
+            if !on_notice(Notice::Dropped { channels: dropped }) {
+                return Flow::Stop;
+            }
+            Flow::Continue
+        }
+        PushKind::Disconnection => {
+            let Link::Cluster(_) = conn else {
+                return Flow::Reconnect;
+            };
+            // One node's connection dropped; see the module docs.
+            while let Ok(more) = pushes.try_recv() {
+                if let PushKind::SMessage = more.kind {
+                    if let Some((channel, payload)) = message_of(more) {
+                        if !on_notice(Notice::Message { channel, payload }) {
+                            return Flow::Stop;
+                        }
+                    }
+                }
+            }
+            let all: Vec<String> = channels.wanted.iter().cloned().collect();
+            log::info!(
+                "a redis cluster node's connection dropped; confirming the {} subscriptions",
+                all.len()
+            );
+            if let Err(e) = conn.send_all("SSUBSCRIBE", &all).await {
+                log::warn!("cannot renew the subscriptions: {e}");
+                return Flow::Reconnect;
+            }
+            if !on_notice(Notice::Ready) {
+                return Flow::Stop;
+            }
+            Flow::Continue
+        }
+        _ => Flow::Continue,
     }
 }
 

@@ -105,6 +105,34 @@ fn before(a: (f64, &str), b: (f64, &str)) -> bool {
 /// One candidate entry of the walk: score, member, bucket.
 type Entry = (f64, String, usize);
 
+impl Walk {
+    /// A walk from `cursor`'s position, or from the newest entry.
+    fn from(cursor: Option<&Cursor>, buckets: usize) -> Self {
+        match cursor {
+            Some(c) => Self {
+                at: Some(c.score),
+                ties: c.ties.clone(),
+            },
+            None => Self {
+                at: None,
+                ties: vec![0; buckets],
+            },
+        }
+    }
+
+    /// The cursor of the next page, which starts where this walk stopped.
+    fn cursor(self) -> Option<String> {
+        let score = self.at?;
+        Some(
+            Cursor {
+                score,
+                ties: self.ties,
+            }
+            .encode(),
+        )
+    }
+}
+
 /// What the online list reads of one user: what the reader may see of it,
 /// and its counted devices with the current score of each one's entry
 /// (`None`: no unclaimed entry).
@@ -114,6 +142,24 @@ struct Candidate {
     /// Counted devices, each with its entry's score when it has an
     /// unclaimed one.
     devices: Vec<(String, Option<f64>)>,
+}
+
+impl Candidate {
+    /// Whether the entry `(score, member)` of `user`'s `device` lists the
+    /// user. Entries of devices no longer counted (the index is repaired
+    /// lazily), entries after the user's first and users hidden from this
+    /// reader list no one.
+    fn listed_at(&self, user: &str, device: &str, score: f64, member: &str) -> bool {
+        let counted = self.devices.iter().any(|(d, _)| d == device);
+        let first_of_user = self.devices.iter().all(|(d, s)| {
+            d == device
+                || s.is_none_or(|s| {
+                    let other = keys::lease_member(user, d);
+                    !before((s, other.as_str()), (score, member))
+                })
+        });
+        counted && first_of_user && self.record.devices != 0
+    }
 }
 
 impl Store {
@@ -154,16 +200,7 @@ impl Store {
         let limit = limit.max(1);
         let budget = (EXAMINE_PER_LIMIT * limit).min(MAX_EXAMINED).max(limit);
         let buckets = self.buckets.count() as usize;
-        let mut walk = match cursor {
-            Some(c) => Walk {
-                at: Some(c.score),
-                ties: c.ties.clone(),
-            },
-            None => Walk {
-                at: None,
-                ties: vec![0; buckets],
-            },
-        };
+        let mut walk = Walk::from(cursor, buckets);
         let mut users: Vec<OnlineUser> = Vec::with_capacity(limit);
         let mut listed: HashSet<String> = HashSet::new();
         let mut examined = 0;
@@ -175,51 +212,7 @@ impl Store {
             // that score already examined. About twice each bucket's share
             // of what is wanted, so one round trip usually covers it.
             let per = (want.div_ceil(buckets) * 2 + 2).min(want);
-            let mut pipe = redis::pipe();
-            let max = walk.at.map_or("+inf".to_string(), |s| s.to_string());
-            for b in self.buckets.all() {
-                pipe.cmd("ZRANGE")
-                    .arg(keys::leases(b))
-                    .arg(&max)
-                    .arg("-inf")
-                    .arg("BYSCORE")
-                    .arg("REV")
-                    .arg("LIMIT")
-                    .arg(walk.ties[b as usize])
-                    .arg(per)
-                    .arg("WITHSCORES");
-            }
-            let reply = self.query(&pipe).await?;
-            let mut candidates: Vec<Entry> = Vec::new();
-            // The first in the walk's order of the last entries of the
-            // buckets that may hold more: every entry not fetched comes
-            // after it, so the candidates down to it are the true head of
-            // the merged order.
-            let mut frontier: Option<(f64, String)> = None;
-            for (b, value) in reply.iter().enumerate() {
-                let entries: Vec<(String, f64)> = redis::from_redis_value_ref(value)?;
-                if entries.len() == per {
-                    if let Some((m, s)) = entries.last() {
-                        if frontier
-                            .as_ref()
-                            .is_none_or(|(fs, fm)| before((*s, m.as_str()), (*fs, fm.as_str())))
-                        {
-                            frontier = Some((*s, m.clone()));
-                        }
-                    }
-                }
-                candidates.extend(entries.into_iter().map(|(m, s)| (s, m, b)));
-            }
-            candidates.sort_unstable_by(|x, y| y.0.total_cmp(&x.0).then_with(|| y.1.cmp(&x.1)));
-            let safe = match &frontier {
-                Some((fs, fm)) => candidates
-                    .iter()
-                    .take_while(|(s, m, _)| !before((*fs, fm.as_str()), (*s, m.as_str())))
-                    .count(),
-                None => candidates.len(),
-            };
-            let mut more = frontier.is_some() || safe > want;
-            candidates.truncate(safe.min(want));
+            let (candidates, mut more) = self.next_round(&walk, per, want).await?;
             // Read them in chunks: first what could fill the page, then the
             // rest of the budget at once (a viewer who sees few users).
             let mut rest = candidates.into_iter().peekable();
@@ -258,18 +251,7 @@ impl Store {
                         continue;
                     }
                     let Some(c) = read.get(user) else { continue };
-                    // Entries of devices no longer counted (the index is
-                    // repaired lazily), entries after the user's first and
-                    // users hidden from this reader are skipped.
-                    let counted = c.devices.iter().any(|(d, _)| d == device);
-                    let first_of_user = c.devices.iter().all(|(d, s)| {
-                        d == device
-                            || s.is_none_or(|s| {
-                                let other = keys::lease_member(user, d);
-                                !before((s, other.as_str()), (*score, member.as_str()))
-                            })
-                    });
-                    if !counted || !first_of_user || c.record.devices == 0 {
+                    if !c.listed_at(user, device, *score, member) {
                         continue;
                     }
                     listed.insert(user.to_string());
@@ -293,17 +275,67 @@ impl Store {
                 break;
             }
         }
-        let next_cursor = match (exhausted, walk.at) {
-            (false, Some(score)) => Some(
-                Cursor {
-                    score,
-                    ties: walk.ties,
-                }
-                .encode(),
-            ),
-            _ => None,
-        };
+        let next_cursor = if exhausted { None } else { walk.cursor() };
         Ok(OnlinePage { users, next_cursor })
+    }
+
+    /// One round of the walk: from each bucket, its next `per` entries
+    /// after the walk's position (everything up to its score, less the
+    /// entries at that score already examined), merged in the walk's order
+    /// and cut where an entry not fetched could come first, and at `want`.
+    /// Also whether entries may follow them.
+    async fn next_round(
+        &self,
+        walk: &Walk,
+        per: usize,
+        want: usize,
+    ) -> StoreResult<(Vec<Entry>, bool)> {
+        let mut pipe = redis::pipe();
+        let max = walk.at.map_or("+inf".to_string(), |s| s.to_string());
+        for b in self.buckets.all() {
+            pipe.cmd("ZRANGE")
+                .arg(keys::leases(b))
+                .arg(&max)
+                .arg("-inf")
+                .arg("BYSCORE")
+                .arg("REV")
+                .arg("LIMIT")
+                .arg(walk.ties[b as usize])
+                .arg(per)
+                .arg("WITHSCORES");
+        }
+        let reply = self.query(&pipe).await?;
+        let mut candidates: Vec<Entry> = Vec::new();
+        // The first in the walk's order of the last entries of the
+        // buckets that may hold more: every entry not fetched comes
+        // after it, so the candidates down to it are the true head of
+        // the merged order.
+        let mut frontier: Option<(f64, String)> = None;
+        for (b, value) in reply.iter().enumerate() {
+            let entries: Vec<(String, f64)> = redis::from_redis_value_ref(value)?;
+            if entries.len() == per {
+                if let Some((m, s)) = entries.last() {
+                    if frontier
+                        .as_ref()
+                        .is_none_or(|(fs, fm)| before((*s, m.as_str()), (*fs, fm.as_str())))
+                    {
+                        frontier = Some((*s, m.clone()));
+                    }
+                }
+            }
+            candidates.extend(entries.into_iter().map(|(m, s)| (s, m, b)));
+        }
+        candidates.sort_unstable_by(|x, y| y.0.total_cmp(&x.0).then_with(|| y.1.cmp(&x.1)));
+        let safe = match &frontier {
+            Some((fs, fm)) => candidates
+                .iter()
+                .take_while(|(s, m, _)| !before((*fs, fm.as_str()), (*s, m.as_str())))
+                .count(),
+            None => candidates.len(),
+        };
+        let more = frontier.is_some() || safe > want;
+        candidates.truncate(safe.min(want));
+        Ok((candidates, more))
     }
 
     /// What the online list needs of `users`, in two round trips at most:

@@ -1,0 +1,319 @@
+//! The flags of `presence-server` (clap), each with its environment
+//! variable and its key in the optional config file.
+
+use std::path::PathBuf;
+
+use clap::{CommandFactory, Parser};
+use presence_server::logging::LogFormat;
+use presence_server::{auth, config, config_file, webhooks};
+
+/// Presence server: who is online, on which devices, with which status.
+#[derive(Parser, Debug)]
+#[command(version, about)]
+pub struct Args {
+    /// Address to listen on (HTTP and WebSocket).
+    #[arg(long, env = "PRESENCE_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: String,
+
+    /// Serve /metrics, /healthz and the admin API only on this address
+    /// (e.g. 10.0.0.5:9090), and answer 404 for them on --listen. Use it in
+    /// production: health, load and the admin key stay off the public port.
+    #[arg(long, env = "PRESENCE_INTERNAL_LISTEN")]
+    pub internal_listen: Option<String>,
+
+    /// Redis to keep state in: redis://[user:password@]host:port/db,
+    /// rediss://... for TLS, or redis+sentinel://[user:password@]host:port,.../<master>[/db]
+    /// (rediss+sentinel:// for TLS). Without it (and without
+    /// --redis-sentinel) a private redis-server is started from the bundled
+    /// redis.conf and stopped on exit.
+    #[arg(long, env = "REDIS_URL", hide_env_values = true)]
+    pub redis_url: Option<String>,
+
+    /// Sentinels to ask for the primary, host:port,host:port (instead of
+    /// --redis-url; needs --redis-sentinel-master).
+    #[arg(long, env = "PRESENCE_REDIS_SENTINEL", value_delimiter = ',')]
+    pub redis_sentinel: Vec<String>,
+
+    /// The master name the sentinels monitor.
+    #[arg(long, env = "PRESENCE_REDIS_SENTINEL_MASTER")]
+    pub redis_sentinel_master: Option<String>,
+
+    /// PEM CA certificate(s) to verify Redis's TLS certificate with, instead
+    /// of the system roots (rediss:// only).
+    #[arg(long, env = "PRESENCE_REDIS_TLS_CA_FILE")]
+    pub redis_tls_ca_file: Option<PathBuf>,
+
+    /// PEM client certificate for mutual TLS (with --redis-tls-key-file).
+    #[arg(long, env = "PRESENCE_REDIS_TLS_CERT_FILE")]
+    pub redis_tls_cert_file: Option<PathBuf>,
+
+    /// PEM private key of --redis-tls-cert-file.
+    #[arg(long, env = "PRESENCE_REDIS_TLS_KEY_FILE")]
+    pub redis_tls_key_file: Option<PathBuf>,
+
+    /// Interval between server pings to each client, in ms.
+    #[arg(long, env = "PRESENCE_HEARTBEAT_MS", default_value_t = config::DEFAULT_HEARTBEAT.as_millis() as u64,
+          value_parser = clap::value_parser!(u64).range(100..=3_600_000))]
+    pub heartbeat_ms: u64,
+
+    /// Device lease TTL in ms: how long a silent device stays online
+    /// [default: 3 x heartbeat].
+    #[arg(long, env = "PRESENCE_TTL_MS", value_parser = clap::value_parser!(u64).range(100..=86_400_000))]
+    pub ttl_ms: Option<u64>,
+
+    /// This node's id in lease values and logs [default: presence-<random>].
+    #[arg(long, env = "PRESENCE_NODE_ID")]
+    pub node_id: Option<String>,
+
+    /// Most users one session may watch.
+    #[arg(long, env = "PRESENCE_MAX_WATCHES", default_value_t = config::DEFAULT_MAX_WATCHES)]
+    pub max_watches: usize,
+
+    /// Largest WebSocket frame accepted from a client, in bytes.
+    #[arg(long, env = "PRESENCE_MAX_FRAME_BYTES", default_value_t = config::DEFAULT_MAX_FRAME_BYTES)]
+    pub max_frame_bytes: usize,
+
+    /// Events a session may have waiting for a client that reads too
+    /// slowly; one more disconnects it. Keep it above --max-watches.
+    #[arg(long, env = "PRESENCE_MAX_QUEUED_EVENTS", default_value_t = config::DEFAULT_MAX_QUEUED_EVENTS as u64,
+          value_parser = clap::value_parser!(u64).range(16..=1_000_000))]
+    pub max_queued_events: u64,
+
+    /// Client frames per second one session may send (bursts of twice as
+    /// many pass); beyond it frames are refused, and a sustained flood is
+    /// closed with 1008.
+    #[arg(long, env = "PRESENCE_MAX_FRAMES_PER_SEC", default_value_t = config::DEFAULT_MAX_FRAMES_PER_SEC,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_frames_per_sec: u32,
+
+    /// Users one session's watches may read from Redis per second (bursts
+    /// of max(this, --max-watches) pass); a watch beyond it is refused with
+    /// `rate_limited`. Users already watched cost nothing.
+    #[arg(long, env = "PRESENCE_MAX_USER_READS_PER_SEC", default_value_t = config::DEFAULT_MAX_USER_READS_PER_SEC,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_user_reads_per_sec: u32,
+
+    /// Devices one user may have connected at once; one more is closed
+    /// with 1008.
+    #[arg(long, env = "PRESENCE_MAX_DEVICES_PER_USER", default_value_t = config::DEFAULT_MAX_DEVICES_PER_USER,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_devices_per_user: u32,
+
+    /// Days an offline user's last seen (and status) is kept.
+    #[arg(long, env = "PRESENCE_LAST_SEEN_RETENTION_DAYS", default_value_t = 90,
+          value_parser = clap::value_parser!(u64).range(1..=36_500))]
+    pub last_seen_retention_days: u64,
+
+    /// Period of the reconciliation pass that repairs device sets and
+    /// counters disagreeing with the live leases, in ms.
+    #[arg(long, env = "PRESENCE_RECONCILE_INTERVAL_MS",
+          default_value_t = config::DEFAULT_RECONCILE_INTERVAL.as_millis() as u64,
+          value_parser = clap::value_parser!(u64).range(100..=86_400_000))]
+    pub reconcile_interval_ms: u64,
+
+    /// How clients prove who they are: `dev` takes ids from the query string
+    /// (anyone can be anyone: for the demo and wscat, refused on a
+    /// non-loopback address unless --allow-insecure-dev-auth); `jwt` needs a
+    /// token whose `sub` is the user.
+    #[arg(long, env = "PRESENCE_AUTH", value_enum, default_value = "dev")]
+    pub auth: AuthMode,
+
+    /// Serve dev auth on a non-loopback address anyway.
+    #[arg(long, env = "PRESENCE_ALLOW_INSECURE_DEV_AUTH")]
+    pub allow_insecure_dev_auth: bool,
+
+    /// HS256 secret for --auth jwt (at least 32 bytes). Prefer
+    /// --jwt-secret-file or the environment over the command line.
+    #[arg(long, env = "PRESENCE_JWT_SECRET", hide_env_values = true)]
+    pub jwt_secret: Option<String>,
+
+    /// File holding the HS256 secret for --auth jwt.
+    #[arg(long, env = "PRESENCE_JWT_SECRET_FILE")]
+    pub jwt_secret_file: Option<PathBuf>,
+
+    /// PEM public key (RSA for RS256, EC P-256 for ES256, Ed25519 for
+    /// EdDSA) for --auth jwt.
+    #[arg(long, env = "PRESENCE_JWT_PUBLIC_KEY_FILE")]
+    pub jwt_public_key_file: Option<PathBuf>,
+
+    /// The identity provider's key set (JWKS) for --auth jwt, e.g.
+    /// https://TENANT.auth0.com/.well-known/jwks.json: keys are picked by
+    /// `kid`, refreshed in the background and refetched on an unknown `kid`.
+    /// HTTPS only (plain http on a loopback host).
+    #[arg(long, env = "PRESENCE_JWT_JWKS_URL")]
+    pub jwt_jwks_url: Option<String>,
+
+    /// Period of the background JWKS refresh, in seconds.
+    #[arg(long, env = "PRESENCE_JWT_JWKS_REFRESH_SECS",
+          default_value_t = auth::DEFAULT_JWKS_REFRESH.as_secs(),
+          value_parser = clap::value_parser!(u64).range(10..=86_400))]
+    pub jwt_jwks_refresh_secs: u64,
+
+    /// Shortest time between two JWKS refetches caused by tokens with an
+    /// unknown `kid`, in ms.
+    #[arg(long, env = "PRESENCE_JWT_JWKS_REFETCH_MIN_MS",
+          default_value_t = auth::DEFAULT_JWKS_REFETCH_MIN.as_millis() as u64,
+          value_parser = clap::value_parser!(u64).range(100..=3_600_000))]
+    pub jwt_jwks_refetch_min_ms: u64,
+
+    /// Accepted `aud` values, comma-separated; a token must name one of them.
+    /// Unset: `aud` is not checked.
+    #[arg(long, env = "PRESENCE_JWT_AUDIENCE", value_delimiter = ',')]
+    pub jwt_audience: Vec<String>,
+
+    /// Required `iss` (e.g. https://TENANT.auth0.com/). Unset: `iss` is not checked.
+    #[arg(long, env = "PRESENCE_JWT_ISSUER")]
+    pub jwt_issuer: Option<String>,
+
+    /// Clock skew forgiven on a token's `exp` and `nbf`, in seconds; a
+    /// session is closed this long after its token's `exp`.
+    #[arg(long, env = "PRESENCE_JWT_LEEWAY_SECS", default_value_t = auth::DEFAULT_LEEWAY_SECS,
+          value_parser = clap::value_parser!(u64).range(0..=600))]
+    pub jwt_leeway_secs: u64,
+
+    /// With --auth jwt, a connection whose handshake carried no token must
+    /// send {"type":"auth","token":...} within this many ms, or it is closed
+    /// with 1008.
+    #[arg(long, env = "PRESENCE_AUTH_TIMEOUT_MS",
+          default_value_t = config::DEFAULT_AUTH_TIMEOUT.as_millis() as u64,
+          value_parser = clap::value_parser!(u64).range(100..=60_000))]
+    pub auth_timeout_ms: u64,
+
+    /// With --auth jwt, a session gets {"type":"auth_expiring"} this many ms
+    /// before its token expires, to send a fresh one.
+    #[arg(long, env = "PRESENCE_AUTH_EXPIRING_MS",
+          default_value_t = config::DEFAULT_AUTH_EXPIRING.as_millis() as u64,
+          value_parser = clap::value_parser!(u64).range(0..=86_400_000))]
+    pub auth_expiring_ms: u64,
+
+    /// The token claim that names the user.
+    #[arg(long, env = "PRESENCE_JWT_USER_CLAIM", default_value = "sub")]
+    pub jwt_user_claim: String,
+
+    /// Browser origins allowed to open a WebSocket besides the server's own,
+    /// comma-separated (e.g. https://chat.example.com); `*` allows any.
+    #[arg(long, env = "PRESENCE_ALLOWED_ORIGINS", value_delimiter = ',')]
+    pub allowed_origins: Vec<String>,
+
+    /// With --auth dev, host names besides localhost, 127.0.0.1 and [::1]
+    /// that /ws and /api/* answer to, comma-separated (a name your browser
+    /// uses for this machine); any other Host gets 403, which stops DNS
+    /// rebinding.
+    #[arg(long, env = "PRESENCE_ALLOWED_HOST", value_delimiter = ',')]
+    pub allowed_host: Vec<String>,
+
+    /// Bearer key of the admin API (contacts). Without it the admin API is off.
+    #[arg(long, env = "PRESENCE_ADMIN_KEY", hide_env_values = true)]
+    pub admin_key: Option<String>,
+
+    /// Bearer key that reads the REST API (GET /api/presence/{user}, POST
+    /// /api/presence/query, GET /api/online) as the truth, for a backend:
+    /// invisible users' real status, exact devices. Read-only; the admin key
+    /// reads the same way.
+    #[arg(long, env = "PRESENCE_SERVICE_KEY", hide_env_values = true)]
+    pub service_key: Option<String>,
+
+    /// POST every transition this node makes (online, offline, status
+    /// change) to this URL, in signed JSON batches; repeat the flag (or
+    /// separate with commas) for several receivers. Needs --webhook-secret.
+    #[arg(long, env = "PRESENCE_WEBHOOK_URL", value_delimiter = ',')]
+    pub webhook_url: Vec<String>,
+
+    /// HMAC-SHA256 key (at least 16 bytes) of the `Presence-Signature`
+    /// header of each webhook POST. Prefer --webhook-secret-file or the
+    /// environment over the command line.
+    #[arg(long, env = "PRESENCE_WEBHOOK_SECRET", hide_env_values = true)]
+    pub webhook_secret: Option<String>,
+
+    /// File holding the webhook secret.
+    #[arg(long, env = "PRESENCE_WEBHOOK_SECRET_FILE")]
+    pub webhook_secret_file: Option<PathBuf>,
+
+    /// Most events in one webhook POST.
+    #[arg(long, env = "PRESENCE_WEBHOOK_BATCH_SIZE", default_value_t = webhooks::DEFAULT_BATCH_SIZE as u64,
+          value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    pub webhook_batch_size: u64,
+
+    /// Longest time, in ms, an event waits for its webhook batch to fill.
+    #[arg(long, env = "PRESENCE_WEBHOOK_BATCH_MS",
+          default_value_t = webhooks::DEFAULT_BATCH_INTERVAL.as_millis() as u64,
+          value_parser = clap::value_parser!(u64).range(0..=60_000))]
+    pub webhook_batch_ms: u64,
+
+    /// Most webhook events waiting per URL (a receiver that is down or
+    /// slow); when full, the oldest are dropped and counted in
+    /// presence_webhook_dropped_total.
+    #[arg(long, env = "PRESENCE_WEBHOOK_QUEUE_LIMIT", default_value_t = webhooks::DEFAULT_QUEUE_LIMIT as u64,
+          value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    pub webhook_queue_limit: u64,
+
+    /// `open`: anyone may watch anyone (privacy settings still apply);
+    /// `contacts`: a watch on a user who does not list the watcher as a
+    /// contact shows only `offline`, without revealing whether it exists.
+    #[arg(
+        long,
+        env = "PRESENCE_WATCH_POLICY",
+        value_enum,
+        default_value = "open"
+    )]
+    pub watch_policy: WatchPolicy,
+
+    /// Where the private redis-server keeps its data and log (a fresh
+    /// directory is made inside, and removed on exit).
+    #[arg(long, env = "PRESENCE_LOCAL_REDIS_DIR", default_value_os_t = std::env::temp_dir())]
+    pub local_redis_dir: PathBuf,
+
+    /// Reverse proxies (addresses or CIDR blocks, comma-separated, e.g.
+    /// 127.0.0.1,10.0.0.0/8) whose X-Forwarded-For names the client in the
+    /// logs. From any other peer the header is ignored.
+    #[arg(long, env = "PRESENCE_TRUST_PROXY", value_delimiter = ',')]
+    pub trust_proxy: Vec<String>,
+
+    /// Serve no demo page or other static file (404): for production.
+    #[arg(long, env = "PRESENCE_NO_DEMO", conflicts_with = "static_dir")]
+    pub no_demo: bool,
+
+    /// Serve this directory's files instead of the demo page (`/` is its
+    /// index.html).
+    #[arg(long, env = "PRESENCE_STATIC_DIR")]
+    pub static_dir: Option<PathBuf>,
+
+    /// Log format: `text` lines or one JSON object per line; both name the node.
+    #[arg(long, env = "PRESENCE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+
+    /// TOML file whose keys are these flags' long names (`heartbeat-ms = 15000`);
+    /// flags and environment variables override it.
+    #[arg(long, env = "PRESENCE_CONFIG")]
+    pub config: Option<PathBuf>,
+}
+
+/// Parses flags, with the config file (if any) under the environment.
+pub fn parse_args() -> anyhow::Result<Args> {
+    let args = Args::parse();
+    let Some(path) = args.config else {
+        return Ok(args);
+    };
+    // The file's values go in as the flags' env vars where those are unset;
+    // parsing again then ranks them below flags and env.
+    config_file::apply(&path, &Args::command())?;
+    Ok(Args::parse())
+}
+
+/// `--auth`.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum AuthMode {
+    /// Ids from the query string.
+    Dev,
+    /// JSON Web Tokens.
+    Jwt,
+}
+
+/// `--watch-policy`.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum WatchPolicy {
+    /// Anyone may watch anyone.
+    Open,
+    /// Only users who list the watcher as a contact.
+    Contacts,
+}
