@@ -140,15 +140,19 @@ impl Store {
             .arg(keys::status(user))
             .query_async(&mut conn)
             .await?;
-        let mut out: Vec<(String, u64)> = fields
-            .iter()
-            .filter_map(|(f, v)| {
-                Some((
-                    keys::parse_device_field(f)?.to_string(),
-                    v.parse().unwrap_or(0),
-                ))
-            })
-            .collect();
+        let key = keys::status(user);
+        let mut out: Vec<(String, u64)> = Vec::with_capacity(fields.len());
+        for (field, value) in &fields {
+            let Some(device) = keys::parse_device_field(field) else {
+                continue;
+            };
+            // Every step writes a run number here (0: not known); anything
+            // else is not ours, and is said rather than read as 0.
+            let run = value.parse().map_err(|_| {
+                StoreError::reply(&key, format!("{field} is {value:?}, not a run number"))
+            })?;
+            out.push((device.to_string(), run));
+        }
         out.sort();
         Ok(out)
     }
