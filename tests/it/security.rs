@@ -1,10 +1,8 @@
 //! Authentication, origins and privacy (design invariant 5).
 
-mod common;
-
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use common::*;
+use crate::common::*;
 use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
 use serde_json::{json, Value};
 

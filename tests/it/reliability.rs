@@ -1,10 +1,8 @@
 //! Faults: Redis restarts, missed expired events (design invariant 4).
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 use serde_json::json;
 
 async fn healthz(node: &Node) -> u16 {

@@ -1,9 +1,7 @@
 //! Arbitrary input to the HTTP API and to a live session: never a 5xx, never
 //! a panic, always a typed error, and the node keeps working.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use proptest::test_runner::{Config, TestRunner};

@@ -2,11 +2,9 @@
 //! `oas3` crate, every `$ref` resolved) that describes every route the
 //! server registers, and no route it does not serve.
 
-mod common;
-
 use std::collections::BTreeSet;
 
-use common::*;
+use crate::common::*;
 use presence_server::http::route_table;
 use serde_json::Value;
 

@@ -1,10 +1,8 @@
 //! The HTTP API against real nodes and Redis.
 
-mod common;
-
 use std::collections::HashSet;
 
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 
 #[tokio::test]

@@ -2,9 +2,7 @@
 //! page by default, nothing with `--no-demo`, an operator's directory with
 //! `--static-dir`; and `GET /api/info`, which the demo page reads first.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 
 /// Status, content type and body of a GET.
 async fn fetch(url: &str) -> (u16, String, String) {

@@ -1,9 +1,7 @@
 //! Configuration: the TOML file (`--config`, `PRESENCE_CONFIG`), its
 //! precedence (flag > env > file > default), and log lines naming the node.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 
 fn s(v: &[&str]) -> Vec<String> {
     v.iter().map(|s| s.to_string()).collect()

@@ -1,9 +1,7 @@
 //! The WebSocket protocol: bad input gets an error frame and the session
 //! keeps working (design invariant 6).
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::json;
 use tokio_tungstenite::tungstenite::Message;
 

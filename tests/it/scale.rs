@@ -2,11 +2,9 @@
 //! leases in Redis, 1,000 devices whose node dies are all announced offline
 //! within TTL + 1 s.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 
 const LIVE_LEASES: usize = 100_000;
 const DYING_DEVICES: usize = 1_000;

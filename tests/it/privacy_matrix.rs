@@ -3,9 +3,7 @@
 //! online list, metrics) shows each kind of viewer exactly what it may see,
 //! before, while and after the user is there invisibly.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 
 const ADMIN: &str = "admin-key-for-tests-0123";

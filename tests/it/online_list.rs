@@ -5,11 +5,9 @@
 //! (schema-1 indexes into buckets, schema-2 device sets into the users'
 //! hashes, schema 3's online index deleted).
 
-mod common;
-
 use std::collections::{HashMap, HashSet};
 
-use common::*;
+use crate::common::*;
 use serde_json::json;
 
 /// Where the tests' deadlines start: five minutes ahead (their leases live

@@ -8,15 +8,13 @@
 //! empty, a primary is SIGKILLed and its replica promoted (once per shard).
 //!
 //! Ignored by default (they run for a while):
-//! `CHAOS_SECS=180 cargo test --release --test chaos -- --ignored --nocapture`
-
-mod common;
+//! `CHAOS_SECS=180 cargo test --release --test it chaos:: -- --ignored --nocapture`
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
-use common::cluster::Cluster;
-use common::*;
+use crate::common::cluster::Cluster;
+use crate::common::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};

@@ -1,11 +1,9 @@
 //! Subscribe on interest: a node holds `SSUBSCRIBE presence-events:{<user>}`
 //! exactly while one of its sessions watches that user, and nothing global.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use serde_json::json;
 
 /// Subscribers of `user`'s events channel, across the server.

@@ -2,12 +2,10 @@
 //! malformed frames, fragments, close codes and connection teardown, each
 //! sent with a raw socket.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::raw::{self, Raw, Read, CLOSE, CONT, PING, PONG, TEXT};
-use common::*;
+use crate::common::raw::{self, Raw, Read, CLOSE, CONT, PING, PONG, TEXT};
+use crate::common::*;
 use tokio::io::AsyncWriteExt;
 
 /// A header announcing 1 GiB is refused as soon as it is read: the node

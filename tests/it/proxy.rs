@@ -2,14 +2,12 @@
 //! deploy/nginx.conf in front of two real nodes, `--trust-proxy`, and the
 //! shipped systemd unit's stop timing.
 
-mod common;
-
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 use serde_json::json;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::MaybeTlsStream;

@@ -2,11 +2,9 @@
 //! keeps its lease, and a replaced connection whose refresh shares a batch
 //! with others is closed without touching the new owner's index entry.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 use serde_json::json;
 use tokio_tungstenite::tungstenite::Message;
 

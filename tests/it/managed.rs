@@ -3,13 +3,11 @@
 //! off, an evicting policy, and failures that are fast, clear and free of
 //! passwords.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 
 /// A child process killed on drop.
 struct Proc(Child);

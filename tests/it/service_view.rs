@@ -2,11 +2,9 @@
 //! the truth (an invisible user's real status, exact devices), marked
 //! `"view":"service"`, under development auth and JWT auth alike.
 
-mod common;
-
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use common::*;
+use crate::common::*;
 use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
 use serde_json::{json, Value};
 

@@ -1,10 +1,8 @@
 //! Slow consumers and floods: bounded per-connection resources.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 use serde_json::json;
 use tokio_tungstenite::tungstenite::Message;
 

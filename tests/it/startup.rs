@@ -1,10 +1,8 @@
 //! Starting a node: flags, Redis checks, the private redis-server.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 
 fn args(redis: &Redis) -> Vec<String> {
     ["--listen", "127.0.0.1:0", "--redis-url", &redis.url]

@@ -2,9 +2,7 @@
 //! whenever a watched user's device count changes, with the same status,
 //! for the watchers who asked; the others see exactly what they saw before.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::json;
 
 /// Watches `users` with device counts and returns the snapshot's records.

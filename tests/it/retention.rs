@@ -1,10 +1,8 @@
 //! Last-seen retention: entries older than the retention are trimmed.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use presence_server::store::{now_ms, Store};
 
 const DAY_MS: i64 = 24 * 3600 * 1000;

@@ -1,12 +1,10 @@
 //! `GET /metrics`: after real activity the Prometheus text shows non-zero
 //! counters for sessions, transitions and expired events.
 
-mod common;
-
 use std::collections::HashMap;
 use std::time::Instant;
 
-use common::*;
+use crate::common::*;
 use serde_json::json;
 
 /// Samples of a Prometheus text exposition: `name{labels}` -> value.

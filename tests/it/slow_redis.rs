@@ -12,12 +12,10 @@
 //! event. (All 200 at the hot rate would measure this machine's fan-out in
 //! a debug build rather than the session.)
 
-mod common;
-
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};

@@ -1,10 +1,8 @@
 //! Presence transitions across devices and nodes (design invariants 1-3).
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 use serde_json::json;
 
 /// Two devices of one user on one node: one `online`, nothing when the

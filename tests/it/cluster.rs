@@ -2,13 +2,11 @@
 //! users placed on every shard, nodes as processes, primaries and nodes
 //! killed with SIGKILL.
 
-mod common;
-
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use common::cluster::Cluster;
-use common::*;
+use crate::common::cluster::Cluster;
+use crate::common::*;
 use serde_json::json;
 
 /// One user per shard, named `<prefix><n>`.

@@ -2,14 +2,12 @@
 //! keys from a JWKS document (served here by a local HTTP server) with
 //! rotation and unknown `kid`s; provider-style user ids; another user claim.
 
-mod common;
-
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use common::*;
+use crate::common::*;
 use jsonwebtoken::jwk::{Jwk, JwkSet};
 use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
 use serde_json::{json, Value};

@@ -2,13 +2,11 @@
 //! loopback ports; the primary is killed with SIGKILL and the nodes must
 //! follow the promoted replica.
 
-mod common;
-
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 use serde_json::Value;
 
 /// The master name the sentinels monitor.

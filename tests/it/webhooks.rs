@@ -3,14 +3,12 @@
 //! each transition sent once by the fleet (clean closes, an expired lease of
 //! a SIGKILLed node heard by two live nodes).
 
-mod common;
-
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use common::*;
+use crate::common::*;
 use hmac::{Hmac, Mac};
 use serde_json::{json, Value};
 use sha2::Sha256;
