@@ -301,7 +301,7 @@ impl Node {
             .args(["--node-id", id])
             // The bench measures throughput: `refresh` sends heartbeats as
             // fast as the node reads them, which the per-connection flood
-            // limit (tested in tests/limits.rs) would close.
+            // limit (tested in tests/it/limits.rs) would close.
             .args(["--max-frames-per-sec", "1000000"]);
         if let Some(hb) = heartbeat_ms {
             cmd.args(["--heartbeat-ms", &hb.to_string()]);

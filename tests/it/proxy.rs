@@ -21,7 +21,7 @@ fn repo_file(path: &str) -> PathBuf {
 fn must_replace(text: &str, from: &str, to: &str) -> String {
     assert!(
         text.contains(from),
-        "deploy/nginx.conf no longer contains {from:?}; update tests/proxy.rs with it"
+        "deploy/nginx.conf no longer contains {from:?}; update tests/it/proxy.rs with it"
     );
     text.replace(from, to)
 }

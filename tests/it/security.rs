@@ -76,7 +76,7 @@ async fn jwt_handshakes_refuse_bad_tokens() {
     let last = tampered.pop().unwrap();
     tampered.push(if last == 'A' { 'B' } else { 'A' });
     // (Without any token the handshake upgrades and the first frame must
-    // bring one: tests/identity.rs.)
+    // bring one: tests/it/identity.rs.)
     for (what, url) in [
         ("expired", format!("{base}?device=d&token={expired}")),
         ("forged", format!("{base}?device=d&token={forged}")),
