@@ -121,27 +121,29 @@ fn wait_port(port: u16) {
 /// A redis-server with the project's redis.conf that speaks only TLS, with
 /// the certificate `server` of the CA `ca`, requiring client certificates.
 fn tls_redis(dir: &Path) -> (Proc, u16) {
-    let conf = Path::new(env!("CARGO_MANIFEST_DIR")).join("redis.conf");
     let port = free_port();
-    let child = Command::new("redis-server")
-        .arg(conf)
-        .args(["--port", "0", "--bind", "127.0.0.1", "--appendonly", "no"])
-        .args(["--tls-port", &port.to_string()])
-        .args([
+    let child = presence_bench::procs::redis_server(
+        0,
+        dir,
+        &[
+            "--tls-port",
+            &port.to_string(),
             "--tls-cert-file",
             "server.crt",
             "--tls-key-file",
             "server.key",
-        ])
-        .args(["--tls-ca-cert-file", "ca.crt", "--tls-auth-clients", "yes"])
-        .args(["--requirepass", "tls-secret-pw"])
-        .arg("--dir")
-        .arg(dir)
-        .current_dir(dir)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("redis-server");
+            "--tls-ca-cert-file",
+            "ca.crt",
+            "--tls-auth-clients",
+            "yes",
+            "--requirepass",
+            "tls-secret-pw",
+        ],
+    )
+    .expect("a copy of redis.conf")
+    .current_dir(dir)
+    .spawn()
+    .expect("redis-server");
     let proc = Proc(child);
     wait_port(port);
     (proc, port)

@@ -55,24 +55,8 @@ fn wait_for(what: &str, cond: impl FnMut() -> bool) {
 fn data_node(dir: &Path, port: u16, extra: &[&str]) -> Proc {
     let dir = dir.join(port.to_string());
     std::fs::create_dir_all(&dir).unwrap();
-    // A copy: sentinels make a promoted replica rewrite its config file.
-    let conf = dir.join("redis.conf");
-    std::fs::copy(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("redis.conf"),
-        &conf,
-    )
-    .unwrap();
-    let child = Command::new("redis-server")
-        .arg(conf)
-        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-        .args(["--appendonly", "no"])
-        .arg("--dir")
-        .arg(&dir)
-        .arg("--logfile")
-        .arg(dir.join("redis.log"))
-        .args(extra)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
+    let child = presence_bench::procs::redis_server(port, &dir, extra)
+        .expect("a copy of redis.conf")
         .spawn()
         .expect("redis-server");
     Proc(child)

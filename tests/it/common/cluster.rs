@@ -24,6 +24,7 @@ impl ClusterNode {
     fn spawn(port: u16, bus: u16) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let child = presence_bench::procs::cluster_server(port, bus, dir.path(), NODE_TIMEOUT_MS)
+            .expect("a copy of redis.conf")
             .spawn()
             .expect("redis-server must be installed (apt-get install -y redis-server)");
         Self {

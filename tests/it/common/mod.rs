@@ -55,18 +55,10 @@ where
     }
 }
 
-/// Lifts the open-file soft limit, for tests holding thousands of sockets.
+/// Lifts the open-file soft limit to the hard one, for tests holding
+/// thousands of sockets.
 pub fn raise_fd_limit() {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 {
-            lim.rlim_cur = lim.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
-        }
-    }
+    rlimit::increase_nofile_limit(u64::MAX).expect("the open-file limit");
 }
 
 /// A redis-server on a random port, killed on drop.
@@ -105,18 +97,8 @@ impl Redis {
     }
 
     fn spawn(dir: &Path, port: u16, extra: &[&str]) -> Child {
-        let conf = Path::new(env!("CARGO_MANIFEST_DIR")).join("redis.conf");
-        Command::new("redis-server")
-            .arg(conf)
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .arg("--dir")
-            .arg(dir)
-            .arg("--logfile")
-            .arg(dir.join("redis.log"))
-            .args(["--appendonly", "no"])
-            .args(extra)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
+        presence_bench::procs::redis_server(port, dir, extra)
+            .expect("a copy of redis.conf")
             .spawn()
             .expect("redis-server must be installed (apt-get install -y redis-server)")
     }
