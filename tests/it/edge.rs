@@ -292,7 +292,7 @@ async fn dev_auth_answers_only_loopback_or_allowed_hosts() {
     let plain = Node::start(&redis, "n0");
     let status = get_status_with_host(&plain, "/api/online", "rebind.example").await;
     assert_eq!(status, 403, "/api/online with Host rebind.example");
-    let (status, head, _, _) = raw::handshake(plain.addr, ws, Some("rebind.example")).await;
+    let (status, head, _, _) = raw::handshake(plain.addr, ws, &[("host", "rebind.example")]).await;
     assert_eq!(status, 403, "/ws with Host rebind.example: {head}");
 
     let node = Node::start_with(&redis, "n1", &["--allowed-host", "presence.test"]);
@@ -304,7 +304,7 @@ async fn dev_auth_answers_only_loopback_or_allowed_hosts() {
         (format!("127.0.0.1:{port}"), 101),
         (format!("PRESENCE.test:{port}"), 101),
     ] {
-        let (status, head, _, _) = raw::handshake(node.addr, ws, Some(&host)).await;
+        let (status, head, _, _) = raw::handshake(node.addr, ws, &[("host", &host)]).await;
         println!("/ws with Host {host}: {status}");
         assert_eq!(status, want, "Host {host}: {head}");
     }

@@ -2,54 +2,24 @@
 //! keys from a JWKS document (served here by a local HTTP server) with
 //! rotation and unknown `kid`s; provider-style user ids; another user claim.
 
-use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use crate::common::jwt::{hs, jwt_node, now, token_for, Key, SECRET};
 use crate::common::*;
 use jsonwebtoken::jwk::{Jwk, JwkSet};
-use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
+use jsonwebtoken::Algorithm;
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-const SECRET: &str = "0123456789abcdef0123456789abcdef-test-secret";
-
-fn now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
-}
-
-/// An HS256 token with these claims.
-fn hs(claims: Value) -> String {
-    encode(
-        &Header::new(Algorithm::HS256),
-        &claims,
-        &EncodingKey::from_secret(SECRET.as_bytes()),
-    )
-    .unwrap()
-}
-
-/// Status of a WebSocket handshake (101 when it upgrades).
-async fn handshake(url: &str) -> u16 {
-    match tokio_tungstenite::connect_async(url).await {
-        Ok(_) => 101,
-        Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => resp.status().as_u16(),
-        Err(e) => panic!("{url}: {e}"),
-    }
-}
-
 /// Status of a handshake with `token` in the query string.
 async fn connect_with(node: &Node, token: &str) -> u16 {
-    handshake(&format!("ws://{}/ws?device=d&token={token}", node.addr)).await
-}
-
-fn jwt_node(redis: &Redis, extra: &[&str]) -> Node {
-    let mut args = vec!["--auth", "jwt", "--jwt-secret", SECRET];
-    args.extend(extra);
-    Node::start_with(redis, "n1", &args)
+    handshake(
+        &format!("ws://{}/ws?device=d&token={token}", node.addr),
+        &[],
+    )
+    .await
 }
 
 #[tokio::test]
@@ -57,7 +27,7 @@ async fn audience_is_checked_only_when_configured() {
     let redis = Redis::start();
     let exp = now() + 600;
     // No --jwt-audience: whatever `aud` a provider put in passes.
-    let node = jwt_node(&redis, &[]);
+    let node = jwt_node(&redis, "n1", &[]);
     for aud in [json!("https://api.example.com"), json!(["a", "b"])] {
         let t = hs(json!({"sub": "alice", "exp": exp, "aud": aud}));
         assert_eq!(connect_with(&node, &t).await, 101, "aud {aud}");
@@ -66,6 +36,7 @@ async fn audience_is_checked_only_when_configured() {
 
     let node = jwt_node(
         &redis,
+        "n1",
         &[
             "--jwt-audience",
             "https://api.example.com,presence",
@@ -100,7 +71,7 @@ async fn audience_is_checked_only_when_configured() {
 #[tokio::test]
 async fn not_before_is_enforced_with_the_leeway() {
     let redis = Redis::start();
-    let node = jwt_node(&redis, &[]);
+    let node = jwt_node(&redis, "n1", &[]);
     let t = |nbf: u64| hs(json!({"sub": "alice", "exp": now() + 3600, "nbf": nbf}));
     // Valid only 50 min from now.
     assert_eq!(connect_with(&node, &t(now() + 3000)).await, 401);
@@ -112,7 +83,7 @@ async fn not_before_is_enforced_with_the_leeway() {
 #[tokio::test]
 async fn another_claim_can_name_the_user() {
     let redis = Redis::start();
-    let node = jwt_node(&redis, &["--jwt-user-claim", "user_id"]);
+    let node = jwt_node(&redis, "n1", &["--jwt-user-claim", "user_id"]);
     let t = hs(json!({"sub": "auth0|1", "user_id": "u-42", "exp": now() + 600}));
     let url = format!("ws://{}/ws?device=d&token={t}", node.addr);
     let mut c = Client::connect_raw(&url, "u-42", "d").await.unwrap();
@@ -243,64 +214,16 @@ impl JwksServer {
     }
 }
 
-/// A private key made by the openssl CLI, its algorithm, and its public JWK
-/// with `kid`.
-struct Key {
-    encoding: EncodingKey,
-    alg: Algorithm,
-    jwk: Jwk,
-}
-
-impl Key {
-    fn generate(dir: &Path, alg: Algorithm, kid: &str) -> Self {
-        let path = dir.join(format!("{kid}.pem"));
-        let spec: &[&str] = match alg {
-            Algorithm::RS256 => &["-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048"],
-            Algorithm::ES256 => &["-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256"],
-            Algorithm::EdDSA => &["-algorithm", "ed25519"],
-            _ => unreachable!(),
-        };
-        let ok = std::process::Command::new("openssl")
-            .arg("genpkey")
-            .args(spec)
-            .arg("-out")
-            .arg(&path)
-            .stderr(std::process::Stdio::null())
-            .status()
-            .expect("openssl must be installed")
-            .success();
-        assert!(ok, "openssl could not make a {alg:?} key");
-        let pem = std::fs::read(&path).unwrap();
-        let encoding = match alg {
-            Algorithm::RS256 => EncodingKey::from_rsa_pem(&pem),
-            Algorithm::ES256 => EncodingKey::from_ec_pem(&pem),
-            _ => EncodingKey::from_ed_pem(&pem),
-        }
-        .unwrap();
-        let mut jwk = Jwk::from_encoding_key(&encoding, alg).unwrap();
-        jwk.common.key_id = Some(kid.to_string());
-        Self { encoding, alg, jwk }
-    }
-
-    /// A token for `sub` signed with this key, naming `kid`.
-    fn token_as(&self, kid: &str, sub: &str) -> String {
-        let mut header = Header::new(self.alg);
-        header.kid = Some(kid.to_string());
-        encode(
-            &header,
-            &json!({
-                "sub": sub, "exp": now() + 600,
-                "aud": "presence", "iss": "https://tenant.example.com/",
-            }),
-            &self.encoding,
-        )
-        .unwrap()
-    }
-
-    fn token(&self, sub: &str) -> String {
-        let kid = self.jwk.common.key_id.clone().unwrap();
-        self.token_as(&kid, sub)
-    }
+/// A token for `sub` as an identity provider issues it (the audience and
+/// issuer the JWKS node checks), signed with `key` and naming `kid`.
+fn provider_token(key: &Key, kid: &str, sub: &str) -> String {
+    key.sign(
+        Some(kid),
+        &json!({
+            "sub": sub, "exp": now() + 600,
+            "aud": "presence", "iss": "https://tenant.example.com/",
+        }),
+    )
 }
 
 // Multi-threaded: the JWKS server task must answer while the test thread
@@ -333,7 +256,7 @@ async fn jwks_keys_verify_rotate_and_unknown_kids_are_rate_limited() {
     assert_eq!(jwks.fetches(), 1, "fetched once at start");
     for key in [&rsa, &ec, &ed] {
         assert_eq!(
-            connect_with(&node, &key.token("auth0|alice")).await,
+            connect_with(&node, &provider_token(key, key.kid(), "auth0|alice")).await,
             101,
             "{:?}",
             key.alg
@@ -343,7 +266,7 @@ async fn jwks_keys_verify_rotate_and_unknown_kids_are_rate_limited() {
     assert_eq!(jwks.fetches(), 1);
     // The right kid with another key's signature is refused.
     assert_eq!(
-        connect_with(&node, &next.token_as("rsa-1", "alice")).await,
+        connect_with(&node, &provider_token(&next, "rsa-1", "alice")).await,
         401
     );
 
@@ -351,7 +274,7 @@ async fn jwks_keys_verify_rotate_and_unknown_kids_are_rate_limited() {
     // most one fetch per refetch period, not one per token.
     let started = std::time::Instant::now();
     for i in 0..30 {
-        let forged = next.token_as(&format!("forged-{i}"), "alice");
+        let forged = provider_token(&next, &format!("forged-{i}"), "alice");
         assert_eq!(connect_with(&node, &forged).await, 401);
     }
     let periods = started.elapsed().as_millis() as usize / 1000 + 1;
@@ -365,7 +288,7 @@ async fn jwks_keys_verify_rotate_and_unknown_kids_are_rate_limited() {
     // The provider rotates: rsa-1 goes, rsa-2 comes. A token with the new
     // kid is accepted as soon as the refetch period allows a fetch.
     jwks.publish(&[next.jwk.clone(), ec.jwk.clone()]);
-    let token = next.token("auth0|alice");
+    let token = provider_token(&next, next.kid(), "auth0|alice");
     wait_until("a token with the rotated-in kid", DEADLINE, || {
         let token = token.clone();
         let node = &node;
@@ -373,7 +296,10 @@ async fn jwks_keys_verify_rotate_and_unknown_kids_are_rate_limited() {
     })
     .await;
     // The retired key no longer verifies.
-    assert_eq!(connect_with(&node, &rsa.token("auth0|alice")).await, 401);
+    assert_eq!(
+        connect_with(&node, &provider_token(&rsa, rsa.kid(), "auth0|alice")).await,
+        401
+    );
 }
 
 #[tokio::test]
@@ -403,11 +329,7 @@ async fn jwks_url_must_be_https_off_loopback() {
 fn first_frame_node(redis: &Redis, extra: &[&str]) -> Node {
     let mut args = vec!["--auth-timeout-ms", "1000"];
     args.extend(extra);
-    jwt_node(redis, &args)
-}
-
-fn token_for(sub: &str, lifetime: u64) -> String {
-    hs(json!({"sub": sub, "exp": now() + lifetime}))
+    jwt_node(redis, "n1", &args)
 }
 
 /// Connects to `/ws?<query>` without a token on the handshake.
@@ -662,8 +584,6 @@ fn internal_addr(node: &Node) -> String {
     let rest = line.split("admin API on http://").nth(1).unwrap();
     format!("http://{}", rest.split_whitespace().next().unwrap())
 }
-
-const ADMIN: &str = "admin-key-for-tests-0123";
 
 #[tokio::test]
 async fn internal_listen_keeps_operations_off_the_public_port() {

@@ -68,7 +68,7 @@ async fn the_document_is_valid_openapi() {
 #[tokio::test]
 async fn the_document_covers_every_route() {
     let redis = Redis::start();
-    let node = Node::start_with(&redis, "n1", &["--admin-key", "admin-key-for-tests-0123"]);
+    let node = Node::start_with(&redis, "n1", &["--admin-key", ADMIN]);
     let (_, doc) = get(&format!("{}/api/openapi.json", node.http())).await;
     let documented: BTreeSet<(String, String)> = doc["paths"]
         .as_object()

@@ -6,8 +6,6 @@
 use crate::common::*;
 use serde_json::{json, Value};
 
-const ADMIN: &str = "admin-key-for-tests-0123";
-
 /// What `viewer` reads of `user` on the three HTTP surfaces; asserts they
 /// agree and returns the record.
 async fn http_view(node: &Node, user: &str, viewer: Option<&str>) -> Value {

@@ -1,75 +1,19 @@
 //! Authentication, origins and privacy (design invariant 5).
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
+use crate::common::jwt::{self, jwt_node, now, token, Key};
 use crate::common::*;
-use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
+use jsonwebtoken::Algorithm;
 use serde_json::{json, Value};
-
-const SECRET: &str = "0123456789abcdef0123456789abcdef-test-secret";
-const ADMIN: &str = "admin-key-for-tests-0123";
-
-fn now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
-}
-
-fn token_with(secret: &str, sub: &str, exp: u64) -> String {
-    encode(
-        &Header::new(Algorithm::HS256),
-        &json!({"sub": sub, "exp": exp}),
-        &EncodingKey::from_secret(secret.as_bytes()),
-    )
-    .unwrap()
-}
-
-fn token(sub: &str) -> String {
-    token_with(SECRET, sub, now() + 3600)
-}
-
-fn jwt_node(redis: &Redis, id: &str) -> Node {
-    Node::start_with(
-        redis,
-        id,
-        &[
-            "--auth",
-            "jwt",
-            "--jwt-secret",
-            SECRET,
-            "--admin-key",
-            ADMIN,
-        ],
-    )
-}
-
-/// Status of a WebSocket handshake (101 when it upgrades).
-async fn handshake(url: &str, headers: &[(&str, &str)]) -> u16 {
-    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-    let mut req = url.into_client_request().unwrap();
-    for (k, v) in headers {
-        let name =
-            tokio_tungstenite::tungstenite::http::HeaderName::from_bytes(k.as_bytes()).unwrap();
-        req.headers_mut().insert(name, v.parse().unwrap());
-    }
-    match tokio_tungstenite::connect_async(req).await {
-        Ok(_) => 101,
-        Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => resp.status().as_u16(),
-        Err(e) => panic!("{url}: {e}"),
-    }
-}
 
 #[tokio::test]
 async fn jwt_handshakes_refuse_bad_tokens() {
     let redis = Redis::start();
-    let node = jwt_node(&redis, "n1");
+    let node = jwt_node(&redis, "n1", &["--admin-key", ADMIN]);
     let base = format!("ws://{}/ws", node.addr);
-    let expired = token_with(SECRET, "alice", now() - 3600);
-    let forged = token_with(
+    let expired = jwt::hs(json!({"sub": "alice", "exp": now() - 3600}));
+    let forged = jwt::sign(
         "another-secret-another-secret-another",
-        "alice",
-        now() + 3600,
+        &json!({"sub": "alice", "exp": now() + 3600}),
     );
     let mut tampered = token("alice");
     // Flip one character of the signature.
@@ -121,30 +65,8 @@ async fn jwt_handshakes_refuse_bad_tokens() {
 #[tokio::test]
 async fn es256_public_keys_verify_tokens() {
     let dir = tempfile::tempdir().unwrap();
-    let private = dir.path().join("private.pem");
-    let public = dir.path().join("public.pem");
-    let ok = std::process::Command::new("openssl")
-        .args([
-            "genpkey",
-            "-algorithm",
-            "EC",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-            "-out",
-        ])
-        .arg(&private)
-        .status()
-        .unwrap()
-        .success()
-        && std::process::Command::new("openssl")
-            .args(["pkey", "-pubout", "-in"])
-            .arg(&private)
-            .arg("-out")
-            .arg(&public)
-            .status()
-            .unwrap()
-            .success();
-    assert!(ok, "openssl could not make a key pair");
+    let key = Key::generate(dir.path(), Algorithm::ES256, "es");
+    let public = key.public_pem();
     let redis = Redis::start();
     let node = Node::start_with(
         &redis,
@@ -156,13 +78,7 @@ async fn es256_public_keys_verify_tokens() {
             public.to_str().unwrap(),
         ],
     );
-    let key = EncodingKey::from_ec_pem(&std::fs::read(&private).unwrap()).unwrap();
-    let t = encode(
-        &Header::new(Algorithm::ES256),
-        &json!({"sub": "alice", "exp": now() + 60}),
-        &key,
-    )
-    .unwrap();
+    let t = key.sign(None, &json!({"sub": "alice", "exp": now() + 60}));
     let url = format!("ws://{}/ws?device=d&token={t}", node.addr);
     assert_eq!(handshake(&url, &[]).await, 101);
     // An HS256 token is not accepted by a node that only knows the key.
@@ -293,8 +209,8 @@ async fn ws(node: &Node, user: &str, device: &str) -> Client {
 #[tokio::test]
 async fn invisible_never_leaks() {
     let redis = Redis::start();
-    let a = jwt_node(&redis, "a");
-    let b = jwt_node(&redis, "b");
+    let a = jwt_node(&redis, "a", &["--admin-key", ADMIN]);
+    let b = jwt_node(&redis, "b", &["--admin-key", ADMIN]);
     let mut watcher = ws(&b, "watcher", "w").await;
     watcher.watch(&["alice"]).await;
     let mut alice = ws(&a, "alice", "phone").await;
@@ -368,7 +284,7 @@ async fn invisible_never_leaks() {
 #[tokio::test]
 async fn privacy_settings_hold_on_every_surface() {
     let redis = Redis::start();
-    let node = jwt_node(&redis, "n1");
+    let node = jwt_node(&redis, "n1", &["--admin-key", ADMIN]);
     admin_put(&node, "bob", &["carol"]).await;
     let mut carol = ws(&node, "carol", "c").await; // a contact of bob
     let mut dave = ws(&node, "dave", "d").await; // not a contact
@@ -462,7 +378,7 @@ async fn privacy_settings_hold_on_every_surface() {
 #[tokio::test]
 async fn contacts_changes_reach_watchers() {
     let redis = Redis::start();
-    let node = jwt_node(&redis, "n1");
+    let node = jwt_node(&redis, "n1", &["--admin-key", ADMIN]);
     let mut bob = ws(&node, "bob", "phone").await;
     bob.send(json!({"type":"privacy","online":"contacts"}))
         .await;
@@ -491,19 +407,10 @@ async fn contacts_changes_reach_watchers() {
 #[tokio::test]
 async fn watch_policy_contacts() {
     let redis = Redis::start();
-    let node = Node::start_with(
+    let node = jwt_node(
         &redis,
         "n1",
-        &[
-            "--auth",
-            "jwt",
-            "--jwt-secret",
-            SECRET,
-            "--admin-key",
-            ADMIN,
-            "--watch-policy",
-            "contacts",
-        ],
+        &["--admin-key", ADMIN, "--watch-policy", "contacts"],
     );
     admin_put(&node, "bob", &["carol"]).await;
     let _bob = ws(&node, "bob", "phone").await;

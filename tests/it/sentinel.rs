@@ -3,7 +3,7 @@
 //! follow the promoted replica.
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::common::*;
@@ -11,28 +11,6 @@ use serde_json::Value;
 
 /// The master name the sentinels monitor.
 const MASTER: &str = "mymaster";
-
-/// A child process killed on drop.
-struct Proc(Child);
-
-impl Proc {
-    fn kill(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-/// A blocking connection to a loopback port.
-fn conn(port: u16) -> redis::RedisResult<redis::Connection> {
-    redis::Client::open(format!("redis://127.0.0.1:{port}/0"))?
-        .get_connection_with_timeout(Duration::from_millis(500))
-}
 
 /// Polls `cond` until it holds; Err after 3 x [`DEADLINE`].
 fn try_wait_for(mut cond: impl FnMut() -> bool) -> Result<(), ()> {
@@ -88,7 +66,7 @@ fn sentinel(dir: &Path, port: u16, primary: u16) -> Proc {
 
 /// The port of the primary a sentinel names now.
 fn named_primary(sentinel: u16) -> Option<u16> {
-    let mut c = conn(sentinel).ok()?;
+    let mut c = conn_at(sentinel).ok()?;
     let addr: Option<(String, String)> = redis::cmd("SENTINEL")
         .arg("get-master-addr-by-name")
         .arg(MASTER)
@@ -99,7 +77,7 @@ fn named_primary(sentinel: u16) -> Option<u16> {
 
 /// A field of `SENTINEL master <name>` on one sentinel.
 fn master_field(sentinel: u16, field: &str) -> Option<String> {
-    let mut c = conn(sentinel).ok()?;
+    let mut c = conn_at(sentinel).ok()?;
     let v: Vec<String> = redis::cmd("SENTINEL")
         .arg("master")
         .arg(MASTER)
@@ -135,7 +113,7 @@ async fn nodes_follow_a_sentinel_failover() {
     let mut primary = data_node(dir.path(), p, &[]);
     let _replica = data_node(dir.path(), r, &["--replicaof", "127.0.0.1", &p.to_string()]);
     try_wait_for(|| {
-        conn(r)
+        conn_at(r)
             .and_then(|mut c| {
                 redis::cmd("INFO")
                     .arg("replication")
@@ -191,7 +169,7 @@ async fn nodes_follow_a_sentinel_failover() {
     let acked: i64 = redis::cmd("WAIT")
         .arg(1)
         .arg(2000)
-        .query(&mut conn(p).unwrap())
+        .query(&mut conn_at(p).unwrap())
         .unwrap();
     assert_eq!(acked, 1);
 
@@ -252,7 +230,7 @@ async fn nodes_follow_a_sentinel_failover() {
     // cannot be made here without a network partition (a stopped replica
     // still gets them from its socket buffer), so the counter is set wrong
     // on the promoted replica, as a lost DECR would leave it.
-    let mut np = conn(r).unwrap();
+    let mut np = conn_at(r).unwrap();
     let () = redis::cmd("SET")
         .arg("presence-count:{carol}")
         .arg(7)

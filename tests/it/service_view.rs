@@ -2,15 +2,11 @@
 //! the truth (an invisible user's real status, exact devices), marked
 //! `"view":"service"`, under development auth and JWT auth alike.
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
+use crate::common::jwt::{jwt_node, token};
 use crate::common::*;
-use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
 use serde_json::{json, Value};
 
-const ADMIN: &str = "admin-key-for-tests-0123";
 const SERVICE: &str = "service-key-for-tests-456";
-const JWT_SECRET: &str = "0123456789abcdef0123456789abcdef-test-secret";
 
 /// GET with an optional bearer.
 async fn get_as(url: &str, bearer: Option<&str>) -> (u16, Value) {
@@ -109,38 +105,15 @@ async fn keys_read_the_truth_under_dev_auth() {
     }
 }
 
-fn token(sub: &str) -> String {
-    let exp = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
-        + 600;
-    encode(
-        &Header::new(Algorithm::HS256),
-        &json!({"sub": sub, "exp": exp}),
-        &EncodingKey::from_secret(JWT_SECRET.as_bytes()),
-    )
-    .unwrap()
-}
-
 /// JWT auth: the keys are not taken for tokens (they were: 401 "invalid
 /// token"); a user's token still reads as that user; anything else is 401.
 #[tokio::test]
 async fn keys_read_the_truth_under_jwt_auth() {
     let redis = Redis::start();
-    let node = Node::start_with(
+    let node = jwt_node(
         &redis,
         "n1",
-        &[
-            "--auth",
-            "jwt",
-            "--jwt-secret",
-            JWT_SECRET,
-            "--admin-key",
-            ADMIN,
-            "--service-key",
-            SERVICE,
-        ],
+        &["--admin-key", ADMIN, "--service-key", SERVICE],
     );
     let base = node.http();
     let alice = token("alice");

@@ -7,7 +7,7 @@
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::{free_port, wait_until, Node, DEADLINE, HEARTBEAT_MS};
+use super::{conn_at, free_port, wait_until, Node, DEADLINE, HEARTBEAT_MS};
 
 /// `cluster-node-timeout` of the test clusters, ms.
 pub const NODE_TIMEOUT_MS: u64 = 1000;
@@ -122,7 +122,7 @@ impl Cluster {
             if !node.alive() {
                 return false;
             }
-            if let Ok(mut c) = try_conn(node.port) {
+            if let Ok(mut c) = conn_at(node.port) {
                 if redis::cmd("PING").query::<String>(&mut c).is_ok() {
                     return true;
                 }
@@ -159,7 +159,7 @@ impl Cluster {
             .filter(|p| !dead.contains(p))
             .collect();
         for &port in &live {
-            let Ok(mut c) = try_conn(port) else {
+            let Ok(mut c) = conn_at(port) else {
                 return false;
             };
             let info: String = match redis::cmd("CLUSTER").arg("INFO").query(&mut c) {
@@ -190,7 +190,7 @@ impl Cluster {
         // Replicas in sync, so that a primary's death can be taken over.
         for shard in &shards {
             for &replica in shard.replicas.iter().filter(|p| !dead.contains(p)) {
-                let Ok(mut c) = try_conn(replica) else {
+                let Ok(mut c) = conn_at(replica) else {
                     return false;
                 };
                 let info: String = redis::cmd("INFO")
@@ -237,7 +237,7 @@ impl Cluster {
 
     fn try_shards(&self, dead: &[u16]) -> Option<Vec<Shard>> {
         let port = self.ports().into_iter().find(|p| !dead.contains(p))?;
-        let mut c = try_conn(port).ok()?;
+        let mut c = conn_at(port).ok()?;
         let text: String = redis::cmd("CLUSTER").arg("NODES").query(&mut c).ok()?;
         let mut primaries: Vec<(String, Shard)> = Vec::new();
         let mut replicas: Vec<(String, u16)> = Vec::new();
@@ -326,7 +326,7 @@ impl Cluster {
 
     /// A blocking connection to the server on `port`.
     pub fn conn(&self, port: u16) -> redis::Connection {
-        try_conn(port).expect("cluster node reachable")
+        conn_at(port).expect("cluster node reachable")
     }
 
     /// Kills the server on `port` (SIGKILL).
@@ -383,9 +383,4 @@ impl Cluster {
         Node::spawn(id, &args, &[])
             .unwrap_or_else(|logs| panic!("node {id} did not start:\n{logs}"))
     }
-}
-
-fn try_conn(port: u16) -> redis::RedisResult<redis::Connection> {
-    redis::Client::open(format!("redis://127.0.0.1:{port}"))?
-        .get_connection_with_timeout(Duration::from_millis(500))
 }

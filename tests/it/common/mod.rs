@@ -3,6 +3,7 @@
 //! SIGKILL one), and real WebSocket clients.
 #![allow(dead_code)]
 
+pub mod jwt;
 pub mod raw;
 
 use std::io::{BufRead, BufReader};
@@ -27,6 +28,8 @@ pub const HEARTBEAT_MS: u64 = 500;
 pub const TTL: Duration = Duration::from_millis(3 * HEARTBEAT_MS);
 /// How long a test waits for an event that should come.
 pub const DEADLINE: Duration = Duration::from_secs(10);
+/// The `--admin-key` of the test nodes that have one.
+pub const ADMIN: &str = "admin-key-for-tests-0123";
 
 /// A port free on loopback right now.
 pub fn free_port() -> u16 {
@@ -35,6 +38,19 @@ pub fn free_port() -> u16 {
         .local_addr()
         .unwrap()
         .port()
+}
+
+/// The status of a WebSocket handshake to the `ws://` `url` with extra
+/// request `headers` (101 when it upgrades).
+pub async fn handshake(url: &str, headers: &[(&str, &str)]) -> u16 {
+    let rest = url
+        .strip_prefix("ws://")
+        .unwrap_or_else(|| panic!("not a ws:// URL: {url}"));
+    let (host, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let addr = host
+        .parse()
+        .unwrap_or_else(|e| panic!("{url}: not an address: {e}"));
+    raw::handshake(addr, path, headers).await.0
 }
 
 /// Polls `cond` until it holds or `timeout` passes; panics with `what`.
@@ -59,6 +75,30 @@ where
 /// thousands of sockets.
 pub fn raise_fd_limit() {
     rlimit::increase_nofile_limit(u64::MAX).expect("the open-file limit");
+}
+
+/// A blocking connection to what speaks Redis on loopback `port` (a
+/// redis-server or a sentinel).
+pub fn conn_at(port: u16) -> redis::RedisResult<redis::Connection> {
+    redis::Client::open(format!("redis://127.0.0.1:{port}"))?
+        .get_connection_with_timeout(Duration::from_millis(500))
+}
+
+/// A child process, killed on drop.
+pub struct Proc(pub Child);
+
+impl Proc {
+    /// Kills it (SIGKILL) and reaps it.
+    pub fn kill(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
 }
 
 /// A redis-server on a random port, killed on drop.
@@ -149,8 +189,7 @@ impl Redis {
     }
 
     fn try_conn(&self) -> redis::RedisResult<redis::Connection> {
-        redis::Client::open(self.url.as_str())?
-            .get_connection_with_timeout(Duration::from_millis(500))
+        conn_at(self.port)
     }
 
     /// A blocking connection for assertions.

@@ -117,21 +117,30 @@ pub struct Raw {
     pub writer: OwnedWriteHalf,
 }
 
-/// Sends a WebSocket handshake for `path` with `Host: host` (the node's
-/// address when `None`); returns the status code, the response head, and
-/// the stream with any bytes read past the head.
+/// Sends a WebSocket handshake for `path` with extra request `headers`
+/// (one named `host` replaces the node's address as `Host`); returns the
+/// status code, the response head, and the stream with any bytes read past
+/// the head.
 pub async fn handshake(
     addr: SocketAddr,
     path: &str,
-    host: Option<&str>,
+    headers: &[(&str, &str)],
 ) -> (u16, String, TcpStream, Vec<u8>) {
     let mut stream = TcpStream::connect(addr).await.unwrap();
     stream.set_nodelay(true).unwrap();
-    let host = host.map_or_else(|| addr.to_string(), str::to_string);
-    let req = format!(
+    let is_host = |name: &str| name.eq_ignore_ascii_case("host");
+    let host = headers
+        .iter()
+        .find(|(name, _)| is_host(name))
+        .map_or_else(|| addr.to_string(), |(_, value)| value.to_string());
+    let mut req = format!(
         "GET {path} HTTP/1.1\r\nHost: {host}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
-         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
     );
+    for (name, value) in headers.iter().filter(|(name, _)| !is_host(name)) {
+        req.push_str(&format!("{name}: {value}\r\n"));
+    }
+    req.push_str("\r\n");
     stream.write_all(req.as_bytes()).await.unwrap();
     let mut buf = Vec::new();
     let deadline = Instant::now() + super::DEADLINE;
@@ -160,7 +169,7 @@ impl Raw {
     /// Connects to `path` (e.g. `/ws?user=a&device=d`) and completes the
     /// handshake; panics unless the server switches protocols.
     pub async fn connect(addr: SocketAddr, path: &str) -> Self {
-        let (status, head, stream, rest) = handshake(addr, path, None).await;
+        let (status, head, stream, rest) = handshake(addr, path, &[]).await;
         assert_eq!(status, 101, "handshake refused: {head}");
         let (half, writer) = stream.into_split();
         Self {
