@@ -6,7 +6,7 @@
 pub const BUCKETS: u32 = 16;
 
 /// The bucket of `user`, as the server computes it (`keys::Buckets::of`:
-/// FNV-1a of the id modulo B); `tests/bench_smoke.rs` checks they agree.
+/// FNV-1a of the id modulo B); `tests/it/bench_smoke.rs` checks they agree.
 pub fn bucket_of(user: &str, buckets: u32) -> u32 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in user.bytes() {

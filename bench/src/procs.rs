@@ -47,17 +47,7 @@ impl LocalRedis {
                 .prefix("presence-bench-redis")
                 .tempdir()?;
             let port = free_port()?;
-            let mut cmd = Command::new("redis-server");
-            cmd.arg(&conf)
-                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-                .arg("--dir")
-                .arg(dir.path())
-                .arg("--logfile")
-                .arg(dir.path().join("redis.log"))
-                // Persistence would measure the disk, not the server.
-                .args(["--appendonly", "no"])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null());
+            let mut cmd = redis_server(port, dir.path(), &[])?;
             own_session(&mut cmd);
             let child = cmd
                 .spawn()
@@ -143,26 +133,56 @@ impl Drop for LocalRedis {
 /// `cluster-node-timeout` of the bench's clusters, ms.
 const CLUSTER_NODE_TIMEOUT_MS: u64 = 2_000;
 
-/// The command that runs one Redis Cluster node on loopback `port` (bus
-/// port `bus`) with the repository's redis.conf, its data and log in
-/// `dir`, no persistence, and `cluster-node-timeout` of `node_timeout_ms`.
-/// The tests' cluster harness starts its nodes with it too.
-pub fn cluster_server(port: u16, bus: u16, dir: &Path, node_timeout_ms: u64) -> Command {
+/// The command that runs a redis-server on loopback `port` with the
+/// repository's redis.conf, its data and its log (`redis.log`) in `dir`,
+/// no persistence (it would measure the disk, not the server), then
+/// `extra`; its stdout and stderr go nowhere. Every redis-server of the
+/// bench and of the tests is started with it.
+///
+/// Redis gets a copy of redis.conf in `dir`: a `CONFIG REWRITE` (a Sentinel
+/// promoting a replica does one) rewrites the file Redis was started with,
+/// which must not be the repository's.
+pub fn redis_server(port: u16, dir: &Path, extra: &[&str]) -> std::io::Result<Command> {
+    let conf = dir.join("redis.conf");
+    std::fs::copy(redis_conf(), &conf)?;
     let mut cmd = Command::new("redis-server");
-    cmd.arg(redis_conf())
+    cmd.arg(conf)
         .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-        .args(["--cluster-port", &bus.to_string()])
         .arg("--dir")
         .arg(dir)
         .arg("--logfile")
         .arg(dir.join("redis.log"))
         .args(["--appendonly", "no"])
-        .args(["--cluster-enabled", "yes"])
-        .args(["--cluster-config-file", "nodes.conf"])
-        .args(["--cluster-node-timeout", &node_timeout_ms.to_string()])
+        .args(extra)
         .stdout(Stdio::null())
         .stderr(Stdio::null());
-    cmd
+    Ok(cmd)
+}
+
+/// The command that runs one Redis Cluster node on loopback `port` (bus
+/// port `bus`) as [`redis_server`] does, with `cluster-node-timeout` of
+/// `node_timeout_ms`. The tests' cluster harness starts its nodes with it
+/// too.
+pub fn cluster_server(
+    port: u16,
+    bus: u16,
+    dir: &Path,
+    node_timeout_ms: u64,
+) -> std::io::Result<Command> {
+    redis_server(
+        port,
+        dir,
+        &[
+            "--cluster-port",
+            &bus.to_string(),
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            "nodes.conf",
+            "--cluster-node-timeout",
+            &node_timeout_ms.to_string(),
+        ],
+    )
 }
 
 /// A Redis Cluster of `n` primaries (no replicas) on random loopback
@@ -192,7 +212,7 @@ impl LocalCluster {
             let dir = tempfile::Builder::new()
                 .prefix("presence-bench-cluster")
                 .tempdir()?;
-            let child = cluster_server(port, bus, dir.path(), CLUSTER_NODE_TIMEOUT_MS)
+            let child = cluster_server(port, bus, dir.path(), CLUSTER_NODE_TIMEOUT_MS)?
                 .spawn()
                 .context("cannot run redis-server (apt-get install -y redis-server)")?;
             let url = format!("redis://127.0.0.1:{port}");
@@ -301,7 +321,7 @@ impl Node {
             .args(["--node-id", id])
             // The bench measures throughput: `refresh` sends heartbeats as
             // fast as the node reads them, which the per-connection flood
-            // limit (tested in tests/limits.rs) would close.
+            // limit (tested in tests/it/limits.rs) would close.
             .args(["--max-frames-per-sec", "1000000"]);
         if let Some(hb) = heartbeat_ms {
             cmd.args(["--heartbeat-ms", &hb.to_string()]);
@@ -530,57 +550,45 @@ fn stat_cpu_split_us(path: &str) -> Option<(u64, u64)> {
 pub fn ensure_fds(sockets: usize) -> anyhow::Result<()> {
     // Room for the runtime, Redis connections, logs and the like.
     const SPARE: u64 = 256;
-    let Some(lim) = nofile() else {
+    let Some((soft, hard)) = nofile() else {
         return Ok(());
     };
     anyhow::ensure!(
-        sockets as u64 + SPARE <= lim.rlim_cur,
+        sockets as u64 + SPARE <= soft,
         "{sockets} connections need an open-file limit of at least {} in the bench and in \
          the node, but it is {} (hard limit {}); raise the hard limit (`ulimit -Hn`, \
          LimitNOFILE=, or run as root with CAP_SYS_RESOURCE) or ask for fewer",
         sockets as u64 + SPARE,
-        lim.rlim_cur,
-        lim.rlim_max
+        soft,
+        hard
     );
     Ok(())
 }
 
 /// This process's open-file limit (soft and hard), if it can be read.
-fn nofile() -> Option<libc::rlimit> {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit on a local struct.
-    (unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0).then_some(lim)
+fn nofile() -> Option<(u64, u64)> {
+    rlimit::getrlimit(rlimit::Resource::NOFILE).ok()
 }
 
 /// The open-file limit (soft) of this process.
 pub fn fd_limit() -> u64 {
-    nofile().map_or(1024, |lim| lim.rlim_cur)
+    nofile().map_or(1024, |(soft, _)| soft)
 }
 
 /// Lifts the open-file limit as far as the kernel allows: the hard limit
 /// too when running as root (up to fs.nr_open), else the soft one to the
 /// hard one. Spawned nodes inherit it. Returns the soft limit now.
 pub fn raise_fd_limit() -> u64 {
-    let Some(mut lim) = nofile() else {
+    let Some((_, hard)) = nofile() else {
         return 0;
     };
-    // SAFETY: setrlimit with local structs.
-    unsafe {
-        let nr_open = std::fs::read_to_string("/proc/sys/fs/nr_open")
-            .ok()
-            .and_then(|s| s.trim().parse::<u64>().ok())
-            .unwrap_or(lim.rlim_max);
-        let want = libc::rlimit {
-            rlim_cur: nr_open,
-            rlim_max: nr_open.max(lim.rlim_max),
-        };
-        if libc::setrlimit(libc::RLIMIT_NOFILE, &want) != 0 {
-            lim.rlim_cur = lim.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
-        }
+    let nr_open = std::fs::read_to_string("/proc/sys/fs/nr_open")
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .unwrap_or(hard);
+    // Refused without CAP_SYS_RESOURCE: then up to the hard limit.
+    if rlimit::setrlimit(rlimit::Resource::NOFILE, nr_open, nr_open.max(hard)).is_err() {
+        let _ = rlimit::increase_nofile_limit(u64::MAX);
     }
     fd_limit()
 }

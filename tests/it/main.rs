@@ -1,0 +1,37 @@
+//! The integration tests: real redis-servers, server nodes as separate
+//! processes and real WebSocket clients (the harness is `common`). One test
+//! binary, so that a change to the server links the tests once, not once per
+//! file. Run one module with `cargo test --test it <module>::`.
+
+mod common;
+
+mod bench_smoke;
+mod chaos;
+mod cluster;
+mod config;
+mod devices_watch;
+mod edge;
+mod fuzz;
+mod http_api;
+mod identity;
+mod interest;
+mod limits;
+mod managed;
+mod metrics;
+mod online_list;
+mod openapi;
+mod presence;
+mod privacy_matrix;
+mod protocol;
+mod proxy;
+mod refresh;
+mod reliability;
+mod retention;
+mod scale;
+mod security;
+mod sentinel;
+mod service_view;
+mod slow_redis;
+mod startup;
+mod static_pages;
+mod webhooks;

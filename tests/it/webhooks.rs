@@ -1,0 +1,506 @@
+//! Webhooks against real nodes, Redis and a receiver HTTP server inside the
+//! test: signatures, batching, retries after 500s, the bounded queue, and
+//! each transition sent once by the fleet (clean closes, an expired lease of
+//! a SIGKILLed node heard by two live nodes).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use crate::common::*;
+use hmac::{Hmac, Mac};
+use serde_json::{json, Value};
+use sha2::Sha256;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpListener;
+
+const SECRET: &str = "whsec_test_0123456789abcdef";
+
+/// One POST the receiver got.
+#[derive(Debug, Clone)]
+struct Delivery {
+    /// The `Presence-Signature` header.
+    signature: String,
+    /// The raw body.
+    body: Vec<u8>,
+    /// What the receiver answered.
+    answered: u16,
+}
+
+impl Delivery {
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).expect("webhook body is JSON")
+    }
+}
+
+/// A webhook receiver: a plain HTTP/1.1 server on a random port that
+/// records every POST and answers 500 to the first `fail` ones.
+struct Receiver {
+    url: String,
+    got: Arc<Mutex<Vec<Delivery>>>,
+    fail: Arc<AtomicUsize>,
+}
+
+impl Receiver {
+    async fn start(fail: usize) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/hooks/presence", listener.local_addr().unwrap());
+        let got = Arc::new(Mutex::new(Vec::new()));
+        let fail = Arc::new(AtomicUsize::new(fail));
+        let (g, f) = (got.clone(), fail.clone());
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                tokio::spawn(serve(stream, g.clone(), f.clone()));
+            }
+        });
+        Self { url, got, fail }
+    }
+
+    fn deliveries(&self) -> Vec<Delivery> {
+        self.got.lock().unwrap().clone()
+    }
+
+    /// The events of the POSTs answered 200, in arrival order, each with
+    /// the node that sent it as `_node`.
+    fn events(&self) -> Vec<Value> {
+        let mut out = Vec::new();
+        for d in self.deliveries().iter().filter(|d| d.answered == 200) {
+            let body = d.json();
+            for e in body["events"].as_array().unwrap() {
+                let mut e = e.clone();
+                e["_node"] = body["node"].clone();
+                out.push(e);
+            }
+        }
+        out
+    }
+
+    /// Events of `user` of type `kind` accepted so far.
+    fn of(&self, user: &str, kind: &str) -> Vec<Value> {
+        self.events()
+            .into_iter()
+            .filter(|e| e["user"] == user && e["type"] == kind)
+            .collect()
+    }
+
+    async fn wait_for(&self, user: &str, kind: &str) -> Value {
+        wait_until(&format!("webhook {kind} of {user}"), DEADLINE, || async {
+            !self.of(user, kind).is_empty()
+        })
+        .await;
+        self.of(user, kind).remove(0)
+    }
+}
+
+/// Serves one connection: requests one after another (keep-alive).
+async fn serve(
+    stream: tokio::net::TcpStream,
+    got: Arc<Mutex<Vec<Delivery>>>,
+    fail: Arc<AtomicUsize>,
+) {
+    let (read, mut write) = stream.into_split();
+    let mut read = BufReader::new(read);
+    loop {
+        let mut len = 0usize;
+        let mut signature = String::new();
+        let mut line = String::new();
+        if read.read_line(&mut line).await.unwrap_or(0) == 0 {
+            return;
+        }
+        assert!(line.starts_with("POST /hooks/presence "), "{line}");
+        loop {
+            line.clear();
+            if read.read_line(&mut line).await.unwrap_or(0) == 0 {
+                return;
+            }
+            let l = line.trim_end();
+            if l.is_empty() {
+                break;
+            }
+            let (name, value) = l.split_once(':').unwrap();
+            match name.to_ascii_lowercase().as_str() {
+                "content-length" => len = value.trim().parse().unwrap(),
+                "presence-signature" => signature = value.trim().to_string(),
+                _ => {}
+            }
+        }
+        let mut body = vec![0; len];
+        if read.read_exact(&mut body).await.is_err() {
+            return;
+        }
+        let failing = fail
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        let answered = if failing { 500 } else { 200 };
+        got.lock().unwrap().push(Delivery {
+            signature,
+            body,
+            answered,
+        });
+        let reply = format!(
+            "HTTP/1.1 {answered} {}\r\ncontent-length: 0\r\n\r\n",
+            if failing {
+                "Internal Server Error"
+            } else {
+                "OK"
+            }
+        );
+        if write.write_all(reply.as_bytes()).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// The verification recipe of the README: `t=<unix>,v1=<hex>`, HMAC-SHA256
+/// over `<unix>.<body>`, compared in constant time, within 5 minutes.
+fn verify(secret: &str, header: &str, body: &[u8]) -> bool {
+    let mut t = None;
+    let mut v1 = None;
+    for part in header.split(',') {
+        match part.split_once('=') {
+            Some(("t", v)) => t = v.parse::<u64>().ok(),
+            Some(("v1", v)) => v1 = Some(v.to_string()),
+            _ => {}
+        }
+    }
+    let (Some(t), Some(v1)) = (t, v1) else {
+        return false;
+    };
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    if now.abs_diff(t) > 300 {
+        return false;
+    }
+    let Ok(given) = (0..v1.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(v1.get(i..i + 2).unwrap_or("zz"), 16))
+        .collect::<Result<Vec<u8>, _>>()
+    else {
+        return false;
+    };
+    let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).unwrap();
+    mac.update(t.to_string().as_bytes());
+    mac.update(b".");
+    mac.update(body);
+    mac.verify_slice(&given).is_ok()
+}
+
+fn node_with_hooks(redis: &Redis, id: &str, receiver: &Receiver, extra: &[&str]) -> Node {
+    let mut args = vec![
+        "--webhook-url",
+        receiver.url.as_str(),
+        "--webhook-secret",
+        SECRET,
+    ];
+    args.extend_from_slice(extra);
+    Node::start_with(redis, id, &args)
+}
+
+/// Every batch is signed (and a wrong secret or a changed body fails the
+/// check); a batch fills to `--webhook-batch-size` at once, and a lone event
+/// goes after `--webhook-batch-ms`; online, status and offline each come
+/// with the user's true state and an id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_are_signed_and_carry_each_transition() {
+    let redis = Redis::start();
+    let receiver = Receiver::start(0).await;
+    let node = node_with_hooks(
+        &redis,
+        "n1",
+        &receiver,
+        &["--webhook-batch-size", "3", "--webhook-batch-ms", "1000"],
+    );
+    let mut alice = Client::connect(&node, "alice", "phone").await;
+    let _bob = Client::connect(&node, "bob", "phone").await;
+    let _carol = Client::connect(&node, "carol", "phone").await;
+    wait_until("the first batch", DEADLINE, || async {
+        !receiver.deliveries().is_empty()
+    })
+    .await;
+    let first = receiver.deliveries().remove(0);
+    let body = first.json();
+    assert_eq!(body["node"], "n1");
+    let users: Vec<&str> = body["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["user"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        users,
+        ["alice", "bob", "carol"],
+        "one batch of three: {body}"
+    );
+    for e in body["events"].as_array().unwrap() {
+        assert_eq!(e["type"], "online", "{e}");
+        assert_eq!(e["status"], "online");
+        assert_eq!(e["devices"], 1);
+        assert_eq!(
+            e["id"],
+            format!("{}:{}", e["user"].as_str().unwrap(), e["seq"])
+        );
+    }
+
+    // A status change: alone, so it waits for the interval. Invisible is
+    // the truth a backend gets, never hidden.
+    alice
+        .send(json!({"type":"status","status":"invisible","text":"deep work"}))
+        .await;
+    let status = receiver.wait_for("alice", "status").await;
+    assert_eq!(status["status"], "invisible", "{status}");
+    assert_eq!(status["text"], "deep work");
+    assert_eq!(status["devices"], 1);
+    alice.close().await;
+    let offline = receiver.wait_for("alice", "offline").await;
+    assert_eq!(offline["devices"], 0, "{offline}");
+    assert_eq!(offline["status"], "offline");
+
+    let deliveries = receiver.deliveries();
+    assert_eq!(deliveries.len(), 3, "{deliveries:?}");
+    for d in &deliveries {
+        assert!(
+            verify(SECRET, &d.signature, &d.body),
+            "bad signature {} on {}",
+            d.signature,
+            String::from_utf8_lossy(&d.body)
+        );
+        assert!(!verify(
+            "whsec_some_other_secret_000",
+            &d.signature,
+            &d.body
+        ));
+        let mut changed = d.body.clone();
+        changed.push(b' ');
+        assert!(!verify(SECRET, &d.signature, &changed));
+    }
+    let ids: Vec<Value> = receiver.events().iter().map(|e| e["id"].clone()).collect();
+    let distinct: std::collections::HashSet<String> = ids.iter().map(|i| i.to_string()).collect();
+    assert_eq!(distinct.len(), 5, "{ids:?}");
+}
+
+/// A receiver that answers 500 gets the same events again, with backoff,
+/// until it takes them; the failures are counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_receiver_gets_the_batch_again() {
+    let redis = Redis::start();
+    let receiver = Receiver::start(2).await;
+    let node = node_with_hooks(&redis, "n1", &receiver, &["--webhook-batch-ms", "50"]);
+    let _alice = Client::connect(&node, "alice", "phone").await;
+    let online = receiver.wait_for("alice", "online").await;
+    let deliveries = receiver.deliveries();
+    assert_eq!(
+        deliveries.iter().map(|d| d.answered).collect::<Vec<_>>(),
+        [500, 500, 200]
+    );
+    for d in &deliveries {
+        assert_eq!(d.json()["events"][0]["id"], online["id"], "the same event");
+        assert!(verify(SECRET, &d.signature, &d.body));
+    }
+    assert_eq!(metric(&node, "presence_webhook_failures_total").await, 2.0);
+    assert_eq!(metric(&node, "presence_webhook_delivered_total").await, 1.0);
+    assert_eq!(metric(&node, "presence_webhook_queued").await, 0.0);
+}
+
+/// A full queue drops its oldest events and counts them; the newest are
+/// delivered once the receiver is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_queue_drops_the_oldest_and_counts_them() {
+    let redis = Redis::start();
+    // Down for a long while: every attempt fails until it is told otherwise.
+    let receiver = Receiver::start(usize::MAX).await;
+    let node = node_with_hooks(
+        &redis,
+        "n1",
+        &receiver,
+        &["--webhook-queue-limit", "2", "--webhook-batch-ms", "0"],
+    );
+    let mut clients = Vec::new();
+    for user in ["u1", "u2", "u3", "u4", "u5"] {
+        clients.push(Client::connect(&node, user, "phone").await);
+    }
+    wait_until("three dropped", DEADLINE, || async {
+        metric(&node, "presence_webhook_dropped_total").await == 3.0
+    })
+    .await;
+    receiver.fail.store(0, Ordering::SeqCst);
+    receiver.wait_for("u5", "online").await;
+    wait_until("the queue empty", DEADLINE, || async {
+        metric(&node, "presence_webhook_queued").await == 0.0
+    })
+    .await;
+    let users: Vec<String> = receiver
+        .events()
+        .iter()
+        .map(|e| e["user"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(users, ["u4", "u5"], "the two newest, once each");
+    assert_eq!(metric(&node, "presence_webhook_dropped_total").await, 3.0);
+}
+
+/// Three nodes send to one receiver: each transition arrives once, from
+/// the node that made it. Devices of one user on two nodes give one online
+/// and one offline; a status change one event; a SIGKILLed node's lapsed
+/// lease, which both surviving nodes hear about (expired event, deadline
+/// pass), one offline from one of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_transition_is_sent_once_by_the_fleet() {
+    let redis = Redis::start();
+    let receiver = Receiver::start(0).await;
+    let fast = ["--webhook-batch-ms", "20"];
+    let mut a = node_with_hooks(&redis, "a", &receiver, &fast);
+    let b = node_with_hooks(&redis, "b", &receiver, &fast);
+    let c = node_with_hooks(&redis, "c", &receiver, &fast);
+
+    // alice on two nodes at once.
+    let phone = Client::connect(&a, "alice", "phone").await;
+    let mut laptop = Client::connect(&b, "alice", "laptop").await;
+    receiver.wait_for("alice", "online").await;
+    laptop.send(json!({"type":"status","status":"busy"})).await;
+    let status = receiver.wait_for("alice", "status").await;
+    assert_eq!(status["_node"], "b");
+    // bob comes and goes on c.
+    let bob = Client::connect(&c, "bob", "phone").await;
+    receiver.wait_for("bob", "online").await;
+    bob.close().await;
+    receiver.wait_for("bob", "offline").await;
+    // carol on a, which dies with alice's phone.
+    let _carol = Client::connect(&a, "carol", "phone").await;
+    let online = receiver.wait_for("carol", "online").await;
+    assert_eq!(online["_node"], "a");
+    a.kill();
+    drop(phone);
+    let offline = receiver.wait_for("carol", "offline").await;
+    assert!(
+        offline["_node"] == "b" || offline["_node"] == "c",
+        "a live node announces the lapse: {offline}"
+    );
+    wait_until("alice's phone lapsed", DEADLINE, || async {
+        count(&redis, "alice").await == 1
+    })
+    .await;
+    laptop.close().await;
+    let offline = receiver.wait_for("alice", "offline").await;
+    assert_eq!(offline["_node"], "b");
+
+    // Whatever b and c still had queued went before these, and the
+    // reconciliation and deadline passes had a lease TTL to repeat anything.
+    tokio::time::sleep(TTL).await;
+    let _z1 = Client::connect(&b, "zed1", "x").await;
+    let _z2 = Client::connect(&c, "zed2", "x").await;
+    receiver.wait_for("zed1", "online").await;
+    receiver.wait_for("zed2", "online").await;
+
+    let mut seen: HashMap<(String, String), usize> = HashMap::new();
+    let mut ids: HashMap<String, usize> = HashMap::new();
+    for e in receiver.events() {
+        *seen
+            .entry((
+                e["user"].as_str().unwrap().to_string(),
+                e["type"].as_str().unwrap().to_string(),
+            ))
+            .or_default() += 1;
+        *ids.entry(e["id"].as_str().unwrap().to_string())
+            .or_default() += 1;
+    }
+    let expected: HashMap<(String, String), usize> = [
+        ("alice", "online"),
+        ("alice", "status"),
+        ("alice", "offline"),
+        ("bob", "online"),
+        ("bob", "offline"),
+        ("carol", "online"),
+        ("carol", "offline"),
+        ("zed1", "online"),
+        ("zed2", "online"),
+    ]
+    .into_iter()
+    .map(|(u, t)| ((u.to_string(), t.to_string()), 1))
+    .collect();
+    assert_eq!(seen, expected, "events: {:#?}", receiver.events());
+    assert!(ids.values().all(|&n| n == 1), "{ids:?}");
+    for d in receiver.deliveries() {
+        assert!(verify(SECRET, &d.signature, &d.body));
+    }
+}
+
+/// Bad webhook settings stop the node with a clear message.
+#[test]
+fn bad_webhook_settings_are_refused() {
+    let redis = Redis::start();
+    for (args, needle) in [
+        (
+            vec!["--webhook-url", "http://127.0.0.1:9/h"],
+            "--webhook-secret",
+        ),
+        (
+            vec![
+                "--webhook-url",
+                "http://127.0.0.1:9/h",
+                "--webhook-secret",
+                "short",
+            ],
+            "at least 16 bytes",
+        ),
+        (
+            vec!["--webhook-url", "ftp://x/", "--webhook-secret", SECRET],
+            "http:// or https://",
+        ),
+    ] {
+        let mut all = vec![
+            "--listen".to_string(),
+            "127.0.0.1:0".into(),
+            "--redis-url".into(),
+            redis.url.clone(),
+        ];
+        all.extend(args.iter().map(|s| s.to_string()));
+        let logs = match Node::spawn("bad", &all, &[]) {
+            Ok(_) => panic!("started with {args:?}"),
+            Err(logs) => logs,
+        };
+        assert!(logs.contains(needle), "{args:?}: {logs}");
+    }
+}
+
+/// The settings can come from the config file; a node stopped with SIGTERM
+/// first delivers what it has queued (here to a receiver that fails three
+/// times before it takes the batch).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_node_delivers_its_queue_first() {
+    let redis = Redis::start();
+    let receiver = Receiver::start(3).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("presence.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "webhook-url = [{:?}]\nwebhook-secret = {SECRET:?}\nwebhook-batch-ms = 0\n",
+            receiver.url
+        ),
+    )
+    .unwrap();
+    let mut node = Node::start_with(&redis, "n1", &["--config", config.to_str().unwrap()]);
+    let _alice = Client::connect(&node, "alice", "phone").await;
+    wait_until("a first, failed, attempt", DEADLINE, || async {
+        !receiver.deliveries().is_empty()
+    })
+    .await;
+    assert!(receiver.events().is_empty());
+    let status = node
+        .signal_and_wait(libc::SIGTERM, DEADLINE)
+        .await
+        .unwrap_or_else(|| panic!("no exit after SIGTERM:\n{}", node.logs()));
+    assert!(status.success(), "{status:?}\n{}", node.logs());
+    let online = receiver.of("alice", "online");
+    assert_eq!(
+        online.len(),
+        1,
+        "{:?}\n{}",
+        receiver.deliveries(),
+        node.logs()
+    );
+    let answered: Vec<u16> = receiver.deliveries().iter().map(|d| d.answered).collect();
+    assert_eq!(answered, [500, 500, 500, 200]);
+}
