@@ -232,17 +232,7 @@ fn webhook_config(args: &Args) -> anyhow::Result<Option<WebhookConfig>> {
 
 /// Every connection is a file descriptor: lift the soft limit to the hard one.
 fn raise_fd_limit() {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: plain getrlimit/setrlimit on a local struct.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
-            lim.rlim_cur = lim.rlim_max;
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
-                log::warn!("could not raise the open-file limit");
-            }
-        }
+    if let Err(e) = rlimit::increase_nofile_limit(u64::MAX) {
+        log::warn!("could not raise the open-file limit: {e}");
     }
 }

@@ -15,6 +15,7 @@ mod fuzz;
 mod http_api;
 mod identity;
 mod interest;
+mod layout;
 mod limits;
 mod managed;
 mod metrics;
