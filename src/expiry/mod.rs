@@ -13,7 +13,7 @@
 //!   node at a time runs a bucket, and the nodes of a fleet share them.
 //!
 //! On a Redis Cluster the events come from every primary, each primary's
-//! stream owned by one node at a time (`src/cluster.rs`).
+//! stream owned by one node at a time (`streams.rs`).
 
 mod streams;
 

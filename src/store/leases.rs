@@ -165,7 +165,7 @@ impl Store {
     /// device if it is new; publishes `online` for the user's first device.
     /// `owner` is the connection's lease value; `known` the user's status
     /// as this connection last saw it, restored if Redis lost it. Sessions
-    /// refresh through the node's refresher (`src/refresh.rs`) instead,
+    /// refresh through the node's refresher (`src/lease/refresh.rs`) instead,
     /// which batches.
     pub async fn arrive(
         &self,
