@@ -171,6 +171,54 @@ pub struct Args {
           value_parser = clap::value_parser!(u64).range(0..=600))]
     pub jwt_leeway_secs: u64,
 
+    /// With --auth jwt, the claim that lists the rooms a user may join:
+    /// room ids, and prefixes ending in * ("team:7:*").
+    #[arg(long, env = "PRESENCE_JWT_ROOMS_CLAIM", default_value = "rooms")]
+    pub jwt_rooms_claim: String,
+
+    /// Who may join which room: claim (the token's rooms claim decides; the
+    /// default with --auth jwt) or open (any user, any room; always so with
+    /// --auth dev).
+    #[arg(long, env = "PRESENCE_ROOM_POLICY", value_enum)]
+    pub room_policy: Option<RoomPolicyArg>,
+
+    /// Rooms one device may be in at once.
+    #[arg(long, env = "PRESENCE_MAX_ROOMS_PER_DEVICE",
+          default_value_t = config::DEFAULT_MAX_ROOMS_PER_DEVICE as u32,
+          value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub max_rooms_per_device: u32,
+
+    /// Devices one room may hold; a join beyond it gets room_full.
+    #[arg(long, env = "PRESENCE_MAX_ROOM_DEVICES",
+          default_value_t = config::DEFAULT_MAX_ROOM_DEVICES,
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub max_room_devices: u32,
+
+    /// Largest room state a device may set, serialized, in bytes.
+    #[arg(long, env = "PRESENCE_MAX_ROOM_STATE_BYTES",
+          default_value_t = config::DEFAULT_MAX_ROOM_STATE_BYTES as u32,
+          value_parser = clap::value_parser!(u32).range(2..=65_536))]
+    pub max_room_state_bytes: u32,
+
+    /// Room state and signal frames one device may send per second.
+    #[arg(long, env = "PRESENCE_MAX_ROOM_MESSAGES_PER_SEC",
+          default_value_t = config::DEFAULT_MAX_ROOM_MESSAGES_PER_SEC,
+          value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub max_room_messages_per_sec: u32,
+
+    /// Above this many users, a room's members get occupancy counts instead
+    /// of every join, leave and update, and the room frame lists no members.
+    #[arg(long, env = "PRESENCE_ROOM_ANNOUNCE_MAX",
+          default_value_t = config::DEFAULT_ROOM_ANNOUNCE_MAX,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub room_announce_max: u32,
+
+    /// Shortest time between two occupancy frames of a large room, ms.
+    #[arg(long, env = "PRESENCE_ROOM_OCCUPANCY_MS",
+          default_value_t = config::DEFAULT_ROOM_OCCUPANCY.as_millis() as u64,
+          value_parser = clap::value_parser!(u64).range(100..=60_000))]
+    pub room_occupancy_ms: u64,
+
     /// With --auth jwt, a connection whose handshake carried no token must
     /// send {"type":"auth","token":...} within this many ms, or it is closed
     /// with 1008.
@@ -307,6 +355,15 @@ pub enum AuthMode {
     Dev,
     /// JSON Web Tokens.
     Jwt,
+}
+
+/// `--room-policy`.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum RoomPolicyArg {
+    /// Any user may join any room.
+    Open,
+    /// The token's rooms claim decides.
+    Claim,
 }
 
 /// `--watch-policy`.

@@ -39,6 +39,22 @@ pub const DEFAULT_AUTH_TIMEOUT: Duration = Duration::from_secs(5);
 /// (`auth_expiring`) to send a fresh one.
 pub const DEFAULT_AUTH_EXPIRING: Duration = Duration::from_secs(60);
 
+/// Default rooms one device may be in at once.
+pub const DEFAULT_MAX_ROOMS_PER_DEVICE: usize = 100;
+/// Default devices one room may hold.
+pub const DEFAULT_MAX_ROOM_DEVICES: u32 = 10_000;
+/// Default largest room state, serialized, in bytes.
+pub const DEFAULT_MAX_ROOM_STATE_BYTES: usize = 1_024;
+/// Largest signal `data`, serialized, in bytes.
+pub const MAX_SIGNAL_BYTES: usize = 1_024;
+/// Default room state and signal frames per second one device may send.
+pub const DEFAULT_MAX_ROOM_MESSAGES_PER_SEC: u32 = 20;
+/// Default most users of a room whose members get one frame per join,
+/// leave and update; above it they get `occupancy` counts.
+pub const DEFAULT_ROOM_ANNOUNCE_MAX: u32 = 100;
+/// Default shortest time between two `occupancy` frames of a large room.
+pub const DEFAULT_ROOM_OCCUPANCY: Duration = Duration::from_millis(2_000);
+
 /// Default period of the reconciliation pass.
 pub const DEFAULT_RECONCILE_INTERVAL: Duration = Duration::from_secs(60);
 
@@ -82,6 +98,53 @@ pub struct Config {
     pub trust_proxy: crate::proxy::TrustedProxies,
     /// What `/` and other non-API paths serve (`--no-demo`, `--static-dir`).
     pub static_files: StaticFiles,
+    /// Rooms: their limits and who may join which.
+    pub rooms: RoomLimits,
+}
+
+/// Who may join which room (`--room-policy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RoomPolicy {
+    /// Any user may join any room (the default under development auth).
+    #[default]
+    Open,
+    /// A user may join the rooms its token's rooms claim lists (the default
+    /// under JWT auth).
+    Claim,
+}
+
+/// The rooms' limits and policy.
+#[derive(Debug, Clone)]
+pub struct RoomLimits {
+    /// Rooms one device may be in at once.
+    pub max_rooms_per_device: usize,
+    /// Devices one room may hold.
+    pub max_room_devices: u32,
+    /// Largest room state, serialized, in bytes.
+    pub max_state_bytes: usize,
+    /// Room state and signal frames per second one device may send.
+    pub max_messages_per_sec: u32,
+    /// Most users of a room whose members get every join, leave and
+    /// update; above it, `occupancy` counts.
+    pub announce_max: u32,
+    /// Shortest time between two `occupancy` frames.
+    pub occupancy_interval: Duration,
+    /// Who may join which room.
+    pub policy: RoomPolicy,
+}
+
+impl Default for RoomLimits {
+    fn default() -> Self {
+        Self {
+            max_rooms_per_device: DEFAULT_MAX_ROOMS_PER_DEVICE,
+            max_room_devices: DEFAULT_MAX_ROOM_DEVICES,
+            max_state_bytes: DEFAULT_MAX_ROOM_STATE_BYTES,
+            max_messages_per_sec: DEFAULT_MAX_ROOM_MESSAGES_PER_SEC,
+            announce_max: DEFAULT_ROOM_ANNOUNCE_MAX,
+            occupancy_interval: DEFAULT_ROOM_OCCUPANCY,
+            policy: RoomPolicy::Open,
+        }
+    }
 }
 
 impl Config {
@@ -104,6 +167,7 @@ impl Config {
             auth_expiring: DEFAULT_AUTH_EXPIRING,
             trust_proxy: Default::default(),
             static_files: Default::default(),
+            rooms: RoomLimits::default(),
         }
     }
 

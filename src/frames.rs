@@ -21,7 +21,7 @@ pub fn close_for(err: &ProtocolError, max_frame_bytes: usize) -> (CloseCode, Str
             format!("frame larger than {max_frame_bytes} bytes"),
         ),
         // actix-web-actors reports a text frame that is not UTF-8 as an I/O
-        // error carrying the UTF-8 error's message (tests/edge.rs pins it).
+        // error carrying the UTF-8 error's message (tests/it/edge.rs pins it).
         ProtocolError::Io(e) if e.to_string().contains("utf-8") => {
             (CloseCode::Invalid, "text frame is not valid UTF-8".into())
         }

@@ -51,6 +51,23 @@ pub fn validate(what: &'static str, id: &str) -> Result<(), IdError> {
     Ok(())
 }
 
+/// Checks a room id: the id alphabet, but `:` is allowed (`doc:42`,
+/// `team:7:general`); a room's keys put it inside the `{r:<room>}` tag,
+/// which holds no braces, so it still parses back.
+pub fn validate_room(room: &str) -> Result<(), IdError> {
+    let what = "room";
+    if room.is_empty() {
+        return Err(IdError::Empty { what });
+    }
+    if let Some(found) = room.chars().find(|c| *c != ':' && !is_id_char(*c)) {
+        return Err(IdError::BadChar { what, found });
+    }
+    if room.len() > MAX_ID_LEN {
+        return Err(IdError::TooLong { what });
+    }
+    Ok(())
+}
+
 /// Printable ASCII (`!` to `~`, so no space and no control character)
 /// without the key separator, the hash-tag braces and the JSON quote.
 fn is_id_char(c: char) -> bool {

@@ -170,6 +170,77 @@ pub fn parse_events(channel: &str) -> Option<&str> {
     channel.strip_prefix("presence-events:{")?.strip_suffix('}')
 }
 
+/// The hash tag of one room: every key of the room and its channel share
+/// it, so that each room step is one script on one slot. A user id has no
+/// `:`, so no user's tag can equal a room's.
+fn room_tag(room: &str) -> String {
+    ["{r:", room, "}"].concat()
+}
+
+/// Hash of one room's memberships: `<user>:<device>` -> the member's
+/// value (`<joined_at>|<owner>|<state JSON>`).
+pub fn room_members(room: &str) -> String {
+    ["presence-room:", &room_tag(room)].concat()
+}
+
+/// Sorted set of one room's membership deadlines: `<user>:<device>` ->
+/// epoch ms, pushed on with the device's lease; a membership past its
+/// deadline lapses (the room deadline pass).
+pub fn room_deadlines(room: &str) -> String {
+    ["presence-room-deadlines:", &room_tag(room)].concat()
+}
+
+/// Hash of one room's users: user -> devices in the room, so that a
+/// user's first device joining and last device leaving happen once per
+/// fleet.
+pub fn room_users(room: &str) -> String {
+    ["presence-room-users:", &room_tag(room)].concat()
+}
+
+/// Hash of one room's counters: `seq`, the room's event clock.
+pub fn room_meta(room: &str) -> String {
+    ["presence-room-meta:", &room_tag(room)].concat()
+}
+
+/// The sharded channel of one room's events (SPUBLISH from the room steps
+/// and for signals; a node SSUBSCRIBEs while one of its sessions is in the
+/// room).
+pub fn room_events(room: &str) -> String {
+    ["presence-room-events:", &room_tag(room)].concat()
+}
+
+/// The room of a room events channel; `None` for any other channel.
+pub fn parse_room_events(channel: &str) -> Option<&str> {
+    channel
+        .strip_prefix("presence-room-events:{r:")?
+        .strip_suffix('}')
+}
+
+/// The keys of one room in the order the room scripts expect them:
+/// members, deadlines, users, meta, channel.
+pub fn room_keys(room: &str) -> [String; 5] {
+    [
+        room_members(room),
+        room_deadlines(room),
+        room_users(room),
+        room_meta(room),
+        room_events(room),
+    ]
+}
+
+/// Sorted set of one bucket: room -> a lower bound of its earliest
+/// membership deadline; the room deadline pass visits the rooms due.
+pub fn room_due(bucket: u32) -> String {
+    format!("presence-room-due:{{b{bucket:02}}}")
+}
+
+/// Hash of the rooms a user's devices are in: `<device>:<room>` -> 1.
+/// Written beside the room steps (another slot), for
+/// `GET /api/users/{user}/rooms`.
+pub fn user_rooms(user: &str) -> String {
+    ["presence-user-rooms:{", user, "}"].concat()
+}
+
 /// The users who count as a user's contacts (for its privacy settings).
 pub fn contacts(user: &str) -> String {
     format!("presence-contacts:{{{user}}}")

@@ -81,6 +81,7 @@ pub mod protocol;
 pub mod proxy;
 pub mod redis;
 pub mod registry;
+pub mod rooms;
 pub mod server;
 pub mod session;
 pub mod store;

@@ -6,7 +6,7 @@ use std::net::{TcpListener, ToSocketAddrs};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use args::{parse_args, Args, AuthMode, WatchPolicy};
+use args::{parse_args, Args, AuthMode, RoomPolicyArg, WatchPolicy};
 use presence_server::auth::{Auth, Jwks, JwtRules, JwtVerifier, Origins};
 use presence_server::config::StaticFiles;
 use presence_server::config::{self, Config};
@@ -29,7 +29,7 @@ static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 /// within about a second (`dirty_decay_ms`), with `MADV_DONTNEED` at once
 /// (`muzzy_decay_ms:0`; lazily freed pages would still count as resident).
 /// 300 sessions x 1,000 watches gave back 8% of their memory within 20 s
-/// before (`watch_memory_is_given_back` in tests/edge.rs).
+/// before (`watch_memory_is_given_back` in tests/it/edge.rs).
 #[allow(non_upper_case_globals)]
 #[export_name = "_rjem_malloc_conf"]
 static malloc_conf: &[u8; 60] = b"background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0\0";
@@ -86,6 +86,18 @@ fn start(args: Args) -> anyhow::Result<()> {
     config.contacts_only = matches!(args.watch_policy, WatchPolicy::Contacts);
     config.auth_timeout = Duration::from_millis(args.auth_timeout_ms);
     config.auth_expiring = Duration::from_millis(args.auth_expiring_ms);
+    config.rooms = config::RoomLimits {
+        max_rooms_per_device: args.max_rooms_per_device as usize,
+        max_room_devices: args.max_room_devices,
+        max_state_bytes: args.max_room_state_bytes as usize,
+        max_messages_per_sec: args.max_room_messages_per_sec,
+        announce_max: args.room_announce_max,
+        occupancy_interval: Duration::from_millis(args.room_occupancy_ms),
+        policy: match (args.auth, args.room_policy) {
+            (AuthMode::Dev, _) | (_, Some(RoomPolicyArg::Open)) => config::RoomPolicy::Open,
+            (AuthMode::Jwt, _) => config::RoomPolicy::Claim,
+        },
+    };
     config.trust_proxy = presence_server::proxy::TrustedProxies::parse(&args.trust_proxy)?;
     config.static_files = match (&args.static_dir, args.no_demo) {
         (Some(dir), _) => StaticFiles::dir(dir)?,
@@ -197,6 +209,7 @@ fn jwt_verifier(args: &Args) -> anyhow::Result<JwtVerifier> {
         issuer: args.jwt_issuer.clone().filter(|i| !i.is_empty()),
         user_claim: args.jwt_user_claim.clone(),
         leeway_secs: args.jwt_leeway_secs,
+        rooms_claim: args.jwt_rooms_claim.clone(),
     };
     JwtVerifier::new(secret.as_deref(), public.as_deref(), jwks, rules)
 }

@@ -73,6 +73,8 @@ pub struct Metrics {
     pub refresh_batch_size: Histogram,
     /// The webhook queue's series.
     pub webhooks: WebhookSeries,
+    /// The rooms' series.
+    pub rooms: RoomSeries,
 }
 
 /// What the registry holds now, read at scrape time rather than kept twice.
@@ -84,6 +86,10 @@ pub struct NodeGauges {
     pub watching_sessions: usize,
     /// Distinct users watched on this node.
     pub watched_users: usize,
+    /// Rooms with a member on this node.
+    pub rooms: usize,
+    /// Room memberships of this node's sessions.
+    pub room_memberships: usize,
 }
 
 /// The node's metrics.
@@ -205,6 +211,50 @@ impl WebhookSeries {
     }
 }
 
+/// What this node's rooms did and hold.
+pub struct RoomSeries {
+    /// Room memberships removed by the room deadline pass.
+    pub memberships_lapsed: IntCounter,
+    /// Room events received from Redis (joins, leaves, updates, signals).
+    pub events: IntCounter,
+    /// Room event frames sent to member devices.
+    pub frames_sent: IntCounter,
+    /// Signals this node relayed for its sessions.
+    pub signals_relayed: IntCounter,
+    /// Rooms with a member on this node.
+    pub rooms: IntGauge,
+    /// Room memberships of this node's sessions.
+    pub memberships: IntGauge,
+}
+
+impl RoomSeries {
+    fn new(s: &Series) -> Self {
+        Self {
+            memberships_lapsed: s.counter(
+                "presence_room_memberships_lapsed_total",
+                "Room memberships removed by the room deadline pass (their device vanished).",
+            ),
+            events: s.counter(
+                "presence_room_events_total",
+                "Room events received on the rooms' channels (joins, leaves, updates, signals).",
+            ),
+            frames_sent: s.counter(
+                "presence_room_frames_sent_total",
+                "Room event frames sent to member devices.",
+            ),
+            signals_relayed: s.counter(
+                "presence_signals_relayed_total",
+                "Signals this node's sessions sent to their rooms.",
+            ),
+            rooms: s.gauge("presence_rooms", "Rooms with a member on this node."),
+            memberships: s.gauge(
+                "presence_room_memberships",
+                "Room memberships of this node's sessions.",
+            ),
+        }
+    }
+}
+
 impl Metrics {
     fn new() -> Self {
         let s = Series(Registry::new());
@@ -286,6 +336,7 @@ impl Metrics {
                     .expect("valid metric"),
             ),
             webhooks: WebhookSeries::new(&s),
+            rooms: RoomSeries::new(&s),
             registry: s.0,
         };
         // Series that should read 0 rather than be missing before the first event.
@@ -305,6 +356,8 @@ impl Metrics {
         self.watching_sessions
             .set(registry.watching_sessions as i64);
         self.watched_users.set(registry.watched_users as i64);
+        self.rooms.rooms.set(registry.rooms as i64);
+        self.rooms.memberships.set(registry.room_memberships as i64);
         let mut out = Vec::new();
         // Encoding into a Vec cannot fail for the text format.
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);

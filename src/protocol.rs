@@ -52,6 +52,35 @@ pub enum ClientFrame {
         /// The JWT.
         token: Token,
     },
+    /// Join a room with a state (a JSON object; `{}` when not given), or
+    /// replace the state in a room the device is in already.
+    Join {
+        /// The room.
+        room: String,
+        /// This device's state in the room.
+        #[serde(default)]
+        state: Option<serde_json::Value>,
+    },
+    /// Leave a room.
+    Leave {
+        /// The room.
+        room: String,
+    },
+    /// Replace this device's state in a room.
+    #[serde(rename = "room_state")]
+    RoomState {
+        /// The room.
+        room: String,
+        /// The new state (a JSON object).
+        state: serde_json::Value,
+    },
+    /// Relay `data` to the room's other member devices (never stored).
+    Signal {
+        /// The room.
+        room: String,
+        /// Any JSON value.
+        data: serde_json::Value,
+    },
 }
 
 /// A bearer token inside a frame: never printed, so that a debug log of a
@@ -67,7 +96,18 @@ impl std::fmt::Debug for Token {
 }
 
 /// The frame types a client may send; anything else is `unknown_type`.
-const CLIENT_TYPES: [&str; 6] = ["watch", "unwatch", "status", "heartbeat", "privacy", "auth"];
+const CLIENT_TYPES: [&str; 10] = [
+    "watch",
+    "unwatch",
+    "status",
+    "heartbeat",
+    "privacy",
+    "auth",
+    "join",
+    "leave",
+    "room_state",
+    "signal",
+];
 
 /// Stable error codes, shared by error frames and HTTP error bodies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
@@ -99,6 +139,14 @@ pub enum ErrorCode {
     Unauthorized,
     /// Credentials valid, but not for this.
     Forbidden,
+    /// A room state or signal frame for a room the device is not in.
+    NotInRoom,
+    /// More rooms than one device may be in.
+    TooManyRooms,
+    /// The room holds the most devices allowed.
+    RoomFull,
+    /// A room state or signal larger than allowed.
+    StateTooLarge,
 }
 
 /// A refused request: what goes into an error frame or HTTP error body.
@@ -109,6 +157,10 @@ pub struct ProtocolError {
     pub code: ErrorCode,
     /// Human-readable explanation.
     pub message: String,
+    /// The room a refused room frame named, so that a client in several
+    /// rooms knows which one it was.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub room: Option<String>,
 }
 
 impl ProtocolError {
@@ -117,7 +169,14 @@ impl ProtocolError {
         Self {
             code,
             message: message.into(),
+            room: None,
         }
+    }
+
+    /// The same error, about `room`.
+    pub fn in_room(mut self, room: &str) -> Self {
+        self.room = Some(room.to_string());
+        self
     }
 
     /// The error frame sent to the client.
@@ -171,6 +230,30 @@ pub fn parse_client_frame(text: &str) -> Result<ClientFrame, ProtocolError> {
             ids::validate("user", user)?;
         }
     }
+    match &frame {
+        ClientFrame::Join { room, state } => {
+            ids::validate_room(room)?;
+            if state.as_ref().is_some_and(|s| !s.is_object()) {
+                return Err(ProtocolError::new(
+                    ErrorCode::BadRequest,
+                    "join: state must be a JSON object",
+                ));
+            }
+        }
+        ClientFrame::RoomState { room, state } => {
+            ids::validate_room(room)?;
+            if !state.is_object() {
+                return Err(ProtocolError::new(
+                    ErrorCode::BadRequest,
+                    "room_state: state must be a JSON object",
+                ));
+            }
+        }
+        ClientFrame::Leave { room } | ClientFrame::Signal { room, .. } => {
+            ids::validate_room(room)?;
+        }
+        _ => {}
+    }
     if let ClientFrame::Privacy { online, last_seen } = &frame {
         parse_privacy(online.as_deref(), last_seen.as_deref())?;
     }
@@ -218,14 +301,17 @@ pub fn parse_privacy(
 
 /// A server frame: `type` first, then the body's fields.
 #[derive(Serialize)]
-struct Tagged<'a, T: Serialize> {
+pub(crate) struct Tagged<'a, T: Serialize> {
+    /// The frame's `type`.
     #[serde(rename = "type")]
-    kind: &'static str,
+    pub kind: &'static str,
+    /// Its other fields.
     #[serde(flatten)]
-    body: &'a T,
+    pub body: &'a T,
 }
 
-fn to_json<T: Serialize>(frame: &T) -> String {
+/// A frame as JSON.
+pub(crate) fn to_json<T: Serialize>(frame: &T) -> String {
     // Our frames hold only strings, numbers and options: they always serialize.
     serde_json::to_string(frame).expect("server frames serialize")
 }
@@ -447,6 +533,17 @@ mod fuzz {
             Ok(ClientFrame::Heartbeat) | Ok(ClientFrame::Auth { .. }) => {}
             Ok(ClientFrame::Privacy { online, last_seen }) => {
                 assert!(parse_privacy(online.as_deref(), last_seen.as_deref()).is_ok())
+            }
+            Ok(ClientFrame::Join { room, state }) => {
+                assert!(ids::validate_room(&room).is_ok());
+                assert!(state.is_none_or(|s| s.is_object()));
+            }
+            Ok(ClientFrame::RoomState { room, state }) => {
+                assert!(ids::validate_room(&room).is_ok());
+                assert!(state.is_object());
+            }
+            Ok(ClientFrame::Leave { room }) | Ok(ClientFrame::Signal { room, .. }) => {
+                assert!(ids::validate_room(&room).is_ok())
             }
             Err(e) => assert!(!e.message.is_empty()),
         }

@@ -163,6 +163,24 @@ impl JwtVerifier {
         ids::validate("user", &user).map_err(|e| AuthError::Invalid(format!("{name}: {e}")))?;
         // Checked present and in the future by the validation.
         let exp = claims.get("exp").and_then(Value::as_f64).unwrap_or(0.0) as u64;
-        Ok(Verified { user, exp })
+        let rooms_claim = &self.rules.rooms_claim;
+        let rooms = match claims.get(rooms_claim) {
+            None => Vec::new(),
+            Some(Value::Array(items)) => items
+                .iter()
+                .map(|v| match v {
+                    Value::String(s) => Ok(s.clone()),
+                    _ => Err(AuthError::Invalid(format!(
+                        "claim {rooms_claim:?} must be a list of room ids"
+                    ))),
+                })
+                .collect::<Result<_, _>>()?,
+            Some(_) => {
+                return Err(AuthError::Invalid(format!(
+                    "claim {rooms_claim:?} must be a list of room ids"
+                )))
+            }
+        };
+        Ok(Verified { user, exp, rooms })
     }
 }

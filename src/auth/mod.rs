@@ -48,6 +48,8 @@ pub struct JwtRules {
     pub user_claim: String,
     /// Clock skew forgiven on `exp` and `nbf`, in seconds.
     pub leeway_secs: u64,
+    /// The claim that lists the rooms the user may join (`rooms`).
+    pub rooms_claim: String,
 }
 
 impl Default for JwtRules {
@@ -57,6 +59,7 @@ impl Default for JwtRules {
             issuer: None,
             user_claim: "sub".into(),
             leeway_secs: DEFAULT_LEEWAY_SECS,
+            rooms_claim: "rooms".into(),
         }
     }
 }
@@ -79,6 +82,8 @@ pub struct Verified {
     pub user: String,
     /// Its `exp`, epoch seconds.
     pub exp: u64,
+    /// The room ids and prefixes (ending in `*`) its rooms claim lists.
+    pub rooms: Vec<String>,
 }
 
 /// Why a request was refused.
@@ -203,6 +208,8 @@ pub enum Handshake {
         user: String,
         /// The token's expiry; `None` in dev mode.
         exp: Option<u64>,
+        /// The rooms its token's rooms claim lists (empty in dev mode).
+        rooms: Vec<String>,
     },
     /// JWT auth without a token on the handshake: the client must send
     /// `{"type":"auth","token":...}` as its first frame.
@@ -226,6 +233,7 @@ impl Auth {
             Auth::Dev => Ok(asked.map(|u| Handshake::User {
                 user: u.to_string(),
                 exp: None,
+                rooms: Vec::new(),
             })),
             Auth::Jwt(v) => {
                 let Some(token) = protocol
@@ -238,6 +246,7 @@ impl Auth {
                 Ok(Some(Handshake::User {
                     user: verified.user,
                     exp: Some(verified.exp),
+                    rooms: verified.rooms,
                 }))
             }
         }

@@ -197,6 +197,13 @@ impl ExpiryListener {
                             break;
                         }
                     }
+                    // The rooms of the same bucket under the same lock:
+                    // memberships whose device's node died lapse here.
+                    let (_, left) = store.reap_rooms(bucket, REAP_BATCH).await?;
+                    if left > 0 {
+                        METRICS.rooms.memberships_lapsed.inc_by(left as u64);
+                        log::debug!("room deadline pass removed {left} lapsed memberships");
+                    }
                     if let Some(retention) = trim {
                         let forgotten = store
                             .trim_last_seen_bucket(bucket, retention, TRIM_BATCH)

@@ -111,16 +111,17 @@ async fn open_session(
     if let Some(user) = &query.user {
         ids::validate("user", user).map_err(ApiError::from)?;
     }
-    let (user, token) = match handshake {
-        Handshake::User { user, exp } => {
+    let (user, token, rooms) = match handshake {
+        Handshake::User { user, exp, rooms } => {
             ids::validate("user", &user).map_err(ApiError::from)?;
-            (user, exp.map(TokenState::Valid))
+            (user, exp.map(TokenState::Valid), rooms)
         }
         Handshake::FirstFrame => (
             String::new(),
             Some(TokenState::Awaited {
                 asked: query.user.clone(),
             }),
+            Vec::new(),
         ),
     };
     let status = match query.status.as_deref() {
@@ -142,6 +143,7 @@ async fn open_session(
         owner,
         status,
         token: token.map(|t| (state.auth.clone(), t)),
+        rooms,
     };
     let session = Session::new(
         who,

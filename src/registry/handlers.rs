@@ -19,7 +19,10 @@ impl Handler<FromSubscriptions> for Registry {
                 Some(ready) => {
                     let _ = ready.send(());
                 }
-                None => self.resync(ctx),
+                None => {
+                    self.rooms.resync();
+                    self.resync(ctx);
+                }
             },
             Notice::Message { channel, payload } => self.published(&channel, &payload),
             Notice::Dropped { channels } => {
@@ -27,6 +30,7 @@ impl Handler<FromSubscriptions> for Registry {
                     "{} subscription(s) dropped by redis and renewed; re-reading the watched users",
                     channels.len()
                 );
+                self.rooms.resync();
                 self.resync(ctx);
             }
         }
@@ -184,6 +188,10 @@ impl Handler<Disconnect> for Registry {
 
     fn handle(&mut self, msg: Disconnect, _: &mut Self::Context) {
         self.sessions.remove(&msg.session);
+        let channels = self.rooms.disconnect(msg.session);
+        if let (Some(subs), false) = (&self.subscriptions, channels.is_empty()) {
+            subs.unsubscribe(channels);
+        }
         if let Some(w) = self.watchers.remove(&msg.session) {
             for user in &w.users {
                 self.unwatch(msg.session, user);
@@ -209,6 +217,12 @@ impl Registry {
     /// A payload on a user's events channel: a transition, or word that its
     /// contacts changed.
     fn published(&mut self, channel: &str, payload: &str) {
+        if let Some(room) = keys::parse_room_events(channel) {
+            if let Some(event) = crate::rooms::RoomEvent::parse(room, payload) {
+                self.rooms.deliver(event);
+            }
+            return;
+        }
         let wire: Wire = match serde_json::from_str(payload) {
             Ok(w) => w,
             Err(e) => {
@@ -282,6 +296,8 @@ impl Handler<GetStats> for Registry {
             watching_sessions: self.watchers.len(),
             watched_users: self.by_user.len(),
             resynced: self.resynced,
+            rooms: self.rooms.counts().0,
+            room_memberships: self.rooms.counts().1,
         }
     }
 }

@@ -187,6 +187,10 @@ pub struct RegistryStats {
     pub watched_users: usize,
     /// Records re-sent to sessions by resyncs since start.
     pub resynced: u64,
+    /// Rooms with a member on this node.
+    pub rooms: usize,
+    /// Room memberships of this node's sessions.
+    pub room_memberships: usize,
 }
 
 /// Close code for a session the node gives up on while its client is
@@ -199,6 +203,8 @@ impl From<RegistryStats> for crate::metrics::NodeGauges {
             sessions: s.sessions,
             watching_sessions: s.watching_sessions,
             watched_users: s.watched_users,
+            rooms: s.rooms,
+            room_memberships: s.room_memberships,
         }
     }
 }

@@ -19,11 +19,13 @@
 pub mod fanout;
 mod handlers;
 mod messages;
+mod rooms;
 mod subscriptions;
 
 pub use fanout::{Home, SlowWatchers};
 pub use messages::*;
 use messages::{FromSubscriptions, Resynced, CLOSE_TRY_AGAIN};
+pub use rooms::{JoinRoom, LeaveRoom, RoomResync};
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -119,6 +121,8 @@ pub struct Registry {
     /// The node is shutting down ([`Shutdown`]): a session that joins from
     /// now on (its first-frame token verified late) is told at once.
     shutting_down: bool,
+    /// Which local sessions are in which room.
+    rooms: rooms::RoomInterest,
 }
 
 impl Registry {
@@ -154,6 +158,7 @@ impl Registry {
             touched: HashSet::new(),
             resynced: 0,
             shutting_down: false,
+            rooms: rooms::RoomInterest::default(),
         }
     }
 

@@ -177,15 +177,18 @@ impl Session {
         // Stamped when it starts: under load a slow round trip must not
         // make every frame meanwhile count as due.
         lease.last_refresh = Instant::now();
+        let known = lease.known_status.as_deref().cloned();
+        let state = lease.state.clone();
         let request = Lease {
             user: self.me.user.clone(),
             device: self.me.device.clone(),
             owner: self.me.owner.clone(),
-            known: lease.known_status.as_deref().cloned(),
+            known,
+            rooms: self.room_names(),
         };
         self.node
             .refresher
-            .refresh(request, lease.state.clone(), ctx.address().recipient());
+            .refresh(request, state, ctx.address().recipient());
     }
 }
 

@@ -14,10 +14,12 @@
 
 mod close;
 mod liveness;
+mod rooms;
 mod stream;
 mod token;
 mod watches;
 
+use crate::rooms::Rooms;
 use close::close;
 pub use close::{CLOSE_REPLACED, CLOSE_TOKEN_EXPIRED, CLOSE_UNAVAILABLE};
 use liveness::FrameLimiter;
@@ -78,6 +80,9 @@ pub struct Session {
     /// With JWT auth: the token's state and the timers of its expiry
     /// (boxed: most deployments, and every idle session, never use it).
     token: Option<Box<TokenClock>>,
+    /// The rooms this device is in (boxed, made on the first join: most
+    /// sessions are in none).
+    rooms: Option<Box<Rooms>>,
 }
 
 /// Where a session stands with its token (JWT auth only).
@@ -104,6 +109,8 @@ struct TokenClock {
     state: TokenState,
     /// The pending `auth_expiring` notice and expiry close.
     timers: Vec<SpawnHandle>,
+    /// The rooms the token's rooms claim lists (`--room-policy claim`).
+    rooms: Vec<String>,
 }
 
 /// Who a session is: the registry's key, the user and device, and the
@@ -168,6 +175,8 @@ pub struct Identity {
     pub status: Option<Status>,
     /// With JWT auth: the verifier, and the token's state at the handshake.
     pub token: Option<(Arc<Auth>, TokenState)>,
+    /// The rooms its token's rooms claim lists.
+    pub rooms: Vec<String>,
 }
 
 impl Session {
@@ -215,8 +224,10 @@ impl Session {
                     auth,
                     state,
                     timers: Vec::new(),
+                    rooms: who.rooms.clone(),
                 })
             }),
+            rooms: None,
         }
     }
 
@@ -316,16 +327,18 @@ impl Session {
         self.node.registry.do_send(registry::Disconnect {
             session: self.me.id,
         });
+        let Me { user, device, .. } = &self.me;
+        if !self.lease.claimed {
+            log::debug!("{user}/{device}: closed without a lease to release");
+            return;
+        }
+        self.leave_rooms_on_stop();
         let Me {
             user,
             device,
             owner,
             ..
         } = &mut self.me;
-        if !self.lease.claimed {
-            log::debug!("{user}/{device}: closed without a lease to release");
-            return;
-        }
         if !self.lease.state.close() {
             log::debug!("{user}/{device}: closed; released once its refresh is answered");
             return;

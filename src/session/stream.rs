@@ -41,6 +41,10 @@ impl Session {
                 self.request(Request::Status { status, text }, ctx);
             }
             ClientFrame::Heartbeat => {}
+            ClientFrame::Join { room, state } => self.join_room(room, state, ctx),
+            ClientFrame::Leave { room } => self.leave_room(room, ctx),
+            ClientFrame::RoomState { room, state } => self.set_room_state(room, state, ctx),
+            ClientFrame::Signal { room, data } => self.signal(room, data, ctx),
             ClientFrame::Auth { token } => self.authenticate(token.0, ctx),
             ClientFrame::Privacy { online, last_seen } => {
                 // Already validated by the parser.

@@ -114,6 +114,8 @@ pub(super) enum Request {
         /// The watched user.
         user: String,
     },
+    /// A room step.
+    Room(super::rooms::RoomRequest),
 }
 
 impl Session {
@@ -224,6 +226,7 @@ impl Session {
             Request::Status { status, text } => self.start_status(status, text, ctx),
             Request::Privacy { online, last_seen } => self.start_privacy(online, last_seen, ctx),
             Request::Recheck { user } => self.start_recheck(user, ctx),
+            Request::Room(room) => self.start_room(room, ctx),
         }
     }
 

@@ -35,6 +35,9 @@ pub struct Lease {
     /// The user's status as this connection last saw it, restored if Redis
     /// lost it.
     pub known: Option<ChosenStatus>,
+    /// The rooms the connection is in: their memberships' deadlines are
+    /// pushed on with the lease's.
+    pub rooms: Vec<std::sync::Arc<str>>,
 }
 
 /// Outcome of [`Store::arrive`].
@@ -180,6 +183,7 @@ impl Store {
             device: device.to_string(),
             owner: owner.to_string(),
             known: known.cloned(),
+            rooms: Vec::new(),
         };
         self.arrive_batch(mode, std::slice::from_ref(&lease))
             .await?
@@ -240,11 +244,22 @@ impl Store {
                 if came_online {
                     back.zrem(keys::last_seen(bucket), &lease.user).ignore();
                 }
+                let member = keys::lease_member(&lease.user, &lease.device);
+                // XX: a membership that lapsed or was left stays gone.
+                for room in &lease.rooms {
+                    back.cmd("ZADD")
+                        .arg(keys::room_deadlines(room))
+                        .arg("XX")
+                        .arg("GT")
+                        .arg(deadline)
+                        .arg(&member)
+                        .ignore();
+                }
                 by_bucket
                     .entry(bucket)
                     .or_insert_with(|| deadline_writes(bucket))
                     .arg(deadline)
-                    .arg(keys::lease_member(&lease.user, &lease.device));
+                    .arg(member);
             }
             out.push(arrival);
         }

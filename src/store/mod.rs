@@ -24,6 +24,7 @@ pub mod lists;
 pub mod passes;
 pub mod records;
 mod reply;
+pub mod rooms;
 mod scripts;
 pub mod setup;
 pub mod status;
@@ -232,9 +233,15 @@ impl Store {
     /// Loads every script into Redis's script cache (on a cluster, into
     /// every node's: `SCRIPT LOAD` goes to all of them).
     pub async fn load_scripts(&self) -> StoreResult<()> {
-        let mut conn = self.conn();
-        for script in self.scripts.all() {
-            script.prepare_invoke().load_async(&mut conn).await?;
+        // Side by side on the multiplexed connection: one round trip for
+        // all of them rather than one each (a start through a slow link
+        // would otherwise wait for every script in turn).
+        let loads = self.scripts.all().map(|script| {
+            let mut conn = self.conn();
+            async move { script.prepare_invoke().load_async(&mut conn).await }
+        });
+        for loaded in futures_util::future::join_all(loads).await {
+            loaded?;
         }
         Ok(())
     }

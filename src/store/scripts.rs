@@ -36,6 +36,18 @@ macro_rules! reporting {
     };
 }
 
+/// A room step, with the room steps' shared code (`lua/room_common.lua`)
+/// in front of it.
+macro_rules! room {
+    ($file:literal) => {
+        concat!(
+            include_str!("../lua/room_common.lua"),
+            "\n",
+            include_str!($file)
+        )
+    };
+}
+
 /// Splits the reply of a [`reporting!`] script into the step's own reply
 /// and the JSON of the event it published, if it published one. Anything
 /// else (an error, a reply of another shape) comes back as it was.
@@ -66,10 +78,16 @@ pub(super) struct Scripts {
     forget_offline: Script,
     migrate_devices: Script,
     fold_active: Script,
+    /// The room steps (`room_*.lua`, with `room_common.lua` in front).
+    pub(super) room_join: Script,
+    pub(super) room_leave: Script,
+    pub(super) room_state: Script,
+    pub(super) room_expire: Script,
+    pub(super) room_read: Script,
 }
 
 /// Adds an EVALSHA of `script` to `pipe`; the caller chains the arguments.
-fn eval<'p>(pipe: &'p mut Pipeline, script: &Script, keys: &[&str]) -> &'p mut Pipeline {
+pub(super) fn eval<'p>(pipe: &'p mut Pipeline, script: &Script, keys: &[&str]) -> &'p mut Pipeline {
     // Sized up front for the scripts' usual arguments (about as many bytes
     // again as the keys, and up to 16 of them): a command grown argument by
     // argument reallocates its buffers several times. In `presence-bench
@@ -122,12 +140,17 @@ impl Scripts {
             forget_offline: Script::new(include_str!("../lua/forget_offline.lua")),
             migrate_devices: Script::new(include_str!("../lua/migrate_devices.lua")),
             fold_active: Script::new(include_str!("../lua/fold_active.lua")),
+            room_join: Script::new(room!("../lua/room_join.lua")),
+            room_leave: Script::new(room!("../lua/room_leave.lua")),
+            room_state: Script::new(room!("../lua/room_state.lua")),
+            room_expire: Script::new(room!("../lua/room_expire.lua")),
+            room_read: Script::new(room!("../lua/room_read.lua")),
         };
         crate::redis::conn::name_scripts(scripts.named());
         scripts
     }
 
-    fn named(&self) -> [(&Script, &'static str); 11] {
+    fn named(&self) -> [(&Script, &'static str); 16] {
         [
             (&self.arrive, "arrive"),
             (&self.depart, "depart"),
@@ -140,6 +163,11 @@ impl Scripts {
             (&self.forget_offline, "forget_offline"),
             (&self.migrate_devices, "migrate_devices"),
             (&self.fold_active, "fold_active"),
+            (&self.room_join, "room_join"),
+            (&self.room_leave, "room_leave"),
+            (&self.room_state, "room_state"),
+            (&self.room_expire, "room_expire"),
+            (&self.room_read, "room_read"),
         ]
     }
 

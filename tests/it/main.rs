@@ -28,6 +28,7 @@ mod proxy;
 mod refresh;
 mod reliability;
 mod retention;
+mod rooms;
 mod scale;
 mod security;
 mod sentinel;

@@ -1,0 +1,179 @@
+//! Rooms in the registry: which local sessions are in which room, and the
+//! node's subscription to a room's channel exactly while one of them is:
+//! subscribed before the joining session's step runs, so that no event
+//! falls between its `room` frame and the subscription; unsubscribed when
+//! the last local member leaves.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use actix::prelude::*;
+
+use super::{Registry, SessionId};
+use crate::keys;
+use crate::rooms::{RoomDeliver, RoomEvent};
+
+/// A session enters a room; answered once the node hears the room's
+/// events.
+#[derive(Message)]
+#[rtype(result = "Result<(), String>")]
+pub struct JoinRoom {
+    /// The session.
+    pub session: SessionId,
+    /// The room.
+    pub room: Arc<str>,
+    /// Where its room events go.
+    pub addr: Recipient<RoomDeliver>,
+    /// Where a resync goes.
+    pub resync: Recipient<RoomResync>,
+}
+
+/// A session is out of a room.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct LeaveRoom {
+    /// The session.
+    pub session: SessionId,
+    /// The room.
+    pub room: Arc<str>,
+}
+
+/// The room events missed while a subscription was down: the session
+/// reads the room again and sends a fresh `room` frame.
+#[derive(Message, Clone)]
+#[rtype(result = "()")]
+pub struct RoomResync {
+    /// The room.
+    pub room: Arc<str>,
+}
+
+/// Where one member session's room events and resyncs go.
+type Member = (Recipient<RoomDeliver>, Recipient<RoomResync>);
+
+/// Which local sessions are in which room.
+#[derive(Default)]
+pub(super) struct RoomInterest {
+    /// The local member sessions of each room, with where their events go
+    /// and where a resync goes.
+    members: HashMap<Arc<str>, HashMap<SessionId, Member>>,
+    /// The rooms of each local session, so that a disconnect undoes all.
+    of_session: HashMap<SessionId, HashSet<Arc<str>>>,
+    /// The rooms whose channel the node holds.
+    subscribed: HashSet<Arc<str>>,
+}
+
+impl RoomInterest {
+    /// Removes `session` from `room`; the room's channel when it was the
+    /// last local member, to unsubscribe.
+    fn leave(&mut self, session: SessionId, room: &str) -> Option<String> {
+        let sessions = self.members.get_mut(room)?;
+        sessions.remove(&session);
+        if let Some(rooms) = self.of_session.get_mut(&session) {
+            rooms.remove(room);
+            if rooms.is_empty() {
+                self.of_session.remove(&session);
+            }
+        }
+        if !sessions.is_empty() {
+            return None;
+        }
+        self.members.remove(room);
+        self.subscribed
+            .remove(room)
+            .then(|| keys::room_events(room))
+    }
+
+    /// Removes a closed session from all its rooms; the channels to
+    /// unsubscribe.
+    pub(super) fn disconnect(&mut self, session: SessionId) -> Vec<String> {
+        let rooms = self.of_session.remove(&session).unwrap_or_default();
+        rooms
+            .iter()
+            .filter_map(|room| self.leave(session, room))
+            .collect()
+    }
+
+    /// Hands `event` to the room's local members.
+    pub(super) fn deliver(&self, event: RoomEvent) {
+        crate::metrics::METRICS.rooms.events.inc();
+        let Some(sessions) = self.members.get(&event.room) else {
+            return;
+        };
+        let event = Arc::new(event);
+        for (deliver, _) in sessions.values() {
+            deliver.do_send(RoomDeliver {
+                event: event.clone(),
+            });
+        }
+    }
+
+    /// Tells every local member to read its rooms again (after the
+    /// subscriptions were down, when events may have been missed).
+    pub(super) fn resync(&self) {
+        for (room, sessions) in &self.members {
+            for (_, resync) in sessions.values() {
+                resync.do_send(RoomResync { room: room.clone() });
+            }
+        }
+    }
+
+    /// Local rooms and memberships, for the metrics.
+    pub(super) fn counts(&self) -> (usize, usize) {
+        (
+            self.members.len(),
+            self.members.values().map(HashMap::len).sum(),
+        )
+    }
+}
+
+impl Handler<JoinRoom> for Registry {
+    type Result = ResponseActFuture<Self, Result<(), String>>;
+
+    fn handle(&mut self, join: JoinRoom, _: &mut Self::Context) -> Self::Result {
+        let interest = &mut self.rooms;
+        interest
+            .members
+            .entry(join.room.clone())
+            .or_default()
+            .insert(join.session, (join.addr, join.resync));
+        interest
+            .of_session
+            .entry(join.session)
+            .or_default()
+            .insert(join.room.clone());
+        let subscribe = (!interest.subscribed.contains(&join.room)).then(|| {
+            let channel = keys::room_events(&join.room);
+            self.subscriptions.clone().map(|subs| (subs, channel))
+        });
+        let room = join.room;
+        let wait = async move {
+            match subscribe {
+                None => Ok(()),
+                Some(Some((subs, channel))) => subs
+                    .subscribe(vec![channel])
+                    .await
+                    .map_err(|e| e.to_string()),
+                Some(None) => Err("the event subscriptions are not running".to_string()),
+            }
+        };
+        Box::pin(wait.into_actor(self).map(move |res, act, _| {
+            // Confirmed, and still wanted: the session may have left meanwhile.
+            if res.is_ok() && act.rooms.members.contains_key(&room) {
+                act.rooms.subscribed.insert(room);
+            }
+            res
+        }))
+    }
+}
+
+impl Handler<LeaveRoom> for Registry {
+    type Result = ();
+
+    fn handle(&mut self, msg: LeaveRoom, _: &mut Self::Context) {
+        if let Some(channel) = self.rooms.leave(msg.session, &msg.room) {
+            if let Some(subs) = &self.subscriptions {
+                subs.unsubscribe(vec![channel]);
+            }
+        }
+    }
+}

@@ -1,0 +1,329 @@
+//! Room events: what the room steps publish on a room's channel (one JSON
+//! object each, `e` naming the kind), and the frames a member gets.
+//!
+//! Server frames (to every member device of the room but the one that
+//! caused the event, the causing user's other devices included):
+//! - `{"type":"room","room":..,"users":N,"devices":M,"members":[..]}`, the
+//!   answer to a join: members sorted by user, each with its devices.
+//! - `{"type":"room_join","room":..,"user":..,"device":..,"state":{..},"first":true}`
+//! - `{"type":"room_leave","room":..,"user":..,"device":..,"last":true}`
+//! - `{"type":"room_update","room":..,"user":..,"device":..,"state":{..}}`
+//! - `{"type":"signal","room":..,"user":..,"device":..,"data":..}`
+
+use std::sync::Arc;
+
+use actix::Message;
+use bytestring::ByteString;
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+use crate::protocol::{self, Tagged};
+use crate::store::rooms::{RoomMember, RoomSnapshot};
+
+/// The kind of a room event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Kind {
+    /// A device joined.
+    Join,
+    /// A device left (or its membership lapsed).
+    Leave,
+    /// A device replaced its state.
+    Update,
+    /// A device relayed a signal.
+    Signal,
+}
+
+/// A room event as published.
+#[derive(Debug, Deserialize)]
+struct Wire<'a> {
+    /// Its kind.
+    e: Kind,
+    /// The room.
+    room: String,
+    /// The member's user.
+    user: String,
+    /// The member's device.
+    device: String,
+    /// The room's event clock after the step (not on signals).
+    #[serde(default)]
+    seq: Option<u64>,
+    /// Users in the room after the step.
+    #[serde(default)]
+    users: Option<u64>,
+    /// Devices in the room after the step.
+    #[serde(default)]
+    devices: Option<u64>,
+    /// The member's state (joins and updates).
+    #[serde(default, borrow)]
+    state: Option<&'a RawValue>,
+    /// The user's first device in the room (joins).
+    #[serde(default)]
+    first: Option<bool>,
+    /// The user's last device in the room (leaves).
+    #[serde(default)]
+    last: Option<bool>,
+    /// A signal's data.
+    #[serde(default, borrow)]
+    data: Option<&'a RawValue>,
+}
+
+/// One room event, parsed once per node and shared by the local members.
+#[derive(Debug)]
+pub struct RoomEvent {
+    /// The room.
+    pub room: Arc<str>,
+    /// Its kind.
+    pub kind: Kind,
+    /// The member it is about.
+    pub user: String,
+    /// Its device.
+    pub device: String,
+    /// The room's event clock after it; `None` for signals, which are not
+    /// ordered against the room frame.
+    pub seq: Option<u64>,
+    /// The room's counts after it (0 for signals).
+    pub users: u64,
+    /// Devices, likewise.
+    pub devices: u64,
+    /// The frame a member gets, serialized once.
+    pub frame: ByteString,
+}
+
+/// A room event for one local member session.
+#[derive(Message, Clone)]
+#[rtype(result = "()")]
+pub struct RoomDeliver {
+    /// The event.
+    pub event: Arc<RoomEvent>,
+}
+
+/// The fields every event frame carries.
+#[derive(Serialize)]
+struct EventBody<'a> {
+    room: &'a str,
+    user: &'a str,
+    device: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    state: Option<&'a RawValue>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    first: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    last: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    data: Option<&'a RawValue>,
+}
+
+fn to_json<T: Serialize>(kind: &'static str, body: &T) -> String {
+    protocol::to_json(&Tagged { kind, body })
+}
+
+/// An empty object, for a state that does not parse (Redis holds only
+/// what the steps wrote, which was checked JSON).
+fn empty_object() -> &'static RawValue {
+    static EMPTY: std::sync::LazyLock<Box<RawValue>> =
+        std::sync::LazyLock::new(|| RawValue::from_string("{}".to_string()).expect("{} is JSON"));
+    &EMPTY
+}
+
+impl RoomEvent {
+    /// Parses a payload of `channel_room`'s channel; `None` (logged) for
+    /// one that is not a room event of that room.
+    pub fn parse(channel_room: &str, payload: &str) -> Option<Self> {
+        let wire: Wire = match serde_json::from_str(payload) {
+            Ok(w) => w,
+            Err(e) => {
+                log::warn!("ignoring a malformed room event ({e}): {payload}");
+                return None;
+            }
+        };
+        if wire.room != channel_room {
+            log::warn!(
+                "ignoring an event of room {} on {channel_room}'s channel",
+                wire.room
+            );
+            return None;
+        }
+        let (kind, first, last, state, data) = match wire.e {
+            Kind::Join => ("room_join", wire.first, None, wire.state, None),
+            Kind::Leave => ("room_leave", None, wire.last, None, None),
+            Kind::Update => ("room_update", None, None, wire.state, None),
+            Kind::Signal => ("signal", None, None, None, wire.data),
+        };
+        let state = match (wire.e, state) {
+            (Kind::Join | Kind::Update, None) => Some(empty_object()),
+            (_, state) => state,
+        };
+        let frame = to_json(
+            kind,
+            &EventBody {
+                room: &wire.room,
+                user: &wire.user,
+                device: &wire.device,
+                state,
+                first: first.or((wire.e == Kind::Join).then_some(false)),
+                last: last.or((wire.e == Kind::Leave).then_some(false)),
+                data,
+            },
+        );
+        Some(Self {
+            room: Arc::from(wire.room.as_str()),
+            kind: wire.e,
+            user: wire.user,
+            device: wire.device,
+            seq: wire.seq,
+            users: wire.users.unwrap_or(0),
+            devices: wire.devices.unwrap_or(0),
+            frame: ByteString::from(frame),
+        })
+    }
+}
+
+/// One device of a member, as a `room` frame lists it.
+#[derive(Serialize)]
+struct DeviceBody<'a> {
+    device: &'a str,
+    state: &'a RawValue,
+    joined_at: i64,
+}
+
+/// One user of a room, with its devices.
+#[derive(Serialize)]
+struct MemberBody<'a> {
+    user: &'a str,
+    devices: Vec<DeviceBody<'a>>,
+}
+
+/// The `room` frame's body.
+#[derive(Serialize)]
+struct RoomBody<'a> {
+    room: &'a str,
+    users: u64,
+    devices: u64,
+    members: Option<Vec<MemberBody<'a>>>,
+}
+
+/// The members of a snapshot grouped by user (the snapshot is sorted by
+/// user and device).
+fn grouped<'a>(members: &'a [RoomMember], states: &'a [Box<RawValue>]) -> Vec<MemberBody<'a>> {
+    let mut out: Vec<MemberBody> = Vec::new();
+    for (m, state) in members.iter().zip(states) {
+        let device = DeviceBody {
+            device: &m.device,
+            state,
+            joined_at: m.joined_at,
+        };
+        match out.last_mut() {
+            Some(last) if last.user == m.user => last.devices.push(device),
+            _ => out.push(MemberBody {
+                user: &m.user,
+                devices: vec![device],
+            }),
+        }
+    }
+    out
+}
+
+/// The `room` frame for `snapshot` of `room`.
+pub fn room_frame(room: &str, snapshot: &RoomSnapshot) -> String {
+    let states: Vec<Box<RawValue>> = snapshot
+        .members
+        .iter()
+        .flatten()
+        .map(|m| {
+            RawValue::from_string(m.state.clone()).unwrap_or_else(|_| {
+                log::warn!(
+                    "room {room}: {}/{} has a state that is not JSON",
+                    m.user,
+                    m.device
+                );
+                empty_object().to_owned()
+            })
+        })
+        .collect();
+    to_json(
+        "room",
+        &RoomBody {
+            room,
+            users: snapshot.users,
+            devices: snapshot.devices,
+            members: snapshot.members.as_deref().map(|m| grouped(m, &states)),
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_become_frames() {
+        let join = RoomEvent::parse(
+            "doc:42",
+            r#"{"e":"join","room":"doc:42","user":"bob","device":"laptop","seq":3,"users":2,"devices":3,"state":{"page":1},"joined_at":5,"first":true}"#,
+        )
+        .unwrap();
+        assert_eq!(join.seq, Some(3));
+        assert_eq!(
+            &*join.frame,
+            r#"{"type":"room_join","room":"doc:42","user":"bob","device":"laptop","state":{"page":1},"first":true}"#
+        );
+        let leave = RoomEvent::parse(
+            "doc:42",
+            r#"{"e":"leave","room":"doc:42","user":"bob","device":"laptop","seq":4,"users":1,"devices":1,"last":false}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            &*leave.frame,
+            r#"{"type":"room_leave","room":"doc:42","user":"bob","device":"laptop","last":false}"#
+        );
+        let signal = RoomEvent::parse(
+            "doc:42",
+            r#"{"e":"signal","room":"doc:42","user":"bob","device":"laptop","data":{"typing":true}}"#,
+        )
+        .unwrap();
+        assert_eq!(signal.seq, None);
+        assert_eq!(
+            &*signal.frame,
+            r#"{"type":"signal","room":"doc:42","user":"bob","device":"laptop","data":{"typing":true}}"#
+        );
+        assert!(RoomEvent::parse(
+            "doc:43",
+            r#"{"e":"leave","room":"doc:42","user":"b","device":"l"}"#
+        )
+        .is_none());
+        assert!(RoomEvent::parse("doc:42", "not json").is_none());
+    }
+
+    #[test]
+    fn room_frames_group_devices_by_user() {
+        let member = |user: &str, device: &str, state: &str| RoomMember {
+            user: user.into(),
+            device: device.into(),
+            state: state.into(),
+            joined_at: 7,
+        };
+        let snapshot = RoomSnapshot {
+            seq: 9,
+            users: 2,
+            devices: 3,
+            members: Some(vec![
+                member("alice", "phone", "{}"),
+                member("bob", "laptop", r#"{"page":2}"#),
+                member("bob", "phone", "{}"),
+            ]),
+        };
+        assert_eq!(
+            room_frame("doc:42", &snapshot),
+            r#"{"type":"room","room":"doc:42","users":2,"devices":3,"members":[{"user":"alice","devices":[{"device":"phone","state":{},"joined_at":7}]},{"user":"bob","devices":[{"device":"laptop","state":{"page":2},"joined_at":7},{"device":"phone","state":{},"joined_at":7}]}]}"#
+        );
+        let large = RoomSnapshot {
+            members: None,
+            ..snapshot
+        };
+        assert_eq!(
+            room_frame("doc:42", &large),
+            r#"{"type":"room","room":"doc:42","users":2,"devices":3,"members":null}"#
+        );
+    }
+}

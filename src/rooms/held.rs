@@ -1,0 +1,136 @@
+//! The rooms one session is in, and what it told its client of each: the
+//! room's clock as of the last `room` frame, so that an event the frame
+//! already showed is not sent again, and the events that arrived before
+//! that frame, held until it is out.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytestring::ByteString;
+
+use super::events::RoomEvent;
+use crate::bucket::TokenBucket;
+
+/// One room a session is in.
+#[derive(Debug, Default)]
+pub struct Held {
+    /// This device's state, as the client last set it (JSON text).
+    pub state: String,
+    /// The room's clock as of the `room` frame sent; `None` until sent.
+    pub seq: Option<u64>,
+    /// Events that arrived before the `room` frame.
+    pub pending: Vec<Arc<RoomEvent>>,
+}
+
+/// The rooms of one session.
+#[derive(Debug)]
+pub struct Rooms {
+    /// The rooms the device is in or joining, by id.
+    pub joined: HashMap<Arc<str>, Held>,
+    /// Room state and signal frames this device may send.
+    pub messages: TokenBucket,
+}
+
+impl Rooms {
+    /// No rooms yet; `rate` room messages per second (bursts of twice that).
+    pub fn new(rate: u32) -> Self {
+        Self {
+            joined: HashMap::new(),
+            messages: TokenBucket::new_at(rate, rate.saturating_mul(2), Instant::now()),
+        }
+    }
+
+    /// The rooms whose memberships ride on the lease's refreshes.
+    pub fn names(&self) -> Vec<Arc<str>> {
+        self.joined.keys().cloned().collect()
+    }
+
+    /// The frame to send for `event`, if any: none for this device's own
+    /// events, for a room it is not in, or for what its `room` frame showed
+    /// already; an event that comes before that frame waits for it.
+    pub fn deliver(
+        &mut self,
+        event: Arc<RoomEvent>,
+        user: &str,
+        device: &str,
+    ) -> Option<ByteString> {
+        if event.user == user && event.device == device {
+            return None;
+        }
+        let held = self.joined.get_mut(&event.room)?;
+        match (held.seq, event.seq) {
+            (None, _) => {
+                held.pending.push(event);
+                None
+            }
+            (Some(shown), Some(seq)) if seq <= shown => None,
+            (Some(_), seq) => {
+                if seq.is_some() {
+                    held.seq = seq;
+                }
+                Some(event.frame.clone())
+            }
+        }
+    }
+
+    /// The `room` frame of `room` went out showing its clock at `seq`: the
+    /// held events that came after it, to send now.
+    pub fn synced(&mut self, room: &str, seq: u64) -> Vec<ByteString> {
+        let Some(held) = self.joined.get_mut(room) else {
+            return Vec::new();
+        };
+        held.seq = Some(seq);
+        let mut out = Vec::new();
+        for event in std::mem::take(&mut held.pending) {
+            match event.seq {
+                Some(s) if s <= seq => {}
+                Some(s) => {
+                    held.seq = Some(s);
+                    out.push(event.frame.clone());
+                }
+                None => out.push(event.frame.clone()),
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(user: &str, seq: Option<u64>) -> Arc<RoomEvent> {
+        let payload = match seq {
+            Some(s) => format!(
+                r#"{{"e":"update","room":"r","user":"{user}","device":"d","seq":{s},"users":1,"devices":1,"state":{{}}}}"#
+            ),
+            None => format!(r#"{{"e":"signal","room":"r","user":"{user}","device":"d","data":1}}"#),
+        };
+        Arc::new(RoomEvent::parse("r", &payload).unwrap())
+    }
+
+    #[test]
+    fn events_wait_for_the_room_frame_and_old_ones_are_dropped() {
+        let mut rooms = Rooms::new(20);
+        rooms.joined.insert(Arc::from("r"), Held::default());
+        assert_eq!(rooms.deliver(event("bob", Some(4)), "me", "d"), None);
+        assert_eq!(rooms.deliver(event("bob", Some(6)), "me", "d"), None);
+        assert_eq!(rooms.deliver(event("bob", None), "me", "d"), None);
+        // The room frame showed the room at 5: the event at 4 was in it.
+        let sent = rooms.synced("r", 5);
+        assert_eq!(sent.len(), 2);
+        assert!(sent[0].contains("room_update"));
+        assert!(sent[1].contains("signal"));
+        // Live now; the clock moved to 6.
+        assert_eq!(rooms.deliver(event("bob", Some(6)), "me", "d"), None);
+        assert!(rooms.deliver(event("bob", Some(7)), "me", "d").is_some());
+        // Its own events never come back to a device.
+        assert_eq!(rooms.deliver(event("me", Some(8)), "me", "d"), None);
+        // Another device of the same user gets them.
+        assert!(rooms.deliver(event("me", Some(9)), "me", "other").is_some());
+        assert!(rooms.deliver(event("bob", Some(10)), "me", "d").is_some());
+        let mut elsewhere = Rooms::new(20);
+        assert_eq!(elsewhere.deliver(event("bob", Some(1)), "me", "d"), None);
+    }
+}

@@ -1,0 +1,456 @@
+//! Rooms inside a session: the room frames (`join`, `leave`, `room_state`,
+//! `signal`) checked against the limits and the room policy, then handed
+//! to the store in turn with the session's other requests; the room
+//! events the registry delivers; and leaving every room when the session
+//! ends with its lease released.
+
+use std::sync::Arc;
+
+use actix::prelude::*;
+use actix_web_actors::ws;
+
+use super::watches::Request;
+use super::Session;
+use crate::config::{RoomPolicy, MAX_SIGNAL_BYTES};
+use crate::protocol::{ErrorCode, ProtocolError};
+use crate::registry::{JoinRoom, LeaveRoom, RoomResync};
+use crate::rooms::events::room_frame;
+use crate::rooms::{allows, Held, RoomDeliver, Rooms};
+use crate::store::rooms::{Joined, RoomSnapshot};
+use crate::store::StoreResult;
+
+/// A room request waiting its turn for Redis.
+pub(super) enum RoomRequest {
+    /// Join, or replace the state of a room the device is in.
+    Join {
+        /// The room.
+        room: Arc<str>,
+        /// The state, serialized.
+        state: String,
+    },
+    /// Leave.
+    Leave {
+        /// The room.
+        room: Arc<str>,
+    },
+    /// Replace the state.
+    State {
+        /// The room.
+        room: Arc<str>,
+        /// The state, serialized.
+        state: String,
+    },
+}
+
+impl Session {
+    /// The session's rooms, made on first use (most sessions have none).
+    fn rooms_mut(&mut self) -> &mut Rooms {
+        let rate = self.node.config.rooms.max_messages_per_sec;
+        self.rooms.get_or_insert_with(|| Box::new(Rooms::new(rate)))
+    }
+
+    /// Whether this session is in (or joining) `room`.
+    fn in_room(&self, room: &str) -> bool {
+        self.rooms
+            .as_ref()
+            .is_some_and(|r| r.joined.contains_key(room))
+    }
+
+    /// The rooms whose memberships ride on the lease's refreshes.
+    pub(super) fn room_names(&self) -> Vec<Arc<str>> {
+        self.rooms.as_ref().map(|r| r.names()).unwrap_or_default()
+    }
+
+    /// A state or a signal's data, serialized and checked against `max`.
+    fn serialized(
+        value: &serde_json::Value,
+        what: &str,
+        max: usize,
+        room: &str,
+    ) -> Result<String, ProtocolError> {
+        let text = value.to_string();
+        if text.len() > max {
+            return Err(ProtocolError::new(
+                ErrorCode::StateTooLarge,
+                format!("{what} is {} bytes; at most {max} are allowed", text.len()),
+            )
+            .in_room(room));
+        }
+        Ok(text)
+    }
+
+    /// A `join` frame: checked, then queued.
+    pub(super) fn join_room(
+        &mut self,
+        room: String,
+        state: Option<serde_json::Value>,
+        ctx: &mut ws::WebsocketContext<Self>,
+    ) {
+        let limits = self.node.config.rooms.clone();
+        if limits.policy == RoomPolicy::Claim {
+            let grants = self
+                .token
+                .as_ref()
+                .map(|t| t.rooms.as_slice())
+                .unwrap_or(&[]);
+            if !allows(grants, &room) {
+                let err = ProtocolError::new(
+                    ErrorCode::Forbidden,
+                    format!("the token's rooms claim does not include {room:?}"),
+                );
+                return self.send_error(ctx, &err.in_room(&room));
+            }
+        }
+        let state = state.unwrap_or_else(|| serde_json::json!({}));
+        let state = match Self::serialized(&state, "state", limits.max_state_bytes, &room) {
+            Ok(s) => s,
+            Err(e) => return self.send_error(ctx, &e),
+        };
+        let rooms = self.rooms_mut();
+        let room: Arc<str> = Arc::from(room);
+        let count = rooms.joined.len();
+        match rooms.joined.get_mut(&room) {
+            Some(held) => {
+                // A join again: a fresh `room` frame follows; events wait
+                // for it.
+                held.state = state.clone();
+                held.seq = None;
+            }
+            None if count >= limits.max_rooms_per_device => {
+                let err = ProtocolError::new(
+                    ErrorCode::TooManyRooms,
+                    format!(
+                        "a device may be in at most {} rooms",
+                        limits.max_rooms_per_device
+                    ),
+                );
+                return self.send_error(ctx, &err.in_room(&room));
+            }
+            None => {
+                rooms.joined.insert(
+                    room.clone(),
+                    Held {
+                        state: state.clone(),
+                        ..Held::default()
+                    },
+                );
+            }
+        }
+        self.request(Request::Room(RoomRequest::Join { room, state }), ctx);
+    }
+
+    /// A `leave` frame: out of the room now, in Redis in turn.
+    pub(super) fn leave_room(&mut self, room: String, ctx: &mut ws::WebsocketContext<Self>) {
+        let Some((room, _)) = self
+            .rooms
+            .as_mut()
+            .and_then(|r| r.joined.remove_entry(room.as_str()))
+        else {
+            return self.send_error(ctx, &not_in_room(&room));
+        };
+        self.node.registry.do_send(LeaveRoom {
+            session: self.me.id,
+            room: room.clone(),
+        });
+        self.request(Request::Room(RoomRequest::Leave { room }), ctx);
+    }
+
+    /// Takes one room message (state or signal) from the device's budget.
+    fn room_message(&mut self, room: &str, ctx: &mut ws::WebsocketContext<Self>) -> bool {
+        if !self.in_room(room) {
+            self.send_error(ctx, &not_in_room(room));
+            return false;
+        }
+        let rate = self.node.config.rooms.max_messages_per_sec;
+        if self.rooms_mut().messages.take(1).is_err() {
+            let err = ProtocolError::new(
+                ErrorCode::RateLimited,
+                format!("more than {rate} room state and signal frames per second"),
+            );
+            self.send_error(ctx, &err.in_room(room));
+            return false;
+        }
+        true
+    }
+
+    /// A `room_state` frame.
+    pub(super) fn set_room_state(
+        &mut self,
+        room: String,
+        state: serde_json::Value,
+        ctx: &mut ws::WebsocketContext<Self>,
+    ) {
+        if !self.room_message(&room, ctx) {
+            return;
+        }
+        let max = self.node.config.rooms.max_state_bytes;
+        let state = match Self::serialized(&state, "state", max, &room) {
+            Ok(s) => s,
+            Err(e) => return self.send_error(ctx, &e),
+        };
+        let Some(rooms) = self.rooms.as_mut() else {
+            return;
+        };
+        let Some(room) = rooms.joined.keys().find(|r| ***r == *room).cloned() else {
+            return;
+        };
+        if let Some(held) = rooms.joined.get_mut(&room) {
+            held.state = state.clone();
+        }
+        self.request(Request::Room(RoomRequest::State { room, state }), ctx);
+    }
+
+    /// A `signal` frame: relayed at once, never stored.
+    pub(super) fn signal(
+        &mut self,
+        room: String,
+        data: serde_json::Value,
+        ctx: &mut ws::WebsocketContext<Self>,
+    ) {
+        if !self.room_message(&room, ctx) {
+            return;
+        }
+        let data = match Self::serialized(&data, "data", MAX_SIGNAL_BYTES, &room) {
+            Ok(d) => d,
+            Err(e) => return self.send_error(ctx, &e),
+        };
+        let store = self.node.store.clone();
+        let (user, device) = (self.me.user.clone(), self.me.device.clone());
+        crate::metrics::METRICS.rooms.signals_relayed.inc();
+        let send = async move { store.signal_room(&room, &user, &device, &data).await };
+        ctx.spawn(send.into_actor(self).map(|res, act, ctx| {
+            if let Err(e) = res {
+                log::debug!("{}/{}: signal not relayed: {e}", act.me.user, act.me.device);
+                act.send_error(ctx, &super::unavailable());
+            }
+        }));
+    }
+
+    /// Runs a room request whose turn has come.
+    pub(super) fn start_room(
+        &mut self,
+        request: RoomRequest,
+        ctx: &mut ws::WebsocketContext<Self>,
+    ) {
+        match request {
+            RoomRequest::Join { room, state } => self.start_join(room, state, ctx),
+            RoomRequest::Leave { room } => {
+                let store = self.node.store.clone();
+                let (user, device, owner) = self.me_parts();
+                let leave = async move { store.leave_room(&room, &user, &device, &owner).await };
+                ctx.spawn(leave.into_actor(self).map(|res, act, ctx| {
+                    if let Err(e) = res {
+                        log::debug!("{}/{}: leave failed: {e}", act.me.user, act.me.device);
+                        act.send_error(ctx, &super::unavailable());
+                    }
+                    act.request_done(ctx);
+                }));
+            }
+            RoomRequest::State { room, state } => {
+                let store = self.node.store.clone();
+                let (user, device, owner) = self.me_parts();
+                let set = async move {
+                    store
+                        .set_room_state(&room, &user, &device, &state, &owner)
+                        .await
+                };
+                ctx.spawn(set.into_actor(self).map(|res, act, ctx| {
+                    if let Err(e) = res {
+                        log::debug!("{}/{}: room state failed: {e}", act.me.user, act.me.device);
+                        act.send_error(ctx, &super::unavailable());
+                    }
+                    act.request_done(ctx);
+                }));
+            }
+        }
+    }
+
+    /// User, device and lease value, for a room step.
+    fn me_parts(&self) -> (String, String, String) {
+        (
+            self.me.user.clone(),
+            self.me.device.clone(),
+            self.me.owner.clone(),
+        )
+    }
+
+    /// Subscribes the node to the room (the registry answers once it
+    /// hears the room's events), then runs the join step, whose reply is
+    /// the room right after it.
+    fn start_join(&mut self, room: Arc<str>, state: String, ctx: &mut ws::WebsocketContext<Self>) {
+        if !self.in_room(&room) {
+            // Left while this waited its turn.
+            return self.request_done(ctx);
+        }
+        let limits = self.node.config.rooms.clone();
+        let registry = self.node.registry.clone();
+        let store = self.node.store.clone();
+        let (user, device, owner) = self.me_parts();
+        let subscribe = registry.send(JoinRoom {
+            session: self.me.id,
+            room: room.clone(),
+            addr: ctx.address().recipient(),
+            resync: ctx.address().recipient(),
+        });
+        let join = async move {
+            match subscribe.await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return Err(e),
+                Err(e) => return Err(e.to_string()),
+            }
+            store
+                .join_room(
+                    &room,
+                    &user,
+                    &device,
+                    &state,
+                    &owner,
+                    limits.max_room_devices,
+                    limits.announce_max,
+                )
+                .await
+                .map(|joined| (room, joined))
+                .map_err(|e| e.to_string())
+        };
+        ctx.spawn(join.into_actor(self).map(|res, act, ctx| {
+            match res {
+                Ok((room, Joined::Joined { room: snapshot, .. }))
+                | Ok((room, Joined::Updated { room: snapshot })) => {
+                    act.show_room(&room, &snapshot, ctx)
+                }
+                Ok((room, Joined::Full)) => {
+                    act.forget_room(&room);
+                    let err = ProtocolError::new(
+                        ErrorCode::RoomFull,
+                        format!(
+                            "the room holds {} devices, the most allowed",
+                            act.node.config.rooms.max_room_devices
+                        ),
+                    );
+                    act.send_error(ctx, &err.in_room(&room));
+                }
+                Err(e) => {
+                    log::debug!("{}/{}: join failed: {e}", act.me.user, act.me.device);
+                    act.send_error(ctx, &super::unavailable());
+                }
+            }
+            act.request_done(ctx);
+        }));
+    }
+
+    /// Sends the `room` frame of `snapshot`, then the events held for it.
+    fn show_room(
+        &mut self,
+        room: &str,
+        snapshot: &RoomSnapshot,
+        ctx: &mut ws::WebsocketContext<Self>,
+    ) {
+        if !self.in_room(room) {
+            return;
+        }
+        self.send(ctx, room_frame(room, snapshot));
+        let held = self.rooms_mut().synced(room, snapshot.seq);
+        for frame in held {
+            self.send(ctx, frame);
+        }
+    }
+
+    /// Out of a room this session could not join.
+    fn forget_room(&mut self, room: &Arc<str>) {
+        if let Some(rooms) = &mut self.rooms {
+            rooms.joined.remove(room);
+        }
+        self.node.registry.do_send(LeaveRoom {
+            session: self.me.id,
+            room: room.clone(),
+        });
+    }
+
+    /// Leaves every room at once: the session ends with its lease released
+    /// (a clean close), so its memberships go with it rather than lapse.
+    pub(super) fn leave_rooms_on_stop(&mut self) {
+        let Some(rooms) = self.rooms.take() else {
+            return;
+        };
+        let store = self.node.store.clone();
+        let (user, device, owner) = self.me_parts();
+        actix::spawn(async move {
+            for room in rooms.joined.keys() {
+                if let Err(e) = store.leave_room(room, &user, &device, &owner).await {
+                    log::debug!("{user}/{device}: leaving {room} failed ({e}); it will lapse");
+                }
+            }
+        });
+    }
+}
+
+/// The error for a room frame naming a room the device is not in.
+fn not_in_room(room: &str) -> ProtocolError {
+    ProtocolError::new(
+        ErrorCode::NotInRoom,
+        format!("not in room {room:?}: join it first"),
+    )
+    .in_room(room)
+}
+
+impl Handler<RoomDeliver> for Session {
+    type Result = ();
+
+    fn handle(&mut self, msg: RoomDeliver, ctx: &mut Self::Context) {
+        let (user, device) = (&self.me.user, &self.me.device);
+        let frame = self
+            .rooms
+            .as_mut()
+            .and_then(|r| r.deliver(msg.event, user, device));
+        if let Some(frame) = frame {
+            crate::metrics::METRICS.rooms.frames_sent.inc();
+            self.send(ctx, frame);
+        }
+    }
+}
+
+impl Handler<RoomResync> for Session {
+    type Result = ();
+
+    /// Events of the room may have been missed: read it again and send a
+    /// fresh `room` frame, holding events until it is out.
+    fn handle(&mut self, msg: RoomResync, ctx: &mut Self::Context) {
+        let Some(held) = self
+            .rooms
+            .as_mut()
+            .and_then(|r| r.joined.get_mut(&msg.room))
+        else {
+            return;
+        };
+        if held.seq.is_none() {
+            // Its room frame is still to come, from a fresh read.
+            return;
+        }
+        held.seq = None;
+        let store = self.node.store.clone();
+        let list_max = self.node.config.rooms.announce_max;
+        let room = msg.room;
+        let read = async move {
+            let snapshot: StoreResult<RoomSnapshot> = store.read_room(&room, list_max).await;
+            (room, snapshot)
+        };
+        ctx.spawn(
+            read.into_actor(self)
+                .map(|(room, res), act, ctx| match res {
+                    Ok(snapshot) => act.show_room(&room, &snapshot, ctx),
+                    Err(e) => {
+                        log::debug!(
+                            "{}/{}: room {room} not re-read: {e}",
+                            act.me.user,
+                            act.me.device
+                        );
+                        // Keep delivering live events rather than hold them forever.
+                        let held = act.rooms.as_mut().map(|r| r.synced(&room, 0));
+                        for frame in held.into_iter().flatten() {
+                            act.send(ctx, frame);
+                        }
+                    }
+                }),
+        );
+    }
+}

@@ -1,0 +1,411 @@
+//! Rooms: presence in a place (design, "Rooms: presence in a place";
+//! invariants 7 and 8). Real Redis, real nodes, real WebSocket clients.
+
+use std::time::{Duration, Instant};
+
+use crate::common::jwt::{hs, now, SECRET};
+use crate::common::*;
+use serde_json::{json, Value};
+
+/// Joins `room` with `state` and returns the `room` frame.
+async fn join(c: &mut Client, room: &str, state: Value) -> Value {
+    c.send(json!({"type": "join", "room": room, "state": state}))
+        .await;
+    let frame = c.expect("room").await;
+    assert_eq!(frame["room"], room, "{frame}");
+    frame
+}
+
+/// The next frame, which must be `kind` about `user`/`device` in `room`.
+async fn expect_event(c: &mut Client, kind: &str, room: &str, user: &str, device: &str) -> Value {
+    let v = c.expect(kind).await;
+    assert_eq!(
+        (v["room"].as_str(), v["user"].as_str(), v["device"].as_str()),
+        (Some(room), Some(user), Some(device)),
+        "{v}"
+    );
+    v
+}
+
+/// Sends `frame`, which must be refused: the error frame.
+async fn refused(c: &mut Client, frame: Value) -> Value {
+    c.send(frame).await;
+    c.expect("error").await
+}
+
+/// Nothing arrives within `window` (a frame is a failure, naming it).
+async fn expect_quiet(c: &mut Client, window: Duration) {
+    if let Some(Incoming::Frame(v)) = c.next_within(window).await {
+        panic!("{}/{}: unexpected frame {v}", c.user, c.device);
+    }
+}
+
+/// The users of a `room` frame, each with its devices, as `user:device`.
+fn members(frame: &Value) -> Vec<String> {
+    frame["members"]
+        .as_array()
+        .expect("members listed")
+        .iter()
+        .flat_map(|m| {
+            let user = m["user"].as_str().unwrap().to_string();
+            m["devices"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(move |d| format!("{user}:{}", d["device"].as_str().unwrap()))
+        })
+        .collect()
+}
+
+/// The room's counts in Redis: users, devices, memberships with a deadline.
+async fn redis_counts(redis: &Redis, room: &str) -> (i64, i64, i64) {
+    let mut c = redis.aconn().await;
+    let users: i64 = redis::cmd("HLEN")
+        .arg(format!("presence-room-users:{{r:{room}}}"))
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let devices: i64 = redis::cmd("HLEN")
+        .arg(format!("presence-room:{{r:{room}}}"))
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let deadlines: i64 = redis::cmd("ZCARD")
+        .arg(format!("presence-room-deadlines:{{r:{room}}}"))
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    (users, devices, deadlines)
+}
+
+/// Two users in one room: the snapshot lists both grouped by user, and
+/// each join, state change, signal and leave reaches the other, never its
+/// own device.
+#[tokio::test]
+async fn members_see_joins_updates_signals_and_leaves() {
+    let redis = Redis::start();
+    let node = Node::start(&redis, "n1");
+    let mut alice = Client::connect(&node, "alice", "web").await;
+    let first = join(&mut alice, "doc:42", json!({"page": 1})).await;
+    assert_eq!(
+        (first["users"].as_u64(), first["devices"].as_u64()),
+        (Some(1), Some(1))
+    );
+    assert_eq!(members(&first), ["alice:web"]);
+    assert_eq!(
+        first["members"][0]["devices"][0]["state"],
+        json!({"page": 1})
+    );
+    assert!(
+        first["members"][0]["devices"][0]["joined_at"]
+            .as_i64()
+            .unwrap()
+            > 0
+    );
+
+    let mut bob = Client::connect(&node, "bob", "laptop").await;
+    let snap = join(&mut bob, "doc:42", json!({})).await;
+    assert_eq!(members(&snap), ["alice:web", "bob:laptop"]);
+    assert_eq!(
+        (snap["users"].as_u64(), snap["devices"].as_u64()),
+        (Some(2), Some(2))
+    );
+    let joined = expect_event(&mut alice, "room_join", "doc:42", "bob", "laptop").await;
+    assert_eq!(joined["first"], true);
+    assert_eq!(joined["state"], json!({}));
+
+    bob.send(json!({"type": "room_state", "room": "doc:42", "state": {"page": 7}}))
+        .await;
+    let update = expect_event(&mut alice, "room_update", "doc:42", "bob", "laptop").await;
+    assert_eq!(update["state"], json!({"page": 7}));
+
+    bob.send(json!({"type": "signal", "room": "doc:42", "data": {"typing": true}}))
+        .await;
+    let signal = expect_event(&mut alice, "signal", "doc:42", "bob", "laptop").await;
+    assert_eq!(signal["data"], json!({"typing": true}));
+
+    bob.send(json!({"type": "leave", "room": "doc:42"})).await;
+    let left = expect_event(&mut alice, "room_leave", "doc:42", "bob", "laptop").await;
+    assert_eq!(left["last"], true);
+    // Bob's own device got none of its own events.
+    expect_quiet(&mut bob, Duration::from_millis(300)).await;
+    assert_eq!(redis_counts(&redis, "doc:42").await, (1, 1, 1));
+}
+
+/// A user's second device is no second join, and its leave no leave of
+/// the user; a clean close leaves at once.
+#[tokio::test]
+async fn a_user_joins_once_and_leaves_once_across_devices() {
+    let redis = Redis::start();
+    let node = Node::start(&redis, "n1");
+    let mut alice = Client::connect(&node, "alice", "web").await;
+    join(&mut alice, "chat:1", json!({})).await;
+    let mut laptop = Client::connect(&node, "bob", "laptop").await;
+    join(&mut laptop, "chat:1", json!({})).await;
+    assert_eq!(
+        expect_event(&mut alice, "room_join", "chat:1", "bob", "laptop").await["first"],
+        true
+    );
+    let mut phone = Client::connect(&node, "bob", "phone").await;
+    let snap = join(&mut phone, "chat:1", json!({"on": "phone"})).await;
+    assert_eq!(members(&snap), ["alice:web", "bob:laptop", "bob:phone"]);
+    assert_eq!(
+        (snap["users"].as_u64(), snap["devices"].as_u64()),
+        (Some(2), Some(3))
+    );
+    assert_eq!(
+        expect_event(&mut alice, "room_join", "chat:1", "bob", "phone").await["first"],
+        false
+    );
+    // The user's other device hears of it too.
+    assert_eq!(
+        expect_event(&mut laptop, "room_join", "chat:1", "bob", "phone").await["first"],
+        false
+    );
+
+    phone.close().await;
+    let left = expect_event(&mut alice, "room_leave", "chat:1", "bob", "phone").await;
+    assert_eq!(left["last"], false);
+    let closed = Instant::now();
+    laptop.close().await;
+    let left = expect_event(&mut alice, "room_leave", "chat:1", "bob", "laptop").await;
+    assert_eq!(left["last"], true);
+    assert!(
+        closed.elapsed() < TTL,
+        "a clean close leaves at once, took {:?}",
+        closed.elapsed()
+    );
+    assert_eq!(redis_counts(&redis, "chat:1").await, (1, 1, 1));
+}
+
+/// Members on different nodes see each other; a member whose node is
+/// SIGKILLed leaves every room within TTL + 1 s, once, and the counts
+/// return to the live memberships.
+#[tokio::test]
+async fn a_killed_nodes_members_leave_within_the_ttl() {
+    let redis = Redis::start();
+    let a = Node::start(&redis, "a");
+    let mut b = Node::start(&redis, "b");
+    let mut alice = Client::connect(&a, "alice", "web").await;
+    join(&mut alice, "r1", json!({})).await;
+    join(&mut alice, "r2", json!({})).await;
+    let mut bob = Client::connect(&b, "bob", "laptop").await;
+    join(&mut bob, "r1", json!({"x": 1})).await;
+    join(&mut bob, "r2", json!({})).await;
+    for room in ["r1", "r2"] {
+        let ev = expect_event(&mut alice, "room_join", room, "bob", "laptop").await;
+        assert_eq!(ev["first"], true);
+    }
+    let killed = Instant::now();
+    b.kill();
+    let mut left = Vec::new();
+    while left.len() < 2 {
+        let ev = alice.expect("room_leave").await;
+        assert_eq!(
+            (ev["user"].as_str(), ev["last"].as_bool()),
+            (Some("bob"), Some(true)),
+            "{ev}"
+        );
+        left.push(ev["room"].as_str().unwrap().to_string());
+        let elapsed = killed.elapsed();
+        assert!(
+            elapsed <= TTL + Duration::from_secs(1),
+            "left after {elapsed:?}"
+        );
+    }
+    left.sort();
+    assert_eq!(left, ["r1", "r2"]);
+    expect_quiet(&mut alice, Duration::from_millis(500)).await;
+    for room in ["r1", "r2"] {
+        assert_eq!(redis_counts(&redis, room).await, (1, 1, 1));
+    }
+}
+
+/// A device that comes back within its membership's deadline and joins
+/// again causes no leave and no join for the others: only an update when
+/// its state changed.
+#[tokio::test]
+async fn a_rejoin_within_the_ttl_is_no_leave_and_no_join() {
+    let redis = Redis::start();
+    let node = Node::start(&redis, "n1");
+    let mut alice = Client::connect(&node, "alice", "web").await;
+    join(&mut alice, "doc:1", json!({})).await;
+    let mut bob = Client::connect(&node, "bob", "laptop").await;
+    join(&mut bob, "doc:1", json!({"page": 1})).await;
+    expect_event(&mut alice, "room_join", "doc:1", "bob", "laptop").await;
+
+    // The same device reconnects (the old connection is taken over) and
+    // joins again with the same state: the others hear nothing.
+    let mut again = Client::connect(&node, "bob", "laptop").await;
+    let snap = join(&mut again, "doc:1", json!({"page": 1})).await;
+    assert_eq!(members(&snap), ["alice:web", "bob:laptop"]);
+    drop(bob);
+    expect_quiet(&mut alice, TTL + Duration::from_millis(500)).await;
+
+    // Once more with another state: an update, still no leave or join.
+    let mut third = Client::connect(&node, "bob", "laptop").await;
+    join(&mut third, "doc:1", json!({"page": 2})).await;
+    let ev = expect_event(&mut alice, "room_update", "doc:1", "bob", "laptop").await;
+    assert_eq!(ev["state"], json!({"page": 2}));
+    drop(again);
+    expect_quiet(&mut alice, TTL + Duration::from_millis(500)).await;
+    assert_eq!(redis_counts(&redis, "doc:1").await, (2, 2, 2));
+}
+
+/// Every refused room frame gets its error, naming the room; the session
+/// goes on and Redis is unchanged.
+#[tokio::test]
+async fn bad_room_frames_get_clear_errors_and_change_nothing() {
+    let redis = Redis::start();
+    let node = Node::start_with(
+        &redis,
+        "n1",
+        &[
+            "--max-rooms-per-device",
+            "2",
+            "--max-room-devices",
+            "2",
+            "--max-room-state-bytes",
+            "32",
+            "--max-room-messages-per-sec",
+            "2",
+        ],
+    );
+    let mut c = Client::connect(&node, "alice", "web").await;
+    assert_eq!(
+        refused(&mut c, json!({"type": "join", "room": "a b"})).await["code"],
+        "invalid_id"
+    );
+    assert_eq!(
+        refused(&mut c, json!({"type": "join", "room": "x{y}"})).await["code"],
+        "invalid_id"
+    );
+    assert_eq!(
+        refused(&mut c, json!({"type": "join", "room": ""})).await["code"],
+        "invalid_id"
+    );
+    assert_eq!(
+        refused(&mut c, json!({"type": "join", "room": "r", "state": [1]})).await["code"],
+        "bad_request"
+    );
+    assert_eq!(
+        refused(&mut c, json!({"type": "join"})).await["code"],
+        "bad_request"
+    );
+    let e = refused(
+        &mut c,
+        json!({"type": "room_state", "room": "r", "state": {}}),
+    )
+    .await;
+    assert_eq!(
+        (e["code"].as_str(), e["room"].as_str()),
+        (Some("not_in_room"), Some("r"))
+    );
+    assert_eq!(
+        refused(&mut c, json!({"type": "signal", "room": "r", "data": 1})).await["code"],
+        "not_in_room"
+    );
+    assert_eq!(
+        refused(&mut c, json!({"type": "leave", "room": "r"})).await["code"],
+        "not_in_room"
+    );
+    let big = json!({"type": "join", "room": "r", "state": {"text": "x".repeat(40)}});
+    assert_eq!(refused(&mut c, big).await["code"], "state_too_large");
+    let mut conn = redis.aconn().await;
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("presence-room*")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(keys.is_empty(), "refused frames wrote {keys:?}");
+
+    join(&mut c, "one", json!({})).await;
+    join(&mut c, "two", json!({})).await;
+    c.send(json!({"type": "join", "room": "three"})).await;
+    let e = c.expect("error").await;
+    assert_eq!(
+        (e["code"].as_str(), e["room"].as_str()),
+        (Some("too_many_rooms"), Some("three"))
+    );
+    // Joining a room it is in again is no new room: a fresh room frame.
+    join(&mut c, "one", json!({"again": true})).await;
+
+    // A full room.
+    let mut b = Client::connect(&node, "bob", "b").await;
+    join(&mut b, "one", json!({})).await;
+    let mut carol = Client::connect(&node, "carol", "c").await;
+    carol.send(json!({"type": "join", "room": "one"})).await;
+    assert_eq!(carol.expect("error").await["code"], "room_full");
+    assert_eq!(redis_counts(&redis, "one").await, (2, 2, 2));
+
+    // State and signal frames over the rate: refused, the session goes on.
+    let mut codes = Vec::new();
+    for i in 0..8 {
+        c.send(json!({"type": "signal", "room": "one", "data": i}))
+            .await;
+    }
+    while let Some(Incoming::Frame(v)) = c.next_within(Duration::from_millis(300)).await {
+        if v["type"] == "error" {
+            codes.push(v["code"].as_str().unwrap().to_string());
+        }
+    }
+    assert!(codes.iter().any(|c| c == "rate_limited"), "{codes:?}");
+    c.send(json!({"type": "heartbeat"})).await;
+    c.send(json!({"type": "watch", "users": ["bob"]})).await;
+    assert_eq!(c.expect("snapshot").await["presence"][0]["user"], "bob");
+}
+
+/// Under JWT auth the token's rooms claim decides which rooms a user may
+/// join, with prefixes ending in `*`.
+#[tokio::test]
+async fn the_rooms_claim_decides_who_joins() {
+    let redis = Redis::start();
+    let node = Node::start_with(&redis, "n1", &["--auth", "jwt", "--jwt-secret", SECRET]);
+    let token = hs(json!({"sub": "alice", "exp": now() + 3600, "rooms": ["doc:42", "team:7:*"]}));
+    let url = format!(
+        "ws://{}/ws?device=web&token={token}",
+        node.http().trim_start_matches("http://")
+    );
+    let mut c = Client::connect_raw(&url, "alice", "web").await.unwrap();
+    assert_eq!(c.expect("hello").await["user"], "alice");
+    join(&mut c, "doc:42", json!({})).await;
+    join(&mut c, "team:7:general", json!({})).await;
+    for room in ["doc:43", "team:70:x", "other"] {
+        c.send(json!({"type": "join", "room": room})).await;
+        let e = c.expect("error").await;
+        assert_eq!(
+            (e["code"].as_str(), e["room"].as_str()),
+            (Some("forbidden"), Some(room))
+        );
+    }
+    // A token without the claim joins nothing; --room-policy open lets it.
+    let bare = hs(json!({"sub": "bob", "exp": now() + 3600}));
+    let url = format!(
+        "ws://{}/ws?device=d&token={bare}",
+        node.http().trim_start_matches("http://")
+    );
+    let mut b = Client::connect_raw(&url, "bob", "d").await.unwrap();
+    b.expect("hello").await;
+    b.send(json!({"type": "join", "room": "doc:42"})).await;
+    assert_eq!(b.expect("error").await["code"], "forbidden");
+    let open = Node::start_with(
+        &redis,
+        "n2",
+        &[
+            "--auth",
+            "jwt",
+            "--jwt-secret",
+            SECRET,
+            "--room-policy",
+            "open",
+        ],
+    );
+    let url = format!(
+        "ws://{}/ws?device=d&token={bare}",
+        open.http().trim_start_matches("http://")
+    );
+    let mut b = Client::connect_raw(&url, "bob", "d").await.unwrap();
+    b.expect("hello").await;
+    let snap = join(&mut b, "doc:42", json!({})).await;
+    assert_eq!(members(&snap), ["alice:web", "bob:d"]);
+}
