@@ -183,6 +183,13 @@ pub fn room_members(room: &str) -> String {
     ["presence-room:", &room_tag(room)].concat()
 }
 
+/// Hash of one room's hidden memberships (devices of users who are
+/// invisible), as [`room_members`]: not counted, and their events go to
+/// their own user's devices only.
+pub fn room_hidden(room: &str) -> String {
+    ["presence-room-hidden:", &room_tag(room)].concat()
+}
+
 /// Sorted set of one room's membership deadlines: `<user>:<device>` ->
 /// epoch ms, pushed on with the device's lease; a membership past its
 /// deadline lapses (the room deadline pass).
@@ -217,14 +224,15 @@ pub fn parse_room_events(channel: &str) -> Option<&str> {
 }
 
 /// The keys of one room in the order the room scripts expect them:
-/// members, deadlines, users, meta, channel.
-pub fn room_keys(room: &str) -> [String; 5] {
+/// members, deadlines, users, meta, channel, hidden members.
+pub fn room_keys(room: &str) -> [String; 6] {
     [
         room_members(room),
         room_deadlines(room),
         room_users(room),
         room_meta(room),
         room_events(room),
+        room_hidden(room),
     ]
 }
 

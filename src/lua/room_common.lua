@@ -2,15 +2,20 @@
 -- only the keys of one room, which share its hash tag:
 --
 -- KEYS[1] presence-room:{r:<room>}            member -> "<joined_at>|<owner>|<state>"
--- KEYS[2] presence-room-deadlines:{r:<room>}  member -> deadline ms
--- KEYS[3] presence-room-users:{r:<room>}      user -> devices in the room
+-- KEYS[2] presence-room-deadlines:{r:<room>}  member -> deadline ms (hidden ones too)
+-- KEYS[3] presence-room-users:{r:<room>}      user -> visible devices in the room
 -- KEYS[4] presence-room-meta:{r:<room>}       seq (the room's event clock)
 -- KEYS[5] presence-room-events:{r:<room>}     the room's sharded channel
+-- KEYS[6] presence-room-hidden:{r:<room>}     the hidden members, as KEYS[1]
 --
--- A member is "<user>:<device>" (ids hold no ':'). Events are published on
--- KEYS[5] as one JSON object: e (join, leave, update), room, user, device,
--- seq, users and devices (the counts after the step), and first, last or
--- state as the kind wants.
+-- A member is "<user>:<device>" (ids hold no ':'). A hidden member (its
+-- user is invisible) is in KEYS[6] instead of KEYS[1]: not counted, and
+-- its events go to its own user's devices only ("to":"user"). Events are
+-- published on KEYS[5] as one JSON object: e (join, leave, update), room,
+-- user, device, seq, users and devices (the visible counts after the
+-- step), to (absent: every member; "user": the user's own devices;
+-- "others": everyone but them), and first, last or state as the kind
+-- wants.
 
 local room_id = ARGV[1]
 
@@ -19,35 +24,92 @@ local function room_value(v)
   return string.match(v, '^(%d+)|([^|]*)|(.*)$')
 end
 
+-- Visible users and devices.
 local function room_counts()
-  return redis.call('HLEN', KEYS[3]), redis.call('ZCARD', KEYS[2])
+  return redis.call('HLEN', KEYS[3]), redis.call('HLEN', KEYS[1])
 end
 
-local function room_emit(kind, user, device, seq, users, devices, extra)
+-- The user's devices in the room, visible and hidden.
+local function room_own(user)
+  local n = tonumber(redis.call('HGET', KEYS[3], user) or '0')
+  local prefix = user .. ':'
+  for _, m in ipairs(redis.call('HKEYS', KEYS[6])) do
+    if string.sub(m, 1, #prefix) == prefix then
+      n = n + 1
+    end
+  end
+  return n
+end
+
+local function room_emit(kind, user, device, seq, to, extra)
+  local users, devices = room_counts()
+  local target = ''
+  if to then
+    target = ',"to":"' .. to .. '"'
+  end
   redis.call('SPUBLISH', KEYS[5], '{"e":"' .. kind .. '","room":' .. cjson.encode(room_id)
     .. ',"user":' .. cjson.encode(user) .. ',"device":' .. cjson.encode(device)
-    .. ',"seq":' .. seq .. ',"users":' .. users .. ',"devices":' .. devices .. extra .. '}')
+    .. ',"seq":' .. seq .. ',"users":' .. users .. ',"devices":' .. devices .. target
+    .. extra .. '}')
 end
 
--- Removes one member: its value, its deadline, one device of its user (the
--- user's entry goes with the last one, which the event marks last), and
--- the room's counters once it is empty. Returns seq, last (0/1), users,
--- devices.
-local function room_remove(user, device)
-  local member = user .. ':' .. device
-  redis.call('HDEL', KEYS[1], member)
-  redis.call('ZREM', KEYS[2], member)
-  local last = 0
+local function room_tick()
+  return redis.call('HINCRBY', KEYS[4], 'seq', 1)
+end
+
+local function flag(name, v)
+  return ',"' .. name .. '":' .. (v and 'true' or 'false')
+end
+
+-- One more visible device of `user`; true when it is the user's first.
+local function room_count_in(user)
+  return redis.call('HINCRBY', KEYS[3], user, 1) == 1
+end
+
+-- One visible device of `user` fewer; true when it was the user's last.
+local function room_count_out(user)
   if redis.call('HINCRBY', KEYS[3], user, -1) <= 0 then
     redis.call('HDEL', KEYS[3], user)
-    last = 1
+    return true
   end
-  local seq = redis.call('HINCRBY', KEYS[4], 'seq', 1)
-  local users, devices = room_counts()
-  room_emit('leave', user, device, seq, users, devices,
-    ',"last":' .. (last == 1 and 'true' or 'false'))
-  if devices == 0 then
+  return false
+end
+
+-- Removes one member, visible or hidden, with its leave; deletes the
+-- room's clock once the room is empty.
+local function room_remove(user, device)
+  local member = user .. ':' .. device
+  local hidden = redis.call('HDEL', KEYS[1], member) == 0
+  redis.call('ZREM', KEYS[2], member)
+  local last, to
+  if hidden then
+    redis.call('HDEL', KEYS[6], member)
+    last, to = room_own(user) == 0, 'user'
+  else
+    last = room_count_out(user)
+  end
+  room_emit('leave', user, device, room_tick(), to, flag('last', last))
+  if redis.call('ZCARD', KEYS[2]) == 0 then
     redis.call('DEL', KEYS[4])
   end
-  return seq, last, users, devices
+  return last
+end
+
+-- The member list for a room frame: the visible members when there are at
+-- most `max` users (else 0), and `user`'s own hidden members.
+local function room_listing(user, max)
+  local members = 0
+  if redis.call('HLEN', KEYS[3]) <= max then
+    members = redis.call('HGETALL', KEYS[1])
+  end
+  local own = {}
+  local prefix = user .. ':'
+  local hidden = redis.call('HGETALL', KEYS[6])
+  for i = 1, #hidden, 2 do
+    if string.sub(hidden[i], 1, #prefix) == prefix then
+      own[#own + 1] = hidden[i]
+      own[#own + 1] = hidden[i + 1]
+    end
+  end
+  return members, own
 end

@@ -1,48 +1,68 @@
--- A device joins a room, or replaces its state when it is in it already
--- (a rejoin after a reconnect within the membership's deadline: no leave,
--- no join, only an update when the state changed).
+-- A device joins a room, or replaces its state (and its visibility) when
+-- it is in it already: a rejoin after a reconnect within the membership's
+-- deadline is no leave and no join, only an update when the state changed.
+-- A device whose user turned invisible (or visible again) moves between
+-- the visible and the hidden members: the others see it leave (or join).
 --
 -- KEYS: see room_common.lua
 -- ARGV[1] room, ARGV[2] user, ARGV[3] device, ARGV[4] state (JSON object),
 -- ARGV[5] now ms, ARGV[6] deadline ms, ARGV[7] owner (the connection),
--- ARGV[8] most devices in the room, ARGV[9] most users for a member list
+-- ARGV[8] most devices in the room, ARGV[9] most users for a member list,
+-- ARGV[10] 1 when the user is invisible
 --
--- Returns {kind, first, seq, users, devices, members}: kind is joined,
--- updated or full; first 1 when this is the user's first device in the
--- room; members the HGETALL of KEYS[1] when users <= ARGV[9], else 0.
+-- Returns {kind, first, seq, users, devices, members, own hidden}: kind is
+-- joined, updated or full; first 1 when the user joined the room with it
+-- (as the others see it); members the HGETALL of KEYS[1] when users <=
+-- ARGV[9], else 0; own hidden the user's hidden members, as pairs.
 local user, device, state = ARGV[2], ARGV[3], ARGV[4]
+local hidden = ARGV[10] == '1'
 local member = user .. ':' .. device
-local old = redis.call('HGET', KEYS[1], member)
-local kind, first = 'joined', 0
-local seq = tonumber(redis.call('HGET', KEYS[4], 'seq') or '0')
-if old then
-  kind = 'updated'
-  local joined_at, _, old_state = room_value(old)
-  redis.call('HSET', KEYS[1], member, joined_at .. '|' .. ARGV[7] .. '|' .. state)
+local home, away = KEYS[1], KEYS[6]
+if hidden then
+  home, away = KEYS[6], KEYS[1]
+end
+local to = nil
+if hidden then
+  to = 'user'
+end
+local kind, first = 'updated', false
+local old = redis.call('HGET', home, member)
+local moved = redis.call('HGET', away, member)
+if old or moved then
+  local joined_at, _, old_state = room_value(old or moved)
+  redis.call('HSET', home, member, joined_at .. '|' .. ARGV[7] .. '|' .. state)
   redis.call('ZADD', KEYS[2], ARGV[6], member)
+  if moved then
+    redis.call('HDEL', away, member)
+    -- To the others it comes or goes; the user's own devices saw it all
+    -- along.
+    if hidden then
+      room_emit('leave', user, device, room_tick(), 'others', flag('last', room_count_out(user)))
+    else
+      first = room_count_in(user)
+      room_emit('join', user, device, room_tick(), 'others',
+        ',"state":' .. state .. ',"joined_at":' .. joined_at .. flag('first', first))
+    end
+  end
   if old_state ~= state then
-    seq = redis.call('HINCRBY', KEYS[4], 'seq', 1)
-    local users, devices = room_counts()
-    room_emit('update', user, device, seq, users, devices, ',"state":' .. state)
+    room_emit('update', user, device, room_tick(), to, ',"state":' .. state)
   end
 else
   if redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[8]) then
-    return {'full', 0, seq, 0, 0, 0}
+    return {'full', 0, 0, 0, 0, 0, {}}
   end
-  redis.call('HSET', KEYS[1], member, ARGV[5] .. '|' .. ARGV[7] .. '|' .. state)
+  kind = 'joined'
+  redis.call('HSET', home, member, ARGV[5] .. '|' .. ARGV[7] .. '|' .. state)
   redis.call('ZADD', KEYS[2], ARGV[6], member)
-  if redis.call('HINCRBY', KEYS[3], user, 1) == 1 then
-    first = 1
+  if hidden then
+    first = room_own(user) == 1
+  else
+    first = room_count_in(user)
   end
-  seq = redis.call('HINCRBY', KEYS[4], 'seq', 1)
-  local users, devices = room_counts()
-  room_emit('join', user, device, seq, users, devices,
-    ',"state":' .. state .. ',"joined_at":' .. ARGV[5]
-    .. ',"first":' .. (first == 1 and 'true' or 'false'))
+  room_emit('join', user, device, room_tick(), to,
+    ',"state":' .. state .. ',"joined_at":' .. ARGV[5] .. flag('first', first))
 end
 local users, devices = room_counts()
-local members = 0
-if users <= tonumber(ARGV[9]) then
-  members = redis.call('HGETALL', KEYS[1])
-end
-return {kind, first, seq, users, devices, members}
+local members, own = room_listing(user, tonumber(ARGV[9]))
+local seq = tonumber(redis.call('HGET', KEYS[4], 'seq') or '0')
+return {kind, first and 1 or 0, seq, users, devices, members, own}

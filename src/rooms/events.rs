@@ -34,6 +34,22 @@ pub enum Kind {
     Signal,
 }
 
+/// Which member devices an event is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum To {
+    /// Every member device but the one that caused it.
+    #[default]
+    All,
+    /// Only the devices of the user it is about: a hidden (invisible)
+    /// member's events.
+    User,
+    /// Every member device but those of the user it is about: a member
+    /// turning invisible or visible again, which its own devices saw all
+    /// along.
+    Others,
+}
+
 /// A room event as published.
 #[derive(Debug, Deserialize)]
 struct Wire<'a> {
@@ -66,6 +82,9 @@ struct Wire<'a> {
     /// A signal's data.
     #[serde(default, borrow)]
     data: Option<&'a RawValue>,
+    /// Who it is for.
+    #[serde(default)]
+    to: To,
 }
 
 /// One room event, parsed once per node and shared by the local members.
@@ -75,6 +94,8 @@ pub struct RoomEvent {
     pub room: Arc<str>,
     /// Its kind.
     pub kind: Kind,
+    /// Which member devices it is for.
+    pub to: To,
     /// The member it is about.
     pub user: String,
     /// Its device.
@@ -169,6 +190,7 @@ impl RoomEvent {
         Some(Self {
             room: Arc::from(wire.room.as_str()),
             kind: wire.e,
+            to: wire.to,
             user: wire.user,
             device: wire.device,
             seq: wire.seq,
@@ -224,10 +246,23 @@ fn grouped<'a>(members: &'a [RoomMember], states: &'a [Box<RawValue>]) -> Vec<Me
     out
 }
 
-/// The `room` frame for `snapshot` of `room`.
+/// The `room` frame for `snapshot` of `room`, as its reader sees it: the
+/// reader's own hidden members are in it and in its counts.
 pub fn room_frame(room: &str, snapshot: &RoomSnapshot) -> String {
-    let states: Vec<Box<RawValue>> = snapshot
-        .members
+    let mut users = snapshot.users;
+    let mut listed = snapshot.members.clone();
+    if let Some(own) = snapshot.hidden.first() {
+        let visible = |m: &RoomMember| m.user == own.user;
+        if !snapshot.members.iter().flatten().any(visible) {
+            users += 1;
+        }
+        if let Some(members) = &mut listed {
+            members.extend(snapshot.hidden.iter().cloned());
+            members.sort_unstable_by(|a, b| (&a.user, &a.device).cmp(&(&b.user, &b.device)));
+        }
+    }
+    let devices = snapshot.devices + snapshot.hidden.len() as u64;
+    let states: Vec<Box<RawValue>> = listed
         .iter()
         .flatten()
         .map(|m| {
@@ -245,9 +280,9 @@ pub fn room_frame(room: &str, snapshot: &RoomSnapshot) -> String {
         "room",
         &RoomBody {
             room,
-            users: snapshot.users,
-            devices: snapshot.devices,
-            members: snapshot.members.as_deref().map(|m| grouped(m, &states)),
+            users,
+            devices,
+            members: listed.as_deref().map(|m| grouped(m, &states)),
         },
     )
 }
@@ -312,6 +347,7 @@ mod tests {
                 member("bob", "laptop", r#"{"page":2}"#),
                 member("bob", "phone", "{}"),
             ]),
+            hidden: Vec::new(),
         };
         assert_eq!(
             room_frame("doc:42", &snapshot),
@@ -319,11 +355,22 @@ mod tests {
         );
         let large = RoomSnapshot {
             members: None,
-            ..snapshot
+            ..snapshot.clone()
         };
         assert_eq!(
             room_frame("doc:42", &large),
             r#"{"type":"room","room":"doc:42","users":2,"devices":3,"members":null}"#
         );
+        // A hidden reader sees itself, in the list and the counts.
+        let own = RoomSnapshot {
+            hidden: vec![member("carol", "tab", "{}")],
+            ..snapshot
+        };
+        let frame: serde_json::Value = serde_json::from_str(&room_frame("doc:42", &own)).unwrap();
+        assert_eq!(
+            (frame["users"].as_u64(), frame["devices"].as_u64()),
+            (Some(3), Some(4))
+        );
+        assert_eq!(frame["members"][2]["user"], "carol");
     }
 }

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use bytestring::ByteString;
 
-use super::events::RoomEvent;
+use super::events::{RoomEvent, To};
 use crate::bucket::TokenBucket;
 
 /// One room a session is in.
@@ -57,6 +57,12 @@ impl Rooms {
     ) -> Option<ByteString> {
         if event.user == user && event.device == device {
             return None;
+        }
+        let own = event.user == user;
+        match event.to {
+            To::User if !own => return None,
+            To::Others if own => return None,
+            _ => {}
         }
         let held = self.joined.get_mut(&event.room)?;
         match (held.seq, event.seq) {

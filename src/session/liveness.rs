@@ -207,10 +207,15 @@ impl Handler<Refreshed> for Session {
                 ..
             }) => {
                 if status.is_some() {
+                    let was_hidden = self.hidden();
                     self.lease.known_status = status.map(Box::new);
+                    // Another device of the user changed its status.
+                    if self.hidden() != was_hidden {
+                        self.visibility_changed(ctx);
+                    }
                 }
                 if came_online {
-                    log::info!("{user}/{device}: lease re-asserted");
+                    log::info!("{}/{}: lease re-asserted", self.me.user, self.me.device);
                 }
             }
             Ok(Arrival::Replaced | Arrival::TooManyDevices) => {

@@ -56,6 +56,35 @@ impl Session {
             .is_some_and(|r| r.joined.contains_key(room))
     }
 
+    /// Whether the user is invisible, as this connection last saw its
+    /// status: its memberships are then hidden from everyone but itself.
+    pub(super) fn hidden(&self) -> bool {
+        self.lease
+            .known_status
+            .as_ref()
+            .is_some_and(|k| k.status == "invisible")
+    }
+
+    /// The user turned invisible, or visible again: every room is joined
+    /// again with the new visibility (the others see the device leave, or
+    /// join), each answered with a fresh `room` frame.
+    pub(super) fn visibility_changed(&mut self, ctx: &mut ws::WebsocketContext<Self>) {
+        let Some(rooms) = self.rooms.as_mut() else {
+            return;
+        };
+        let again: Vec<(Arc<str>, String)> = rooms
+            .joined
+            .iter_mut()
+            .map(|(room, held)| {
+                held.seq = None;
+                (room.clone(), held.state.clone())
+            })
+            .collect();
+        for (room, state) in again {
+            self.request(Request::Room(RoomRequest::Join { room, state }), ctx);
+        }
+    }
+
     /// The rooms whose memberships ride on the lease's refreshes.
     pub(super) fn room_names(&self) -> Vec<Arc<str>> {
         self.rooms.as_ref().map(|r| r.names()).unwrap_or_default()
@@ -216,8 +245,13 @@ impl Session {
         };
         let store = self.node.store.clone();
         let (user, device) = (self.me.user.clone(), self.me.device.clone());
+        let hidden = self.hidden();
         crate::metrics::METRICS.rooms.signals_relayed.inc();
-        let send = async move { store.signal_room(&room, &user, &device, &data).await };
+        let send = async move {
+            store
+                .signal_room(&room, &user, &device, &data, hidden)
+                .await
+        };
         ctx.spawn(send.into_actor(self).map(|res, act, ctx| {
             if let Err(e) = res {
                 log::debug!("{}/{}: signal not relayed: {e}", act.me.user, act.me.device);
@@ -286,6 +320,7 @@ impl Session {
         let registry = self.node.registry.clone();
         let store = self.node.store.clone();
         let (user, device, owner) = self.me_parts();
+        let hidden = self.hidden();
         let subscribe = registry.send(JoinRoom {
             session: self.me.id,
             room: room.clone(),
@@ -305,6 +340,7 @@ impl Session {
                     &device,
                     &state,
                     &owner,
+                    hidden,
                     limits.max_room_devices,
                     limits.announce_max,
                 )
@@ -430,8 +466,9 @@ impl Handler<RoomResync> for Session {
         let store = self.node.store.clone();
         let list_max = self.node.config.rooms.announce_max;
         let room = msg.room;
+        let user = self.me.user.clone();
         let read = async move {
-            let snapshot: StoreResult<RoomSnapshot> = store.read_room(&room, list_max).await;
+            let snapshot: StoreResult<RoomSnapshot> = store.read_room(&room, list_max, &user).await;
             (room, snapshot)
         };
         ctx.spawn(

@@ -41,6 +41,9 @@ pub struct RoomSnapshot {
     pub devices: u64,
     /// The members, or `None` above the member-list limit.
     pub members: Option<Vec<RoomMember>>,
+    /// The reader's own hidden members (its user is invisible), which it
+    /// alone sees.
+    pub hidden: Vec<RoomMember>,
 }
 
 /// What a join did.
@@ -96,6 +99,8 @@ fn parse_members(v: &Value, room: &str) -> StoreResult<Option<Vec<RoomMember>>> 
     let items = match v {
         Value::Int(0) => return Ok(None),
         Value::Array(items) => items,
+        // An empty array may come back as an empty map under RESP3.
+        Value::Map(m) if m.is_empty() => return Ok(Some(Vec::new())),
         _ => return Err(StoreError::reply(&key, format!("members: {v:?}"))),
     };
     let mut members = Vec::with_capacity(items.len() / 2);
@@ -138,9 +143,9 @@ impl Store {
         room: &str,
         args: impl FnOnce(&mut redis::Pipeline),
     ) -> StoreResult<Vec<Value>> {
-        let [k1, k2, k3, k4, k5] = keys::room_keys(room);
+        let [k1, k2, k3, k4, k5, k6] = keys::room_keys(room);
         let mut pipe = redis::pipe();
-        eval(&mut pipe, script, &[&k1, &k2, &k3, &k4, &k5]).arg(room);
+        eval(&mut pipe, script, &[&k1, &k2, &k3, &k4, &k5, &k6]).arg(room);
         args(&mut pipe);
         let reply = self.query(&pipe).await?;
         Ok(array(at(&reply, 0, &k1)?, &k1)?.to_vec())
@@ -159,6 +164,7 @@ impl Store {
         device: &str,
         state: &str,
         owner: &str,
+        hidden: bool,
         max_devices: u32,
         list_max: u32,
     ) -> StoreResult<Joined> {
@@ -174,7 +180,8 @@ impl Store {
                     .arg(deadline)
                     .arg(owner)
                     .arg(max_devices)
-                    .arg(list_max);
+                    .arg(list_max)
+                    .arg(if hidden { "1" } else { "0" });
             })
             .await?;
         let items = &items[..];
@@ -201,6 +208,7 @@ impl Store {
             users: count(items, 3, &k1)?,
             devices: count(items, 4, &k1)?,
             members: parse_members(at(items, 5, &k1)?, room)?,
+            hidden: parse_members(at(items, 6, &k1)?, room)?.unwrap_or_default(),
         };
         match kind.as_str() {
             "joined" => Ok(Joined::Joined {
@@ -270,18 +278,21 @@ impl Store {
         }
     }
 
-    /// Relays a signal to the room's other member devices: published on
-    /// the room's channel, never stored.
+    /// Relays a signal to the room's other member devices (a hidden
+    /// member's to its own user's devices only): published on the room's
+    /// channel, never stored.
     pub async fn signal_room(
         &self,
         room: &str,
         user: &str,
         device: &str,
         data: &str,
+        hidden: bool,
     ) -> StoreResult<()> {
+        let to = if hidden { r#","to":"user""# } else { "" };
         // Ids are checked and hold no '"' but may hold '\': encoded as JSON.
         let payload = format!(
-            r#"{{"e":"signal","room":{},"user":{},"device":{},"data":{data}}}"#,
+            r#"{{"e":"signal","room":{},"user":{},"device":{}{to},"data":{data}}}"#,
             serde_json::Value::from(room),
             serde_json::Value::from(user),
             serde_json::Value::from(device),
@@ -296,12 +307,17 @@ impl Store {
     }
 
     /// The room as it is now, with its members when it has at most
-    /// `list_max` users.
-    pub async fn read_room(&self, room: &str, list_max: u32) -> StoreResult<RoomSnapshot> {
+    /// `list_max` users, and `viewer`'s own hidden members (`""`: none).
+    pub async fn read_room(
+        &self,
+        room: &str,
+        list_max: u32,
+        viewer: &str,
+    ) -> StoreResult<RoomSnapshot> {
         let k1 = keys::room_members(room);
         let items = self
             .room_step(&self.scripts.room_read, room, |pipe| {
-                pipe.arg(list_max);
+                pipe.arg(list_max).arg(viewer);
             })
             .await?;
         let items = &items[..];
@@ -310,6 +326,7 @@ impl Store {
             users: count(items, 1, &k1)?,
             devices: count(items, 2, &k1)?,
             members: parse_members(at(items, 3, &k1)?, room)?,
+            hidden: parse_members(at(items, 4, &k1)?, room)?.unwrap_or_default(),
         })
     }
 

@@ -27,6 +27,16 @@ async fn expect_event(c: &mut Client, kind: &str, room: &str, user: &str, device
     v
 }
 
+/// The next frame of `kind`, passing over the others.
+async fn next_of(c: &mut Client, kind: &str) -> Value {
+    loop {
+        let v = c.recv().await;
+        if v["type"] == kind {
+            return v;
+        }
+    }
+}
+
 /// Sends `frame`, which must be refused: the error frame.
 async fn refused(c: &mut Client, frame: Value) -> Value {
     c.send(frame).await;
@@ -408,4 +418,96 @@ async fn the_rooms_claim_decides_who_joins() {
     b.expect("hello").await;
     let snap = join(&mut b, "doc:42", json!({})).await;
     assert_eq!(members(&snap), ["alice:web", "bob:d"]);
+}
+
+/// An invisible user is absent from every room surface for everyone but
+/// itself: the room frame and its counts, joins, updates, signals and
+/// leaves. Turning visible is a join for the others, turning invisible
+/// again a leave.
+#[tokio::test]
+async fn an_invisible_user_is_absent_from_rooms_for_the_others() {
+    let redis = Redis::start();
+    let node = Node::start(&redis, "n1");
+    let mut alice = Client::connect(&node, "alice", "web").await;
+    join(&mut alice, "doc:1", json!({})).await;
+
+    let mut carol = Client::connect(&node, "carol", "tab").await;
+    carol
+        .send(json!({"type": "status", "status": "invisible"}))
+        .await;
+    assert_eq!(carol.expect("presence").await["status"], "invisible");
+    let own = join(&mut carol, "doc:1", json!({"page": 1})).await;
+    // Carol sees herself, in the list and the counts.
+    assert_eq!(members(&own), ["alice:web", "carol:tab"]);
+    assert_eq!(
+        (own["users"].as_u64(), own["devices"].as_u64()),
+        (Some(2), Some(2))
+    );
+    // Her other device sees her too, and hears of her.
+    let mut carol2 = Client::connect(&node, "carol", "phone").await;
+    let snap = join(&mut carol2, "doc:1", json!({})).await;
+    assert_eq!(members(&snap), ["alice:web", "carol:phone", "carol:tab"]);
+    assert_eq!(
+        expect_event(&mut carol, "room_join", "doc:1", "carol", "phone").await["first"],
+        false
+    );
+    carol
+        .send(json!({"type": "room_state", "room": "doc:1", "state": {"page": 2}}))
+        .await;
+    carol
+        .send(json!({"type": "signal", "room": "doc:1", "data": "typing"}))
+        .await;
+    expect_event(&mut carol2, "room_update", "doc:1", "carol", "tab").await;
+    expect_event(&mut carol2, "signal", "doc:1", "carol", "tab").await;
+    // Alice heard nothing of it, and a fresh member does not see her.
+    expect_quiet(&mut alice, Duration::from_millis(300)).await;
+    let mut bob = Client::connect(&node, "bob", "b").await;
+    let snap = join(&mut bob, "doc:1", json!({})).await;
+    assert_eq!(members(&snap), ["alice:web", "bob:b"]);
+    assert_eq!(
+        (snap["users"].as_u64(), snap["devices"].as_u64()),
+        (Some(2), Some(2))
+    );
+    expect_event(&mut alice, "room_join", "doc:1", "bob", "b").await;
+    assert_eq!(redis_counts(&redis, "doc:1").await.0, 2);
+
+    // Visible again: a join (one, first) for the others, nothing new for
+    // her own devices but a fresh room frame.
+    carol
+        .send(json!({"type": "status", "status": "online"}))
+        .await;
+    assert_eq!(next_of(&mut carol, "presence").await["status"], "online");
+    let mut joined = Vec::new();
+    while joined.len() < 2 {
+        let ev = alice.expect("room_join").await;
+        assert_eq!(ev["user"], "carol", "{ev}");
+        joined.push((
+            ev["device"].as_str().unwrap().to_string(),
+            ev["first"].as_bool().unwrap(),
+        ));
+    }
+    joined.sort();
+    assert_eq!(
+        joined.iter().filter(|(_, first)| *first).count(),
+        1,
+        "{joined:?}"
+    );
+    assert_eq!(redis_counts(&redis, "doc:1").await.0, 3);
+
+    // Invisible again: one leave of the user (last), as the others see it.
+    carol
+        .send(json!({"type": "status", "status": "invisible"}))
+        .await;
+    let mut lasts = 0;
+    for _ in 0..2 {
+        let ev = alice.expect("room_leave").await;
+        assert_eq!(ev["user"], "carol", "{ev}");
+        lasts += usize::from(ev["last"] == true);
+    }
+    assert_eq!(lasts, 1);
+    // A hidden device that vanishes leaves silently for the others.
+    carol.drop_tcp();
+    carol2.drop_tcp();
+    expect_quiet(&mut alice, TTL + Duration::from_millis(1_500)).await;
+    assert_eq!(redis_counts(&redis, "doc:1").await, (2, 2, 2));
 }
