@@ -252,6 +252,25 @@ impl Auth {
         }
     }
 
+    /// The reader of a room read: its user (as [`Auth::viewer`]) and, with
+    /// JWT auth, the rooms its token's rooms claim lists (`None` under
+    /// development auth, where every room is open).
+    pub async fn room_reader(
+        &self,
+        req: &HttpRequest,
+        query_token: Option<&str>,
+        asked: Option<&str>,
+    ) -> Result<(Option<String>, Option<Vec<String>>), AuthError> {
+        match self {
+            Auth::Dev => Ok((asked.map(str::to_string), None)),
+            Auth::Jwt(v) => {
+                let token = token(req, query_token).ok_or(AuthError::Missing)?;
+                let verified = v.verify_as(token, asked).await?;
+                Ok((Some(verified.user), Some(verified.rooms)))
+            }
+        }
+    }
+
     /// Who is reading through the HTTP API: the token's user with JWT (a
     /// token is required); in dev mode `viewer=`, or anonymous.
     pub async fn viewer(

@@ -6,6 +6,7 @@
 pub mod openapi;
 mod ops;
 mod reads;
+mod rooms;
 pub mod routes;
 pub mod static_files;
 mod upgrade;

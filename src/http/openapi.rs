@@ -10,6 +10,9 @@ use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
 use super::reads::{OnlineResult, Query, QueryResult, UserPresence};
+use super::rooms::{
+    DeviceRooms, Member, MemberDevice, RoomCounts, RoomPage, RoomsQuery, RoomsResult, UserRooms,
+};
 use super::users::{Contacts, PrivacyBody};
 use crate::model::Record;
 use crate::protocol::{ErrorCode, ProtocolError};
@@ -34,16 +37,21 @@ use crate::webhooks::{Kind, WebhookBatch, WebhookEvent};
         super::ops::healthz,
         super::ops::metrics,
         super::ops::info,
+        super::rooms::room,
+        super::rooms::rooms_query,
+        super::rooms::user_rooms,
         document,
     ),
     components(schemas(
         Record, DeviceInfo, OnlinePage, OnlineUser, UserPresence, QueryResult, OnlineResult,
         Query, PrivacyBody, Contacts, ProtocolError, ErrorCode, WebhookBatch, WebhookEvent, Kind,
+        RoomPage, Member, MemberDevice, RoomsQuery, RoomCounts, RoomsResult, UserRooms, DeviceRooms,
     )),
     modifiers(&BearerKey),
     tags(
         (name = "read", description = "Presence records"),
         (name = "users", description = "A user's own settings"),
+        (name = "rooms", description = "Presence in a place: who is in a room"),
         (name = "admin", description = "The admin API (--admin-key)"),
         (name = "operations", description = "Health and metrics (--internal-listen)"),
         (name = "websocket", description = "The WebSocket upgrade"),

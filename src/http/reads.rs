@@ -21,6 +21,18 @@ pub(crate) struct As {
     pub(super) token: Option<String>,
 }
 
+impl As {
+    /// `?viewer=`.
+    pub(super) fn viewer(&self) -> Option<&str> {
+        self.viewer.as_deref()
+    }
+
+    /// `?token=`.
+    pub(super) fn token(&self) -> Option<&str> {
+        self.token.as_deref()
+    }
+}
+
 /// Who an API read is for: a viewer (`None`: anonymous, dev mode only), or
 /// the service (the admin or service key as the bearer), which reads the
 /// truth. The keys are checked first, so that under JWT auth a key is never

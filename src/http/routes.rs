@@ -125,6 +125,21 @@ fn reads(r: &mut impl Router) {
         web::route().to(presence),
     );
     r.add(Method::GET, "/api/online", web::route().to(online));
+    r.add(
+        Method::GET,
+        "/api/rooms/{room}",
+        web::route().to(super::rooms::room),
+    );
+    r.add(
+        Method::POST,
+        "/api/rooms/query",
+        web::route().to(super::rooms::rooms_query),
+    );
+    r.add(
+        Method::GET,
+        "/api/users/{user}/rooms",
+        web::route().to(super::rooms::user_rooms),
+    );
 }
 
 /// The demo page, the operator's files or nothing: registered last, as it

@@ -100,6 +100,18 @@ pub(super) fn bearer_is(req: &HttpRequest, key: &str) -> bool {
     given.as_bytes().ct_eq(key.as_bytes()).into()
 }
 
+/// The service or admin key, or `401`.
+pub(super) fn require_service(req: &HttpRequest, state: &AppState) -> Result<(), ApiError> {
+    if is_service(req, state) {
+        return Ok(());
+    }
+    Err(ApiError::new(
+        StatusCode::UNAUTHORIZED,
+        ErrorCode::Unauthorized,
+        "this read needs Authorization: Bearer <service key> (or the admin key)",
+    ))
+}
+
 pub(super) fn require_admin(req: &HttpRequest, state: &AppState) -> Result<(), ApiError> {
     if state.admin_key.is_none() {
         return Err(ApiError::new(

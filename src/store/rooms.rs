@@ -314,10 +314,24 @@ impl Store {
         list_max: u32,
         viewer: &str,
     ) -> StoreResult<RoomSnapshot> {
+        self.read_room_as(room, list_max, viewer, false).await
+    }
+
+    /// [`Store::read_room`], with every hidden member listed when `all`
+    /// (the service view, which sees the truth).
+    pub async fn read_room_as(
+        &self,
+        room: &str,
+        list_max: u32,
+        viewer: &str,
+        all: bool,
+    ) -> StoreResult<RoomSnapshot> {
         let k1 = keys::room_members(room);
         let items = self
             .room_step(&self.scripts.room_read, room, |pipe| {
-                pipe.arg(list_max).arg(viewer);
+                pipe.arg(list_max)
+                    .arg(viewer)
+                    .arg(if all { "1" } else { "0" });
             })
             .await?;
         let items = &items[..];
@@ -328,6 +342,37 @@ impl Store {
             members: parse_members(at(items, 3, &k1)?, room)?,
             hidden: parse_members(at(items, 4, &k1)?, room)?.unwrap_or_default(),
         })
+    }
+
+    /// The rooms each of `user`'s devices is in, sorted by device, each
+    /// with its rooms sorted.
+    pub async fn user_rooms(&self, user: &str) -> StoreResult<Vec<(String, Vec<String>)>> {
+        let mut conn = self.conn();
+        let fields: Vec<String> = redis::cmd("HKEYS")
+            .arg(keys::user_rooms(user))
+            .query_async(&mut conn)
+            .await?;
+        let mut by_device: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+        for field in fields {
+            // `<device>:<room>`: a device id has no ':', a room may.
+            let Some((device, room)) = field.split_once(':') else {
+                return Err(StoreError::reply(
+                    &keys::user_rooms(user),
+                    format!("field {field:?}"),
+                ));
+            };
+            by_device
+                .entry(device.to_string())
+                .or_default()
+                .push(room.to_string());
+        }
+        Ok(by_device
+            .into_iter()
+            .map(|(device, mut rooms)| {
+                rooms.sort();
+                (device, rooms)
+            })
+            .collect())
     }
 
     /// The room deadline pass over one bucket: each room whose earliest

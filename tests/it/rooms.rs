@@ -511,3 +511,99 @@ async fn an_invisible_user_is_absent_from_rooms_for_the_others() {
     expect_quiet(&mut alice, TTL + Duration::from_millis(1_500)).await;
     assert_eq!(redis_counts(&redis, "doc:1").await, (2, 2, 2));
 }
+
+/// The HTTP reads: one room's members as a member sees them (paged by
+/// user), the service's truth, many rooms' counts, and the rooms of one
+/// user's devices.
+#[tokio::test]
+async fn rooms_over_http() {
+    const SERVICE: &str = "service-key-for-rooms-789";
+    let redis = Redis::start();
+    let node = Node::start_with(&redis, "n1", &["--service-key", SERVICE]);
+    let base = node.http();
+    let mut alice = Client::connect(&node, "alice", "web").await;
+    join(&mut alice, "doc:1", json!({"page": 1})).await;
+    let mut bob = Client::connect(&node, "bob", "laptop").await;
+    join(&mut bob, "doc:1", json!({})).await;
+    join(&mut bob, "doc:2", json!({})).await;
+    let mut carol = Client::connect(&node, "carol", "tab").await;
+    carol
+        .send(json!({"type": "status", "status": "invisible"}))
+        .await;
+    carol.expect("presence").await;
+    join(&mut carol, "doc:1", json!({})).await;
+
+    let (status, page) = get(&format!("{base}/api/rooms/doc:1?viewer=alice&limit=1")).await;
+    assert_eq!(status, 200, "{page}");
+    assert_eq!(
+        (page["users"].as_u64(), page["devices"].as_u64()),
+        (Some(2), Some(2))
+    );
+    assert_eq!(page["members"][0]["user"], "alice");
+    assert_eq!(
+        page["members"][0]["devices"][0]["state"],
+        json!({"page": 1})
+    );
+    let cursor = page["next_cursor"]
+        .as_str()
+        .expect("a next page")
+        .to_string();
+    let (_, next) = get(&format!(
+        "{base}/api/rooms/doc:1?viewer=alice&limit=1&cursor={cursor}"
+    ))
+    .await;
+    assert_eq!(next["members"][0]["user"], "bob", "{next}");
+    assert!(
+        next["next_cursor"].is_null(),
+        "carol is hidden from alice: {next}"
+    );
+    // Carol sees herself; the service sees the truth.
+    let (_, own) = get(&format!("{base}/api/rooms/doc:1?viewer=carol")).await;
+    assert_eq!(own["users"], 3, "{own}");
+    let (status, truth) = get_as(&format!("{base}/api/rooms/doc:1"), Some(SERVICE)).await;
+    assert_eq!(status, 200, "{truth}");
+    assert_eq!(
+        (truth["users"].as_u64(), truth["view"].as_str()),
+        (Some(3), Some("service"))
+    );
+
+    let (status, counts) = post(
+        &format!("{base}/api/rooms/query?viewer=alice"),
+        &json!({"rooms": ["doc:2", "doc:1", "empty"]}),
+    )
+    .await;
+    assert_eq!(status, 200, "{counts}");
+    assert_eq!(
+        counts["rooms"],
+        json!([
+            {"room": "doc:2", "users": 1, "devices": 1},
+            {"room": "doc:1", "users": 2, "devices": 2},
+            {"room": "empty", "users": 0, "devices": 0}
+        ])
+    );
+
+    let (status, rooms) = get_as(&format!("{base}/api/users/bob/rooms"), Some(SERVICE)).await;
+    assert_eq!(status, 200, "{rooms}");
+    assert_eq!(
+        rooms["devices"],
+        json!([{"device": "laptop", "rooms": ["doc:1", "doc:2"]}])
+    );
+    let (status, _) = get(&format!("{base}/api/users/bob/rooms")).await;
+    assert_eq!(status, 401);
+
+    for bad in ["a%20b", "doc:1?limit=0", "doc:1?limit=5000"] {
+        let (status, body) = get(&format!("{base}/api/rooms/{bad}")).await;
+        assert_eq!(status, 400, "{bad}: {body}");
+    }
+    // Leaving shows at once.
+    bob.send(json!({"type": "leave", "room": "doc:2"})).await;
+    wait_until("bob out of doc:2", DEADLINE, || async {
+        get(&format!("{base}/api/rooms/doc:2")).await.1["users"] == 0
+    })
+    .await;
+    let (_, rooms) = get_as(&format!("{base}/api/users/bob/rooms"), Some(SERVICE)).await;
+    assert_eq!(
+        rooms["devices"],
+        json!([{"device": "laptop", "rooms": ["doc:1"]}])
+    );
+}

@@ -4,29 +4,9 @@
 
 use crate::common::jwt::{jwt_node, token};
 use crate::common::*;
-use serde_json::{json, Value};
+use serde_json::json;
 
 const SERVICE: &str = "service-key-for-tests-456";
-
-/// GET with an optional bearer.
-async fn get_as(url: &str, bearer: Option<&str>) -> (u16, Value) {
-    let mut req = reqwest::Client::new().get(url);
-    if let Some(b) = bearer {
-        req = req.bearer_auth(b);
-    }
-    let r = req.send().await.unwrap();
-    (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
-}
-
-/// POST JSON with an optional bearer.
-async fn post_as(url: &str, body: &Value, bearer: Option<&str>) -> (u16, Value) {
-    let mut req = reqwest::Client::new().post(url).json(body);
-    if let Some(b) = bearer {
-        req = req.bearer_auth(b);
-    }
-    let r = req.send().await.unwrap();
-    (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
-}
 
 /// alice, invisible on two devices, as the service sees her on `base`
 /// with `key`: every read surface says so.

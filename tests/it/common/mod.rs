@@ -641,6 +641,26 @@ impl Drop for Client {
     }
 }
 
+/// GET with an optional bearer.
+pub async fn get_as(url: &str, bearer: Option<&str>) -> (u16, Value) {
+    let mut req = reqwest::Client::new().get(url);
+    if let Some(b) = bearer {
+        req = req.bearer_auth(b);
+    }
+    let r = req.send().await.unwrap();
+    (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
+}
+
+/// POST JSON with an optional bearer.
+pub async fn post_as(url: &str, body: &Value, bearer: Option<&str>) -> (u16, Value) {
+    let mut req = reqwest::Client::new().post(url).json(body);
+    if let Some(b) = bearer {
+        req = req.bearer_auth(b);
+    }
+    let r = req.send().await.unwrap();
+    (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
+}
+
 /// Fetches JSON with status.
 pub async fn get(url: &str) -> (u16, Value) {
     let r = reqwest::get(url).await.unwrap();

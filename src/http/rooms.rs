@@ -1,0 +1,335 @@
+//! The rooms over HTTP: one room's members (paged by user), the counts of
+//! many rooms, and the rooms of one user's devices (service key). A room
+//! is read as a member would see it: an invisible user is absent but to
+//! itself; only the service view (the admin or service key) sees it.
+
+use actix_web::http::StatusCode;
+use actix_web::{web, HttpRequest, HttpResponse};
+use serde::{Deserialize, Serialize};
+
+use super::users::{is_service, require_service};
+use super::{ApiError, AppState};
+use crate::ids;
+use crate::protocol::{ErrorCode, ProtocolError};
+use crate::rooms::allows;
+use crate::store::rooms::{RoomMember, RoomSnapshot};
+
+/// Default members (users) per page of `GET /api/rooms/{room}`.
+const MEMBERS_DEFAULT_LIMIT: usize = 100;
+/// Largest page of `GET /api/rooms/{room}`.
+const MEMBERS_MAX_LIMIT: usize = 1_000;
+/// Most rooms one `POST /api/rooms/query` may name.
+pub(crate) const MAX_QUERY_ROOMS: usize = 1_000;
+
+/// Who reads a room, and the page.
+#[derive(Deserialize, utoipa::IntoParams)]
+pub(crate) struct RoomRead {
+    /// Development auth: read as this user.
+    viewer: Option<String>,
+    /// JWT auth: the reader's token, instead of `Authorization: Bearer`.
+    token: Option<String>,
+    /// Users per page (default 100, at most 1,000).
+    limit: Option<usize>,
+    /// The `next_cursor` of the page before.
+    cursor: Option<String>,
+}
+
+/// One device of a member.
+#[derive(Serialize, utoipa::ToSchema)]
+pub(crate) struct MemberDevice {
+    /// The device.
+    device: String,
+    /// Its state in the room.
+    #[schema(value_type = Object)]
+    state: serde_json::Value,
+    /// When it joined, epoch ms.
+    joined_at: i64,
+}
+
+/// One user of a room, with its devices.
+#[derive(Serialize, utoipa::ToSchema)]
+pub(crate) struct Member {
+    /// The user.
+    user: String,
+    /// Its devices in the room, sorted.
+    devices: Vec<MemberDevice>,
+}
+
+/// `GET /api/rooms/{room}`.
+#[derive(Serialize, utoipa::ToSchema)]
+pub(crate) struct RoomPage {
+    /// The room.
+    room: String,
+    /// Users in the room (as the reader sees it).
+    users: u64,
+    /// Devices in the room.
+    devices: u64,
+    /// This page of members, sorted by user.
+    members: Vec<Member>,
+    /// Where the next page starts; `null` on the last.
+    next_cursor: Option<String>,
+    /// `"service"` when read with the admin or service key.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    view: Option<&'static str>,
+}
+
+/// Body of `POST /api/rooms/query`.
+#[derive(Deserialize, utoipa::ToSchema)]
+pub(crate) struct RoomsQuery {
+    /// Room ids, at most 1,000.
+    rooms: Vec<String>,
+}
+
+/// One room's counts.
+#[derive(Serialize, utoipa::ToSchema)]
+pub(crate) struct RoomCounts {
+    /// The room.
+    room: String,
+    /// Users in it.
+    users: u64,
+    /// Devices in it.
+    devices: u64,
+}
+
+/// `POST /api/rooms/query`: the rooms in request order.
+#[derive(Serialize, utoipa::ToSchema)]
+pub(crate) struct RoomsResult {
+    /// One entry per room asked for.
+    rooms: Vec<RoomCounts>,
+}
+
+/// One device of `GET /api/users/{user}/rooms`.
+#[derive(Serialize, utoipa::ToSchema)]
+pub(crate) struct DeviceRooms {
+    /// The device.
+    device: String,
+    /// The rooms it is in, sorted.
+    rooms: Vec<String>,
+}
+
+/// `GET /api/users/{user}/rooms`.
+#[derive(Serialize, utoipa::ToSchema)]
+pub(crate) struct UserRooms {
+    /// The user.
+    user: String,
+    /// Its devices that are in rooms, sorted.
+    devices: Vec<DeviceRooms>,
+}
+
+/// Who reads: the service (every member, hidden ones too), or a user (its
+/// own hidden members besides the visible ones) whose token's rooms claim,
+/// under JWT, must cover every room read.
+enum Reader {
+    /// The admin or service key.
+    Service,
+    /// A user, or anonymous under development auth.
+    Member(Option<String>),
+}
+
+async fn reader(
+    req: &HttpRequest,
+    state: &AppState,
+    viewer: Option<&str>,
+    token: Option<&str>,
+    rooms: &[String],
+) -> Result<Reader, ApiError> {
+    if is_service(req, state) {
+        return Ok(Reader::Service);
+    }
+    let (user, grants) = state.auth.room_reader(req, token, viewer).await?;
+    if let Some(user) = &user {
+        ids::validate("user", user)?;
+    }
+    if let Some(grants) = grants {
+        if let Some(room) = rooms.iter().find(|r| !allows(&grants, r)) {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                ErrorCode::Forbidden,
+                format!("the token's rooms claim does not include {room:?}"),
+            ));
+        }
+    }
+    Ok(Reader::Member(user))
+}
+
+/// The room as `reader` reads it.
+async fn read(
+    state: &AppState,
+    room: &str,
+    reader: &Reader,
+    list_max: u32,
+) -> Result<RoomSnapshot, ApiError> {
+    let store = &state.node.store;
+    Ok(match reader {
+        Reader::Service => store.read_room_as(room, list_max, "", true).await?,
+        Reader::Member(user) => {
+            store
+                .read_room(room, list_max, user.as_deref().unwrap_or(""))
+                .await?
+        }
+    })
+}
+
+/// The members of a snapshot with the reader's hidden ones, grouped by
+/// user, and the counts that go with them.
+fn members_of(snapshot: RoomSnapshot) -> (u64, u64, Vec<Member>) {
+    let mut all: Vec<RoomMember> = snapshot.members.unwrap_or_default();
+    let visible_users = snapshot.users;
+    let mut extra_users = std::collections::BTreeSet::new();
+    for m in &snapshot.hidden {
+        if !all.iter().any(|v| v.user == m.user) {
+            extra_users.insert(m.user.clone());
+        }
+    }
+    let devices = snapshot.devices + snapshot.hidden.len() as u64;
+    all.extend(snapshot.hidden);
+    all.sort_unstable_by(|a, b| (&a.user, &a.device).cmp(&(&b.user, &b.device)));
+    let mut members: Vec<Member> = Vec::new();
+    for m in all {
+        let device = MemberDevice {
+            device: m.device,
+            state: serde_json::from_str(&m.state).unwrap_or_else(|_| serde_json::json!({})),
+            joined_at: m.joined_at,
+        };
+        match members.last_mut() {
+            Some(last) if last.user == m.user => last.devices.push(device),
+            _ => members.push(Member {
+                user: m.user,
+                devices: vec![device],
+            }),
+        }
+    }
+    (visible_users + extra_users.len() as u64, devices, members)
+}
+
+/// `GET /api/rooms/{room}`: the members, paged by user.
+#[utoipa::path(get, path = "/api/rooms/{room}", tag = "rooms",
+    params(("room" = String, Path, description = "The room id"), RoomRead),
+    responses(
+        (status = 200, description = "The room as a member sees it; the truth with the admin or service key", body = RoomPage),
+        (status = 400, description = "Invalid room id, limit or cursor", body = ProtocolError),
+        (status = 401, description = "JWT auth: missing or invalid token", body = ProtocolError),
+        (status = 403, description = "The token's rooms claim does not include the room", body = ProtocolError),
+        (status = 503, description = "Redis unavailable", body = ProtocolError),
+    ),
+    security((), ("bearer" = [])))]
+pub(crate) async fn room(
+    req: HttpRequest,
+    room: web::Path<String>,
+    query: web::Query<RoomRead>,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let room = room.into_inner();
+    ids::validate_room(&room)?;
+    let limit = query.limit.unwrap_or(MEMBERS_DEFAULT_LIMIT);
+    if !(1..=MEMBERS_MAX_LIMIT).contains(&limit) {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            ErrorCode::BadRequest,
+            format!("limit must be 1 to {MEMBERS_MAX_LIMIT}"),
+        ));
+    }
+    if let Some(cursor) = &query.cursor {
+        ids::validate("cursor", cursor)?;
+    }
+    let reader = reader(
+        &req,
+        &state,
+        query.viewer.as_deref(),
+        query.token.as_deref(),
+        std::slice::from_ref(&room),
+    )
+    .await?;
+    let snapshot = read(&state, &room, &reader, u32::MAX).await?;
+    let (users, devices, mut members) = members_of(snapshot);
+    if let Some(after) = &query.cursor {
+        members.retain(|m| m.user.as_str() > after.as_str());
+    }
+    let next_cursor = (members.len() > limit).then(|| members[limit - 1].user.clone());
+    members.truncate(limit);
+    Ok(HttpResponse::Ok().json(RoomPage {
+        room,
+        users,
+        devices,
+        members,
+        next_cursor,
+        view: matches!(reader, Reader::Service).then_some("service"),
+    }))
+}
+
+/// `POST /api/rooms/query`: the counts of many rooms, in request order.
+#[utoipa::path(post, path = "/api/rooms/query", tag = "rooms",
+    params(("viewer" = Option<String>, Query, description = "Development auth: read as this user"),
+        ("token" = Option<String>, Query, description = "JWT auth: the reader's token, instead of Authorization: Bearer")),
+    request_body = RoomsQuery,
+    responses(
+        (status = 200, description = "Each room's counts, in request order", body = RoomsResult),
+        (status = 400, description = "Invalid room id", body = ProtocolError),
+        (status = 403, description = "A room outside the token's rooms claim", body = ProtocolError),
+        (status = 413, description = "More than 1,000 rooms", body = ProtocolError),
+        (status = 503, description = "Redis unavailable", body = ProtocolError),
+    ),
+    security((), ("bearer" = [])))]
+pub(crate) async fn rooms_query(
+    req: HttpRequest,
+    who: web::Query<super::reads::As>,
+    body: web::Json<RoomsQuery>,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let rooms = body.into_inner().rooms;
+    if rooms.len() > MAX_QUERY_ROOMS {
+        return Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorCode::TooManyUsers,
+            format!("at most {MAX_QUERY_ROOMS} rooms per query"),
+        ));
+    }
+    for room in &rooms {
+        ids::validate_room(room)?;
+    }
+    let reader = reader(&req, &state, who.viewer(), who.token(), &rooms).await?;
+    let reads = rooms.iter().map(|room| read(&state, room, &reader, 0));
+    let mut out = Vec::with_capacity(rooms.len());
+    for (room, snapshot) in rooms
+        .iter()
+        .zip(futures_util::future::join_all(reads).await)
+    {
+        let (users, devices, _) = members_of(snapshot?);
+        out.push(RoomCounts {
+            room: room.clone(),
+            users,
+            devices,
+        });
+    }
+    Ok(HttpResponse::Ok().json(RoomsResult { rooms: out }))
+}
+
+/// `GET /api/users/{user}/rooms` (the service or admin key): the rooms each
+/// of the user's devices is in, hidden memberships included.
+#[utoipa::path(get, path = "/api/users/{user}/rooms", tag = "rooms",
+    params(("user" = String, Path, description = "The user id")),
+    responses(
+        (status = 200, description = "The rooms of each device", body = UserRooms),
+        (status = 400, description = "Invalid user id", body = ProtocolError),
+        (status = 401, description = "No service or admin key", body = ProtocolError),
+        (status = 503, description = "Redis unavailable", body = ProtocolError),
+    ),
+    security(("bearer" = [])))]
+pub(crate) async fn user_rooms(
+    req: HttpRequest,
+    user: web::Path<String>,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    require_service(&req, &state)?;
+    let user = user.into_inner();
+    ids::validate("user", &user)?;
+    let devices = state
+        .node
+        .store
+        .user_rooms(&user)
+        .await?
+        .into_iter()
+        .map(|(device, rooms)| DeviceRooms { device, rooms })
+        .collect();
+    Ok(HttpResponse::Ok().json(UserRooms { user, devices }))
+}
