@@ -165,6 +165,7 @@ async fn start_actors(
         config.client_timeout() + config.heartbeat,
         registry_ready,
     )
+    .with_rooms(config.rooms.announce_max, config.rooms.occupancy_interval)
     .start();
     ExpiryListener::new(client.clone(), store.clone(), config.clone(), expiry_ready).start();
     tokio::time::timeout(SUBSCRIBE_TIMEOUT, async {

@@ -162,6 +162,13 @@ impl Registry {
         }
     }
 
+    /// Rooms above `announce_max` users get `occupancy` frames, at most
+    /// every `occupancy`, instead of every join, leave and update.
+    pub fn with_rooms(mut self, announce_max: u32, occupancy: Duration) -> Self {
+        self.rooms = rooms::RoomInterest::new(announce_max, occupancy);
+        self
+    }
+
     fn unwatch(&mut self, session: SessionId, user: &str) {
         if let Some(sessions) = self.devices_by_user.get_mut(user) {
             sessions.remove(&session);
@@ -370,6 +377,7 @@ impl Actor for Registry {
             act.cut_frozen();
         });
         ctx.run_interval(LINGER / 4, |act, _| act.drop_lingering());
+        ctx.run_interval(self.rooms.tick(), |act, _| act.rooms.flush());
         let addr = ctx.address();
         let started = Subscriptions::start(&self.client, move |notice| {
             if !addr.connected() {

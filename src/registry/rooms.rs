@@ -6,11 +6,13 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 
 use super::{Registry, SessionId};
 use crate::keys;
+use crate::rooms::events::{Kind, To};
 use crate::rooms::{RoomDeliver, RoomEvent};
 
 /// A session enters a room; answered once the node hears the room's
@@ -50,9 +52,29 @@ pub struct RoomResync {
 /// Where one member session's room events and resyncs go.
 type Member = (Recipient<RoomDeliver>, Recipient<RoomResync>);
 
+/// A room above `--room-announce-max` users: its members get its counts,
+/// at most every `--room-occupancy-ms`, instead of every join, leave and
+/// update.
+struct Large {
+    /// The counts last heard.
+    users: u64,
+    /// Devices, likewise.
+    devices: u64,
+    /// The counts changed since the last `occupancy` frame.
+    changed: bool,
+    /// When the last `occupancy` frame went out.
+    sent: Instant,
+}
+
 /// Which local sessions are in which room.
 #[derive(Default)]
 pub(super) struct RoomInterest {
+    /// Most users of a room whose members get every event.
+    announce_max: u64,
+    /// Shortest time between two `occupancy` frames of a room.
+    occupancy: Duration,
+    /// The large rooms with local members.
+    large: HashMap<Arc<str>, Large>,
     /// The local member sessions of each room, with where their events go
     /// and where a resync goes.
     members: HashMap<Arc<str>, HashMap<SessionId, Member>>,
@@ -63,6 +85,21 @@ pub(super) struct RoomInterest {
 }
 
 impl RoomInterest {
+    /// Rooms above `announce_max` users get `occupancy` frames at most
+    /// every `occupancy`.
+    pub(super) fn new(announce_max: u32, occupancy: Duration) -> Self {
+        Self {
+            announce_max: u64::from(announce_max),
+            occupancy,
+            ..Self::default()
+        }
+    }
+
+    /// How often [`RoomInterest::flush`] should run.
+    pub(super) fn tick(&self) -> Duration {
+        (self.occupancy / 4).max(Duration::from_millis(25))
+    }
+
     /// Removes `session` from `room`; the room's channel when it was the
     /// last local member, to unsubscribe.
     fn leave(&mut self, session: SessionId, room: &str) -> Option<String> {
@@ -78,6 +115,7 @@ impl RoomInterest {
             return None;
         }
         self.members.remove(room);
+        self.large.remove(room);
         self.subscribed
             .remove(room)
             .then(|| keys::room_events(room))
@@ -93,17 +131,76 @@ impl RoomInterest {
             .collect()
     }
 
-    /// Hands `event` to the room's local members.
-    pub(super) fn deliver(&self, event: RoomEvent) {
+    /// Hands `event` to the room's local members. In a large room a join,
+    /// leave or update only moves its counts; crossing the threshold, in
+    /// either direction, has every member read the room again, so that
+    /// each ends with the full list (below) or the counts alone (above).
+    pub(super) fn deliver(&mut self, event: RoomEvent) {
         crate::metrics::METRICS.rooms.events.inc();
         let Some(sessions) = self.members.get(&event.room) else {
             return;
         };
+        // Signals and a hidden member's own events are not counts.
+        if event.kind != Kind::Signal && event.to != To::User {
+            let large_now = event.users > self.announce_max;
+            match (self.large.get_mut(&event.room), large_now) {
+                (Some(large), true) => {
+                    large.users = event.users;
+                    large.devices = event.devices;
+                    large.changed = true;
+                    return;
+                }
+                (None, false) => {}
+                (was, _) => {
+                    if was.is_some() {
+                        self.large.remove(&event.room);
+                    } else {
+                        self.large.insert(
+                            event.room.clone(),
+                            Large {
+                                users: event.users,
+                                devices: event.devices,
+                                changed: false,
+                                sent: Instant::now(),
+                            },
+                        );
+                    }
+                    for (_, resync) in sessions.values() {
+                        resync.do_send(RoomResync {
+                            room: event.room.clone(),
+                        });
+                    }
+                    return;
+                }
+            }
+        }
         let event = Arc::new(event);
         for (deliver, _) in sessions.values() {
             deliver.do_send(RoomDeliver {
                 event: event.clone(),
             });
+        }
+    }
+
+    /// Sends each large room whose counts changed its `occupancy` frame,
+    /// unless one went out within the interval.
+    pub(super) fn flush(&mut self) {
+        let now = Instant::now();
+        for (room, large) in &mut self.large {
+            if !large.changed || now.duration_since(large.sent) < self.occupancy {
+                continue;
+            }
+            large.changed = false;
+            large.sent = now;
+            let Some(sessions) = self.members.get(room) else {
+                continue;
+            };
+            let event = Arc::new(RoomEvent::occupancy(room, large.users, large.devices));
+            for (deliver, _) in sessions.values() {
+                deliver.do_send(RoomDeliver {
+                    event: event.clone(),
+                });
+            }
         }
     }
 

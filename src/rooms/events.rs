@@ -32,6 +32,8 @@ pub enum Kind {
     Update,
     /// A device relayed a signal.
     Signal,
+    /// A large room's counts (made by the node, never published).
+    Occupancy,
 }
 
 /// Which member devices an event is for.
@@ -147,7 +149,42 @@ fn empty_object() -> &'static RawValue {
     &EMPTY
 }
 
+/// The `occupancy` frame's body.
+#[derive(Serialize)]
+struct OccupancyBody<'a> {
+    room: &'a str,
+    users: u64,
+    devices: u64,
+}
+
+/// The `occupancy` frame: a large room's counts.
+pub fn occupancy_frame(room: &str, users: u64, devices: u64) -> String {
+    to_json(
+        "occupancy",
+        &OccupancyBody {
+            room,
+            users,
+            devices,
+        },
+    )
+}
+
 impl RoomEvent {
+    /// A large room's counts, for its local members.
+    pub fn occupancy(room: &Arc<str>, users: u64, devices: u64) -> Self {
+        Self {
+            room: room.clone(),
+            kind: Kind::Occupancy,
+            to: To::All,
+            user: String::new(),
+            device: String::new(),
+            seq: None,
+            users,
+            devices,
+            frame: ByteString::from(occupancy_frame(room, users, devices)),
+        }
+    }
+
     /// Parses a payload of `channel_room`'s channel; `None` (logged) for
     /// one that is not a room event of that room.
     pub fn parse(channel_room: &str, payload: &str) -> Option<Self> {
@@ -170,6 +207,10 @@ impl RoomEvent {
             Kind::Leave => ("room_leave", None, wire.last, None, None),
             Kind::Update => ("room_update", None, None, wire.state, None),
             Kind::Signal => ("signal", None, None, None, wire.data),
+            Kind::Occupancy => {
+                log::warn!("ignoring a published occupancy event on {channel_room}'s channel");
+                return None;
+            }
         };
         let state = match (wire.e, state) {
             (Kind::Join | Kind::Update, None) => Some(empty_object()),

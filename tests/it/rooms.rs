@@ -607,3 +607,74 @@ async fn rooms_over_http() {
         json!([{"device": "laptop", "rooms": ["doc:1"]}])
     );
 }
+
+/// Above `--room-announce-max` users a room's members get `occupancy`
+/// counts, at most every `--room-occupancy-ms`, instead of every join and
+/// leave; crossing the threshold either way sends each member a fresh
+/// `room` frame, without the member list above it and with it below.
+#[tokio::test]
+async fn a_large_room_switches_to_counts_and_back() {
+    let redis = Redis::start();
+    let flags = ["--room-announce-max", "2", "--room-occupancy-ms", "200"];
+    let a = Node::start_with(&redis, "a", &flags);
+    let b = Node::start_with(&redis, "b", &flags);
+    let mut alice = Client::connect(&a, "alice", "web").await;
+    join(&mut alice, "big", json!({})).await;
+    let mut bob = Client::connect(&b, "bob", "web").await;
+    join(&mut bob, "big", json!({})).await;
+    expect_event(&mut alice, "room_join", "big", "bob", "web").await;
+
+    // A third user: over the threshold.
+    let mut carol = Client::connect(&a, "carol", "web").await;
+    let snap = join(&mut carol, "big", json!({})).await;
+    assert!(snap["members"].is_null(), "{snap}");
+    assert_eq!(snap["users"], 3);
+    for c in [&mut alice, &mut bob] {
+        let frame = c.expect("room").await;
+        assert!(frame["members"].is_null(), "{frame}");
+        assert_eq!(frame["users"], 3, "{frame}");
+    }
+    // Joins and leaves now move the counts, a few frames at most.
+    let mut more = Vec::new();
+    for i in 0..5 {
+        let mut c = Client::connect(&b, &format!("u{i}"), "d").await;
+        join(&mut c, "big", json!({})).await;
+        more.push(c);
+    }
+    let started = Instant::now();
+    let mut frames = 0;
+    loop {
+        let v = alice.recv().await;
+        assert_eq!(v["type"], "occupancy", "{v}");
+        frames += 1;
+        if v["users"] == 8 {
+            assert_eq!(v["devices"], 8);
+            break;
+        }
+    }
+    assert!(
+        frames <= 3,
+        "{frames} occupancy frames for 5 joins within {:?}",
+        started.elapsed()
+    );
+    // Back under: everyone gets the full list again.
+    for c in more {
+        c.close().await;
+    }
+    carol.close().await;
+    loop {
+        let v = alice.recv().await;
+        if v["type"] == "room" {
+            assert_eq!(members(&v), ["alice:web", "bob:web"], "{v}");
+            break;
+        }
+        assert_eq!(v["type"], "occupancy", "{v}");
+    }
+    let frame = next_of(&mut bob, "room").await;
+    assert_eq!(members(&frame), ["alice:web", "bob:web"]);
+    // And every join and leave again.
+    let mut dave = Client::connect(&a, "dave", "d").await;
+    join(&mut dave, "big", json!({})).await;
+    let v = next_of(&mut alice, "room").await;
+    assert!(v["members"].is_null(), "three users again: {v}");
+}
