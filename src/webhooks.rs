@@ -161,6 +161,47 @@ impl WebhookEvent {
     }
 }
 
+/// The kind of a room event a webhook announces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RoomKind {
+    /// A user's first device joined the room.
+    RoomJoined,
+    /// A user's last device left the room (a leave, a close, or its
+    /// membership lapsed).
+    RoomLeft,
+    /// The room's first user joined: it was empty.
+    RoomOccupied,
+    /// The room's last user left: it is empty.
+    RoomVacated,
+}
+
+/// One room event as a webhook receiver gets it. Invisible users' comings
+/// and goings in rooms are not announced: they are not in the room for
+/// its members.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct RoomWebhookEvent {
+    /// `<room>:<seq>`, with `:occupied` or `:vacated` for those: the same
+    /// event always has the same id.
+    pub id: String,
+    /// What happened.
+    #[serde(rename = "type")]
+    pub kind: RoomKind,
+    /// When this node's step made it, epoch ms.
+    pub at: i64,
+    /// The room.
+    pub room: String,
+    /// The user who joined or left (absent for occupied and vacated).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    /// Users in the room after it.
+    pub users: u64,
+    /// Devices in the room after it.
+    pub devices: u64,
+    /// The room's event clock: increases with each of its events.
+    pub seq: u64,
+}
+
 /// The JSON body of one POST.
 #[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct WebhookBatch {
@@ -278,6 +319,19 @@ impl Webhooks {
         };
         for sink in self.sinks.iter() {
             sink.push(json.clone());
+        }
+    }
+
+    /// Queues a room event this node's step made.
+    pub fn room(&self, event: &RoomWebhookEvent) {
+        match serde_json::to_string(event) {
+            Ok(json) => {
+                let json: Arc<str> = json.into();
+                for sink in self.sinks.iter() {
+                    sink.push(json.clone());
+                }
+            }
+            Err(e) => log::warn!("webhook: cannot encode {event:?}: {e}"),
         }
     }
 

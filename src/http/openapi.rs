@@ -17,7 +17,7 @@ use super::users::{Contacts, PrivacyBody};
 use crate::model::Record;
 use crate::protocol::{ErrorCode, ProtocolError};
 use crate::store::{DeviceInfo, OnlinePage, OnlineUser};
-use crate::webhooks::{Kind, WebhookBatch, WebhookEvent};
+use crate::webhooks::{Kind, RoomKind, RoomWebhookEvent, WebhookBatch, WebhookEvent};
 
 /// The document.
 #[derive(OpenApi)]
@@ -45,7 +45,7 @@ use crate::webhooks::{Kind, WebhookBatch, WebhookEvent};
     components(schemas(
         Record, DeviceInfo, OnlinePage, OnlineUser, UserPresence, QueryResult, OnlineResult,
         Query, PrivacyBody, Contacts, ProtocolError, ErrorCode, WebhookBatch, WebhookEvent, Kind,
-        RoomPage, Member, MemberDevice, RoomsQuery, RoomCounts, RoomsResult, UserRooms, DeviceRooms,
+        RoomWebhookEvent, RoomKind, RoomPage, Member, MemberDevice, RoomsQuery, RoomCounts, RoomsResult, UserRooms, DeviceRooms,
     )),
     modifiers(&BearerKey),
     tags(

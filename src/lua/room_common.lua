@@ -19,6 +19,11 @@
 
 local room_id = ARGV[1]
 
+-- Every event this step published, in order: the step's reply ends with
+-- it, so that the node that ran the step (and only that one) can queue its
+-- webhooks.
+local room_emitted = {}
+
 -- joined_at, owner and state of a member's value.
 local function room_value(v)
   return string.match(v, '^(%d+)|([^|]*)|(.*)$')
@@ -47,10 +52,12 @@ local function room_emit(kind, user, device, seq, to, extra)
   if to then
     target = ',"to":"' .. to .. '"'
   end
-  redis.call('SPUBLISH', KEYS[5], '{"e":"' .. kind .. '","room":' .. cjson.encode(room_id)
+  local payload = '{"e":"' .. kind .. '","room":' .. cjson.encode(room_id)
     .. ',"user":' .. cjson.encode(user) .. ',"device":' .. cjson.encode(device)
     .. ',"seq":' .. seq .. ',"users":' .. users .. ',"devices":' .. devices .. target
-    .. extra .. '}')
+    .. extra .. '}'
+  redis.call('SPUBLISH', KEYS[5], payload)
+  room_emitted[#room_emitted + 1] = payload
 end
 
 local function room_tick()

@@ -13,7 +13,8 @@
 -- Returns {kind, first, seq, users, devices, members, own hidden}: kind is
 -- joined, updated or full; first 1 when the user joined the room with it
 -- (as the others see it); members the HGETALL of KEYS[1] when users <=
--- ARGV[9], else 0; own hidden the user's hidden members, as pairs.
+-- ARGV[9], else 0; own hidden the user's hidden members, as pairs; then
+-- the events it published.
 local user, device, state = ARGV[2], ARGV[3], ARGV[4]
 local hidden = ARGV[10] == '1'
 local member = user .. ':' .. device
@@ -49,7 +50,7 @@ if old or moved then
   end
 else
   if redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[8]) then
-    return {'full', 0, 0, 0, 0, 0, {}}
+    return {'full', 0, 0, 0, 0, 0, {}, {}}
   end
   kind = 'joined'
   redis.call('HSET', home, member, ARGV[5] .. '|' .. ARGV[7] .. '|' .. state)
@@ -65,4 +66,4 @@ end
 local users, devices = room_counts()
 local members, own = room_listing(user, tonumber(ARGV[9]))
 local seq = tonumber(redis.call('HGET', KEYS[4], 'seq') or '0')
-return {kind, first and 1 or 0, seq, users, devices, members, own}
+return {kind, first and 1 or 0, seq, users, devices, members, own, room_emitted}

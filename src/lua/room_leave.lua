@@ -6,18 +6,19 @@
 -- not remove the membership a newer connection of the device holds; ''
 -- removes whoever holds it.
 --
--- Returns {kind, last}: kind is left, absent (not a member) or taken
--- (another connection of the device holds it).
+-- Returns {kind, last, published events}: kind is left, absent (not a
+-- member) or taken (another connection of the device holds it).
 local user, device = ARGV[2], ARGV[3]
 local member = user .. ':' .. device
 local old = redis.call('HGET', KEYS[1], member) or redis.call('HGET', KEYS[6], member)
 if not old then
-  return {'absent', 0}
+  return {'absent', 0, {}}
 end
 if ARGV[4] ~= '' then
   local _, owner = room_value(old)
   if owner ~= ARGV[4] then
-    return {'taken', 0}
+    return {'taken', 0, {}}
   end
 end
-return {'left', room_remove(user, device) and 1 or 0}
+local last = room_remove(user, device) and 1 or 0
+return {'left', last, room_emitted}

@@ -27,4 +27,4 @@ if old_state == state then
 end
 redis.call('HSET', home, member, joined_at .. '|' .. owner .. '|' .. state)
 room_emit('update', user, device, room_tick(), to, ',"state":' .. state)
-return {'updated'}
+return {'updated', room_emitted}

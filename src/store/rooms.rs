@@ -15,6 +15,7 @@ use super::reply::{array, at, int, text};
 use super::scripts::eval;
 use super::{now_ms, Store, StoreError, StoreResult};
 use crate::keys;
+use crate::webhooks::{RoomKind, RoomWebhookEvent};
 
 /// One device in a room, as a `room` frame lists it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -128,6 +129,69 @@ fn parse_members(v: &Value, room: &str) -> StoreResult<Option<Vec<RoomMember>>> 
     Ok(Some(members))
 }
 
+/// What the webhooks need of one published room event.
+#[derive(serde::Deserialize)]
+struct Emitted {
+    e: String,
+    room: String,
+    user: String,
+    seq: u64,
+    users: u64,
+    devices: u64,
+    #[serde(default)]
+    first: bool,
+    #[serde(default)]
+    last: bool,
+    #[serde(default)]
+    to: Option<String>,
+}
+
+/// The webhook events of one published room event: a user's first device
+/// joining (and the room's first user) or its last leaving (and the last
+/// user); nothing for a hidden member's own events.
+fn room_webhooks(e: Emitted, at: i64) -> Vec<RoomWebhookEvent> {
+    if e.to.as_deref() == Some("user") {
+        return Vec::new();
+    }
+    let (kind, whole, happened) = match e.e.as_str() {
+        "join" => (RoomKind::RoomJoined, RoomKind::RoomOccupied, e.first),
+        "leave" => (RoomKind::RoomLeft, RoomKind::RoomVacated, e.last),
+        _ => return Vec::new(),
+    };
+    if !happened {
+        return Vec::new();
+    }
+    let event = |kind, id: String, user| RoomWebhookEvent {
+        id,
+        kind,
+        at,
+        room: e.room.clone(),
+        user,
+        users: e.users,
+        devices: e.devices,
+        seq: e.seq,
+    };
+    let mut out = vec![event(
+        kind,
+        format!("{}:{}", e.room, e.seq),
+        Some(e.user.clone()),
+    )];
+    let edge = if kind == RoomKind::RoomJoined {
+        e.users == 1
+    } else {
+        e.users == 0
+    };
+    if edge {
+        let suffix = if kind == RoomKind::RoomJoined {
+            "occupied"
+        } else {
+            "vacated"
+        };
+        out.push(event(whole, format!("{}:{}:{suffix}", e.room, e.seq), None));
+    }
+    out
+}
+
 /// A count or clock of a room step's reply.
 fn count(items: &[Value], i: usize, key: &str) -> StoreResult<u64> {
     let n = int(at(items, i, key)?, key)?;
@@ -135,6 +199,29 @@ fn count(items: &[Value], i: usize, key: &str) -> StoreResult<u64> {
 }
 
 impl Store {
+    /// Queues the webhooks of the events a room step published (the last
+    /// element of its reply): only the node that ran the step does, so
+    /// each is sent once per fleet.
+    fn announce(&self, emitted: Option<&Value>) {
+        let (Some(webhooks), Some(Value::Array(items))) = (&self.webhooks, emitted) else {
+            return;
+        };
+        let at = now_ms();
+        for item in items {
+            let Value::BulkString(payload) = item else {
+                continue;
+            };
+            match serde_json::from_slice::<Emitted>(payload) {
+                Ok(e) => {
+                    for event in room_webhooks(e, at) {
+                        webhooks.room(&event);
+                    }
+                }
+                Err(e) => log::warn!("webhook: unreadable room event ({e})"),
+            }
+        }
+    }
+
     /// Runs one room step on `room`'s keys, `args` chaining the step's
     /// arguments after the room id; its reply's items.
     async fn room_step(
@@ -184,6 +271,7 @@ impl Store {
                     .arg(if hidden { "1" } else { "0" });
             })
             .await?;
+        self.announce(items.last());
         let items = &items[..];
         let kind = text(at(items, 0, &k1)?, &k1)?;
         if kind == "full" {
@@ -235,6 +323,7 @@ impl Store {
                 pipe.arg(user).arg(device).arg(owner);
             })
             .await?;
+        self.announce(items.last());
         let items = &items[..];
         let left = match text(at(items, 0, &k1)?, &k1)?.as_str() {
             "left" => Left::Left {
@@ -268,6 +357,7 @@ impl Store {
                 pipe.arg(user).arg(device).arg(state).arg(owner);
             })
             .await?;
+        self.announce(items.last());
         let items = &items[..];
         match text(at(items, 0, &k1)?, &k1)?.as_str() {
             "updated" => Ok(StateSet::Updated),
@@ -407,6 +497,7 @@ impl Store {
                 pipe.arg(now).arg(max);
             })
             .await?;
+        self.announce(items.last());
         let items = &items[..];
         let gone: Vec<String> = redis::from_redis_value_ref(at(items, 0, &k2)?)?;
         let next = text(at(items, 1, &k2)?, &k2)?;

@@ -504,3 +504,85 @@ async fn a_stopping_node_delivers_its_queue_first() {
     let answered: Vec<u16> = receiver.deliveries().iter().map(|d| d.answered).collect();
     assert_eq!(answered, [500, 500, 500, 200]);
 }
+
+/// Rooms' webhooks, once per fleet with three nodes, one SIGKILLed:
+/// `room_occupied` and `room_joined` when the first user joins, `room_joined`
+/// for each further user (not for a second device), `room_left` when a
+/// user's last device leaves, whatever the way, and `room_vacated` with the
+/// last one; an invisible user's comings and goings are not announced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn room_events_are_sent_once_by_the_fleet() {
+    let redis = Redis::start();
+    let receiver = Receiver::start(0).await;
+    let fast = ["--webhook-batch-ms", "20"];
+    let mut a = node_with_hooks(&redis, "a", &receiver, &fast);
+    let b = node_with_hooks(&redis, "b", &receiver, &fast);
+    let c = node_with_hooks(&redis, "c", &receiver, &fast);
+    let join = |room: &'static str| json!({"type": "join", "room": room});
+
+    let mut alice = Client::connect(&b, "alice", "web").await;
+    alice.send(join("r")).await;
+    alice.expect("room").await;
+    let mut alice2 = Client::connect(&c, "alice", "phone").await;
+    alice2.send(join("r")).await;
+    alice2.expect("room").await;
+    let mut bob = Client::connect(&a, "bob", "laptop").await;
+    bob.send(join("r")).await;
+    bob.expect("room").await;
+    let mut carol = Client::connect(&c, "carol", "tab").await;
+    carol
+        .send(json!({"type": "status", "status": "invisible"}))
+        .await;
+    carol.expect("presence").await;
+    carol.send(join("r")).await;
+    carol.expect("room").await;
+    receiver.wait_for("bob", "room_joined").await;
+
+    // bob's node dies: his membership lapses, announced by a live node.
+    a.kill();
+    let left = receiver.wait_for("bob", "room_left").await;
+    assert!(left["_node"] == "b" || left["_node"] == "c", "{left}");
+    alice2.close().await;
+    alice.close().await;
+    carol.close().await;
+    let vacated = |e: &Value| e["type"] == "room_vacated";
+    wait_until("room r vacated", DEADLINE, || async {
+        receiver.events().iter().any(vacated)
+    })
+    .await;
+    // Late duplicates would have had time to arrive with the vacancy.
+    let events: Vec<Value> = receiver
+        .events()
+        .into_iter()
+        .filter(|e| e["room"] == "r")
+        .collect();
+    let kinds: Vec<(String, String)> = events
+        .iter()
+        .map(|e| {
+            (
+                e["type"].as_str().unwrap().to_string(),
+                e["user"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect();
+    let expected = [
+        ("room_occupied", ""),
+        ("room_joined", "alice"),
+        ("room_joined", "bob"),
+        ("room_left", "bob"),
+        ("room_left", "alice"),
+        ("room_vacated", ""),
+    ];
+    let mut sorted = kinds.clone();
+    sorted.sort();
+    let mut want: Vec<(String, String)> = expected
+        .iter()
+        .map(|(k, u)| (k.to_string(), u.to_string()))
+        .collect();
+    want.sort();
+    assert_eq!(sorted, want, "{events:?}");
+    let ids: std::collections::HashSet<&str> =
+        events.iter().map(|e| e["id"].as_str().unwrap()).collect();
+    assert_eq!(ids.len(), events.len(), "every event has its own id");
+    assert_eq!(events.iter().find(|e| vacated(e)).unwrap()["users"], 0);
+}
