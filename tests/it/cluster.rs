@@ -408,3 +408,135 @@ async fn dying_devices_expire_on_time_beside_live_leases_on_every_shard() {
     );
     drop(devices);
 }
+
+/// One room per shard (its keys share the `{r:<room>}` tag), named
+/// `<prefix><n>`.
+fn rooms_on_every_shard(cluster: &Cluster, prefix: &str) -> Vec<String> {
+    cluster
+        .shards()
+        .iter()
+        .enumerate()
+        .map(|(i, shard)| {
+            (0..)
+                .map(|n| format!("{prefix}{i}:{n}"))
+                .find(|room| shard.serves(cluster.slot(&format!("r:{room}"))))
+                .unwrap()
+        })
+        .collect()
+}
+
+/// Joins `room` and waits for its `room` frame.
+async fn join_room(c: &mut Client, room: &str) -> serde_json::Value {
+    c.send(json!({"type": "join", "room": room})).await;
+    let frame = c.expect("room").await;
+    assert_eq!(frame["room"], room, "{frame}");
+    frame
+}
+
+/// Rooms on every shard: joins cross nodes once, and a SIGKILLed node's
+/// members leave every room within TTL + 1.5 s, once.
+#[tokio::test]
+async fn rooms_on_every_shard_and_a_killed_nodes_members_leave() {
+    let cluster = Cluster::start();
+    let a = cluster.node("a");
+    let mut b = cluster.node("b");
+    let rooms = rooms_on_every_shard(&cluster, "room");
+    let mut alice = Client::connect(&a, "alice", "web").await;
+    let mut bob = Client::connect(&b, "bob", "laptop").await;
+    for room in &rooms {
+        join_room(&mut alice, room).await;
+        let frame = join_room(&mut bob, room).await;
+        assert_eq!(frame["users"], 2, "{frame}");
+        let ev = alice.expect("room_join").await;
+        assert_eq!(
+            (ev["room"].as_str(), ev["first"].as_bool()),
+            (Some(room.as_str()), Some(true))
+        );
+    }
+    let killed = Instant::now();
+    b.kill();
+    let mut left = HashSet::new();
+    while left.len() < rooms.len() {
+        let ev = alice.expect("room_leave").await;
+        assert_eq!(
+            (ev["user"].as_str(), ev["last"].as_bool()),
+            (Some("bob"), Some(true)),
+            "{ev}"
+        );
+        assert!(
+            left.insert(ev["room"].as_str().unwrap().to_string()),
+            "twice: {ev}"
+        );
+        let elapsed = killed.elapsed();
+        assert!(
+            elapsed <= TTL + Duration::from_millis(1500),
+            "left after {elapsed:?}"
+        );
+    }
+    assert_quiet(
+        &mut alice,
+        Duration::from_millis(2 * HEARTBEAT_MS),
+        "a duplicate",
+    )
+    .await;
+    for room in &rooms {
+        let (_, body) = get(&format!("{}/api/rooms/{room}", a.http())).await;
+        assert_eq!(
+            (body["users"].as_u64(), body["devices"].as_u64()),
+            (Some(1), Some(1)),
+            "{body}"
+        );
+    }
+}
+
+/// A primary killed with SIGKILL: members connected across the failover
+/// keep every room, with no leave, on every shard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_keep_their_rooms_across_a_primary_failover() {
+    let mut cluster = Cluster::start();
+    const HB: &str = "1500";
+    let a = cluster.node_with("a", &["--heartbeat-ms", HB]);
+    let b = cluster.node_with("b", &["--heartbeat-ms", HB]);
+    let victim = cluster.shards()[0].clone();
+    let rooms = rooms_on_every_shard(&cluster, "stay");
+    let mut alice = Client::connect(&a, "alice", "web").await;
+    let mut bob = Client::connect(&b, "bob", "laptop").await;
+    for room in &rooms {
+        join_room(&mut alice, room).await;
+        join_room(&mut bob, room).await;
+        alice.expect("room_join").await;
+    }
+    cluster.kill(victim.primary);
+    tokio::task::block_in_place(|| cluster.wait_healthy(&[victim.primary]));
+    // Two membership deadlines on: every refresh went through. A fresh room
+    // frame (the node re-reads its rooms after its subscriptions were
+    // renewed) is fine; a leave or a join is not.
+    let until = Instant::now() + Duration::from_secs(9);
+    while let Some(frame) = alice
+        .next_within(until.saturating_duration_since(Instant::now()))
+        .await
+    {
+        let Incoming::Frame(v) = frame else {
+            panic!("alice's connection closed: {frame:?}");
+        };
+        assert_eq!(v["type"], "room", "across the failover: {v}");
+        assert_eq!(
+            (v["users"].as_u64(), v["devices"].as_u64()),
+            (Some(2), Some(2)),
+            "{v}"
+        );
+    }
+    for room in &rooms {
+        let (_, body) = get(&format!("{}/api/rooms/{room}", b.http())).await;
+        assert_eq!(
+            (body["users"].as_u64(), body["devices"].as_u64()),
+            (Some(2), Some(2)),
+            "{body}"
+        );
+    }
+    // The room on the promoted shard still works both ways.
+    bob.send(json!({"type": "signal", "room": rooms[0], "data": "hi"}))
+        .await;
+    let ev = alice.expect("signal").await;
+    assert_eq!(ev["room"], rooms[0]);
+}
