@@ -256,8 +256,9 @@ fn answer(request: Request, outcome: StoreResult<Arrival>) -> Option<Request> {
         Ok(Arrival::Held {
             came_online: false,
             status: None,
+            ref lost_rooms,
             ..
-        })
+        }) if lost_rooms.is_empty()
     );
     if !request.state.answered(if settled { IDLE } else { HANDED }) {
         return Some(request);

@@ -204,8 +204,12 @@ impl Handler<Refreshed> for Session {
             Ok(Arrival::Held {
                 came_online,
                 status,
+                lost_rooms,
                 ..
             }) => {
+                if !lost_rooms.is_empty() {
+                    self.rejoin_rooms(&lost_rooms, ctx);
+                }
                 if status.is_some() {
                     let was_hidden = self.hidden();
                     self.lease.known_status = status.map(Box::new);

@@ -85,6 +85,30 @@ impl Session {
         }
     }
 
+    /// Joins `lost` again, with this device's state in each: their
+    /// memberships were gone when the lease was refreshed (Redis lost its
+    /// data, or the membership lapsed while the node was frozen).
+    pub(super) fn rejoin_rooms(&mut self, lost: &[Arc<str>], ctx: &mut ws::WebsocketContext<Self>) {
+        let Some(rooms) = self.rooms.as_mut() else {
+            return;
+        };
+        let mut again = Vec::new();
+        for room in lost {
+            if let Some(held) = rooms.joined.get_mut(room) {
+                log::info!(
+                    "{}/{}: membership of {room} was gone; joining again",
+                    self.me.user,
+                    self.me.device
+                );
+                held.seq = None;
+                again.push((room.clone(), held.state.clone()));
+            }
+        }
+        for (room, state) in again {
+            self.request(Request::Room(RoomRequest::Join { room, state }), ctx);
+        }
+    }
+
     /// The rooms whose memberships ride on the lease's refreshes.
     pub(super) fn room_names(&self) -> Vec<Arc<str>> {
         self.rooms.as_ref().map(|r| r.names()).unwrap_or_default()

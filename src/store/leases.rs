@@ -53,6 +53,9 @@ pub enum Arrival {
         status: Option<ChosenStatus>,
         /// The deadline written to `presence-leases`, epoch ms.
         deadline: i64,
+        /// The rooms of [`Lease::rooms`] whose membership was gone (it
+        /// lapsed, or Redis lost its data): the session joins them again.
+        lost_rooms: Vec<std::sync::Arc<str>>,
     },
     /// Another connection took this device over; this one should close.
     Replaced,
@@ -236,6 +239,9 @@ impl Store {
         // `presence-lastseen` with its next `offline`.
         let mut back = redis::pipe();
         let mut out = Vec::with_capacity(leases.len());
+        // (lease, room) of each membership pushed on, in the order of the
+        // replies the pipeline keeps.
+        let mut memberships: Vec<(usize, &std::sync::Arc<str>)> = Vec::new();
         for (lease, value) in leases.iter().zip(&reply) {
             let lease = lease.borrow();
             let arrival = parse_arrival(&self.report(value, false), &lease.user, deadline);
@@ -245,15 +251,17 @@ impl Store {
                     back.zrem(keys::last_seen(bucket), &lease.user).ignore();
                 }
                 let member = keys::lease_member(&lease.user, &lease.device);
-                // XX: a membership that lapsed or was left stays gone.
+                // XX: a membership that lapsed or was left stays gone; CH
+                // tells which were there (a later deadline is a change).
                 for room in &lease.rooms {
                     back.cmd("ZADD")
                         .arg(keys::room_deadlines(room))
                         .arg("XX")
                         .arg("GT")
+                        .arg("CH")
                         .arg(deadline)
-                        .arg(&member)
-                        .ignore();
+                        .arg(&member);
+                    memberships.push((out.len(), room));
                 }
                 by_bucket
                     .entry(bucket)
@@ -268,10 +276,21 @@ impl Store {
             for deadlines in by_bucket.into_values() {
                 pipe.add_command(deadlines).ignore();
             }
-            if let Err(e) = self.query(&pipe).await {
-                for arrival in &mut out {
-                    if let Ok(Arrival::Held { .. }) = arrival {
-                        *arrival = Err(e.clone());
+            match self.query(&pipe).await {
+                Ok(pushed) => {
+                    for ((i, room), pushed) in memberships.into_iter().zip(pushed) {
+                        if let (redis::Value::Int(0), Ok(Arrival::Held { lost_rooms, .. })) =
+                            (pushed, &mut out[i])
+                        {
+                            lost_rooms.push(room.clone());
+                        }
+                    }
+                }
+                Err(e) => {
+                    for arrival in &mut out {
+                        if let Ok(Arrival::Held { .. }) = arrival {
+                            *arrival = Err(e.clone());
+                        }
                     }
                 }
             }

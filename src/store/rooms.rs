@@ -494,13 +494,20 @@ impl Store {
         let k2 = keys::room_deadlines(room);
         let items = self
             .room_step(&self.scripts.room_expire, room, |pipe| {
-                pipe.arg(now).arg(max);
+                pipe.arg(now).arg(max).arg(self.ttl_ms);
             })
             .await?;
         self.announce(items.last());
         let items = &items[..];
         let gone: Vec<String> = redis::from_redis_value_ref(at(items, 0, &k2)?)?;
         let next = text(at(items, 1, &k2)?, &k2)?;
+        let repaired = int(at(items, 2, &k2)?, &k2)?;
+        if repaired > 0 {
+            log::warn!("room {room}: reconciliation repaired {repaired} entries of its counts and deadlines");
+            crate::metrics::METRICS
+                .reconcile_repairs
+                .inc_by(repaired as u64);
+        }
         let mut beside = redis::pipe();
         for member in &gone {
             if let Some((user, device)) = keys::parse_lease_member(member) {

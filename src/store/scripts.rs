@@ -392,6 +392,7 @@ pub(super) fn parse_arrival(value: &Value, user: &str, deadline: i64) -> StoreRe
             came_online,
             status,
             deadline,
+            lost_rooms: Vec::new(),
         },
         -1 => Arrival::TooManyDevices,
         0 => Arrival::Replaced,

@@ -678,3 +678,111 @@ async fn a_large_room_switches_to_counts_and_back() {
     let v = next_of(&mut alice, "room").await;
     assert!(v["members"].is_null(), "three users again: {v}");
 }
+
+/// Redis restarts empty: the live members join their rooms again with
+/// their state, and every member ends with a room frame listing them all.
+#[tokio::test]
+async fn members_rejoin_after_redis_loses_its_data() {
+    let mut redis = Redis::start();
+    let node = Node::start(&redis, "n1");
+    let mut alice = Client::connect(&node, "alice", "web").await;
+    join(&mut alice, "doc:1", json!({"page": 3})).await;
+    let mut bob = Client::connect(&node, "bob", "laptop").await;
+    join(&mut bob, "doc:1", json!({})).await;
+    expect_event(&mut alice, "room_join", "doc:1", "bob", "laptop").await;
+
+    redis.restart_empty();
+    let base = node.http();
+    wait_until("both members back in Redis", DEADLINE, || async {
+        let (_, room) = get(&format!("{base}/api/rooms/doc:1")).await;
+        room["users"] == 2 && room["devices"] == 2
+    })
+    .await;
+    let (_, room) = get(&format!("{base}/api/rooms/doc:1")).await;
+    assert_eq!(
+        room["members"][0]["devices"][0]["state"],
+        json!({"page": 3}),
+        "{room}"
+    );
+    // Alice's view, kept as a client keeps it (a room frame replaces it,
+    // joins and leaves change it), ends with both.
+    let mut view = std::collections::BTreeSet::new();
+    while let Some(Incoming::Frame(v)) = alice.next_within(Duration::from_millis(800)).await {
+        match v["type"].as_str() {
+            Some("room") => view = members(&v).into_iter().collect(),
+            Some("room_join") => {
+                view.insert(format!(
+                    "{}:{}",
+                    v["user"].as_str().unwrap(),
+                    v["device"].as_str().unwrap()
+                ));
+            }
+            Some("room_leave") => {
+                view.remove(&format!(
+                    "{}:{}",
+                    v["user"].as_str().unwrap(),
+                    v["device"].as_str().unwrap()
+                ));
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(
+        view.into_iter().collect::<Vec<_>>(),
+        ["alice:web", "bob:laptop"]
+    );
+    assert_eq!(redis_counts(&redis, "doc:1").await, (2, 2, 2));
+}
+
+/// The room pass repairs counts and deadlines that went wrong outside the
+/// steps, without a leave or a join for the members.
+#[tokio::test]
+async fn the_room_pass_repairs_counts_and_deadlines() {
+    let redis = Redis::start();
+    let node = Node::start(&redis, "n1");
+    let mut alice = Client::connect(&node, "alice", "web").await;
+    join(&mut alice, "r", json!({})).await;
+    let mut bob = Client::connect(&node, "bob", "laptop").await;
+    join(&mut bob, "r", json!({})).await;
+    expect_event(&mut alice, "room_join", "r", "bob", "laptop").await;
+    let mut c = redis.aconn().await;
+    let _: () = redis::cmd("HINCRBY")
+        .arg("presence-room-users:{r:r}")
+        .arg("bob")
+        .arg(3)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("ZREM")
+        .arg("presence-room-deadlines:{r:r}")
+        .arg("alice:web")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    wait_until("counts and deadlines repaired", DEADLINE, || async {
+        let mut c = redis.aconn().await;
+        let bob: i64 = redis::cmd("HGET")
+            .arg("presence-room-users:{r:r}")
+            .arg("bob")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        bob == 1 && redis_counts(&redis, "r").await == (2, 2, 2)
+    })
+    .await;
+    // Two TTLs later both are still members, and nobody saw a leave or a
+    // join (alice's refresh found her deadline gone and joined again: a
+    // fresh room frame, the same members).
+    let until = Instant::now() + 2 * TTL;
+    while let Some(Incoming::Frame(v)) = alice
+        .next_within(until.saturating_duration_since(Instant::now()))
+        .await
+    {
+        assert_eq!(v["type"], "room", "{v}");
+        assert_eq!(members(&v), ["alice:web", "bob:laptop"]);
+    }
+    while let Some(Incoming::Frame(v)) = bob.next_within(Duration::from_millis(10)).await {
+        assert_eq!(v["type"], "room", "{v}");
+    }
+    assert_eq!(redis_counts(&redis, "r").await, (2, 2, 2));
+}
