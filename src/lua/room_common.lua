@@ -29,6 +29,16 @@ local function room_value(v)
   return string.match(v, '^(%d+)|([^|]*)|(.*)$')
 end
 
+-- Whether lease value `a` is `b`'s or a later one: values are decimal
+-- numbers past what a Lua number holds exactly, so they compare as text
+-- (a longer one is larger).
+local function room_not_older(a, b)
+  if #a ~= #b then
+    return #a > #b
+  end
+  return a >= b
+end
+
 -- Visible users and devices.
 local function room_counts()
   return redis.call('HLEN', KEYS[3]), redis.call('HLEN', KEYS[1])

@@ -11,7 +11,8 @@
 -- ARGV[10] 1 when the user is invisible
 --
 -- Returns {kind, first, seq, users, devices, members, own hidden}: kind is
--- joined, updated or full; first 1 when the user joined the room with it
+-- joined, updated, full or taken (a newer connection of the device holds
+-- the membership); first 1 when the user joined the room with it
 -- (as the others see it); members the HGETALL of KEYS[1] when users <=
 -- ARGV[9], else 0; own hidden the user's hidden members, as pairs; then
 -- the events it published.
@@ -30,7 +31,12 @@ local kind, first = 'updated', false
 local old = redis.call('HGET', home, member)
 local moved = redis.call('HGET', away, member)
 if old or moved then
-  local joined_at, _, old_state = room_value(old or moved)
+  local joined_at, owner, old_state = room_value(old or moved)
+  -- A newer connection of the device holds it: an older one that has not
+  -- heard of its takeover yet must not take it back.
+  if not room_not_older(ARGV[7], owner) then
+    return {'taken', 0, 0, 0, 0, 0, {}, {}}
+  end
   redis.call('HSET', home, member, joined_at .. '|' .. ARGV[7] .. '|' .. state)
   redis.call('ZADD', KEYS[2], ARGV[6], member)
   if moved then

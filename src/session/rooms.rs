@@ -272,14 +272,15 @@ impl Session {
         let hidden = self.hidden();
         crate::metrics::METRICS.rooms.signals_relayed.inc();
         let send = async move {
-            store
+            let res = store
                 .signal_room(&room, &user, &device, &data, hidden)
-                .await
+                .await;
+            (room, res)
         };
-        ctx.spawn(send.into_actor(self).map(|res, act, ctx| {
+        ctx.spawn(send.into_actor(self).map(|(room, res), act, ctx| {
             if let Err(e) = res {
                 log::debug!("{}/{}: signal not relayed: {e}", act.me.user, act.me.device);
-                act.send_error(ctx, &super::unavailable());
+                act.send_error(ctx, &super::unavailable().in_room(&room));
             }
         }));
     }
@@ -295,11 +296,15 @@ impl Session {
             RoomRequest::Leave { room } => {
                 let store = self.node.store.clone();
                 let (user, device, owner) = self.me_parts();
-                let leave = async move { store.leave_room(&room, &user, &device, &owner).await };
-                ctx.spawn(leave.into_actor(self).map(|res, act, ctx| {
+                let leave = async move {
+                    let res = store.leave_room(&room, &user, &device, &owner).await;
+                    (room, res)
+                };
+                ctx.spawn(leave.into_actor(self).map(|(room, res), act, ctx| {
+                    // The membership lapses by itself: nothing refreshes it.
                     if let Err(e) = res {
                         log::debug!("{}/{}: leave failed: {e}", act.me.user, act.me.device);
-                        act.send_error(ctx, &super::unavailable());
+                        act.send_error(ctx, &super::unavailable().in_room(&room));
                     }
                     act.request_done(ctx);
                 }));
@@ -308,14 +313,15 @@ impl Session {
                 let store = self.node.store.clone();
                 let (user, device, owner) = self.me_parts();
                 let set = async move {
-                    store
+                    let res = store
                         .set_room_state(&room, &user, &device, &state, &owner)
-                        .await
+                        .await;
+                    (room, res)
                 };
-                ctx.spawn(set.into_actor(self).map(|res, act, ctx| {
+                ctx.spawn(set.into_actor(self).map(|(room, res), act, ctx| {
                     if let Err(e) = res {
                         log::debug!("{}/{}: room state failed: {e}", act.me.user, act.me.device);
-                        act.send_error(ctx, &super::unavailable());
+                        act.send_error(ctx, &super::unavailable().in_room(&room));
                     }
                     act.request_done(ctx);
                 }));
@@ -354,8 +360,8 @@ impl Session {
         let join = async move {
             match subscribe.await {
                 Ok(Ok(())) => {}
-                Ok(Err(e)) => return Err(e),
-                Err(e) => return Err(e.to_string()),
+                Ok(Err(e)) => return Err((room, e)),
+                Err(e) => return Err((room, e.to_string())),
             }
             store
                 .join_room(
@@ -369,14 +375,23 @@ impl Session {
                     limits.announce_max,
                 )
                 .await
-                .map(|joined| (room, joined))
-                .map_err(|e| e.to_string())
+                .map(|joined| (room.clone(), joined))
+                .map_err(|e| (room, e.to_string()))
         };
         ctx.spawn(join.into_actor(self).map(|res, act, ctx| {
             match res {
                 Ok((room, Joined::Joined { room: snapshot, .. }))
                 | Ok((room, Joined::Updated { room: snapshot })) => {
                     act.show_room(&room, &snapshot, ctx)
+                }
+                Ok((room, Joined::Taken)) => {
+                    // This connection was taken over and will be closed.
+                    log::debug!(
+                        "{}/{}: {room} is held by a newer connection",
+                        act.me.user,
+                        act.me.device
+                    );
+                    act.forget_room(&room);
                 }
                 Ok((room, Joined::Full)) => {
                     act.forget_room(&room);
@@ -389,9 +404,11 @@ impl Session {
                     );
                     act.send_error(ctx, &err.in_room(&room));
                 }
-                Err(e) => {
+                Err((room, e)) => {
+                    // Still held: the next lease refresh finds no such
+                    // membership and the session joins again by itself.
                     log::debug!("{}/{}: join failed: {e}", act.me.user, act.me.device);
-                    act.send_error(ctx, &super::unavailable());
+                    act.send_error(ctx, &super::unavailable().in_room(&room));
                 }
             }
             act.request_done(ctx);
@@ -405,10 +422,30 @@ impl Session {
         snapshot: &RoomSnapshot,
         ctx: &mut ws::WebsocketContext<Self>,
     ) {
-        if !self.in_room(room) {
+        let Some(state) = self
+            .rooms
+            .as_ref()
+            .and_then(|r| r.joined.get(room))
+            .map(|held| held.state.clone())
+        else {
             return;
+        };
+        // The device's own entry shows the state it last set: a read made
+        // while a change of it was on its way shows the one before, and the
+        // device is never told of its own changes.
+        let mut snapshot = snapshot.clone();
+        let me = (&self.me.user, &self.me.device);
+        for m in snapshot
+            .members
+            .iter_mut()
+            .flatten()
+            .chain(&mut snapshot.hidden)
+        {
+            if (&m.user, &m.device) == me {
+                m.state.clone_from(&state);
+            }
         }
-        self.send(ctx, room_frame(room, snapshot));
+        self.send(ctx, room_frame(room, &snapshot));
         let held = self.rooms_mut().synced(room, snapshot.seq);
         for frame in held {
             self.send(ctx, frame);

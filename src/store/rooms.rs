@@ -64,6 +64,8 @@ pub enum Joined {
     },
     /// The room holds the most devices allowed.
     Full,
+    /// A newer connection of the device holds the membership.
+    Taken,
 }
 
 /// What a leave did.
@@ -274,8 +276,10 @@ impl Store {
         self.announce(items.last());
         let items = &items[..];
         let kind = text(at(items, 0, &k1)?, &k1)?;
-        if kind == "full" {
-            return Ok(Joined::Full);
+        match kind.as_str() {
+            "full" => return Ok(Joined::Full),
+            "taken" => return Ok(Joined::Taken),
+            _ => {}
         }
         // After the step, never before it: the deadline pass may be taking
         // the room out of its index as it empties, and then re-reads it.

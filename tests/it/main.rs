@@ -29,6 +29,7 @@ mod refresh;
 mod reliability;
 mod retention;
 mod rooms;
+mod rooms_chaos;
 mod scale;
 mod security;
 mod sentinel;
