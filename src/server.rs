@@ -213,6 +213,9 @@ fn serve(
             let server = HttpServer::new(move || {
                 App::new()
                     .app_data(state.clone())
+                    // Its privacy route changes users' settings: the same
+                    // Host rule as the public listener's (DNS rebinding).
+                    .wrap(actix_web::middleware::from_fn(http::dev_host_guard))
                     .configure(http::internal_routes)
                     .wrap(actix_web::middleware::from_fn(within_deadline))
             })

@@ -574,17 +574,6 @@ async fn sessions_close_when_their_token_expires_unless_refreshed() {
     assert!(watcher.try_next().is_none(), "bob flickered");
 }
 
-/// The `--internal-listen` address a node logged.
-fn internal_addr(node: &Node) -> String {
-    let logs = node.logs();
-    let line = logs
-        .lines()
-        .find(|l| l.contains("admin API on http://"))
-        .unwrap_or_else(|| panic!("no internal address logged:\n{logs}"));
-    let rest = line.split("admin API on http://").nth(1).unwrap();
-    format!("http://{}", rest.split_whitespace().next().unwrap())
-}
-
 #[tokio::test]
 async fn internal_listen_keeps_operations_off_the_public_port() {
     let redis = Redis::start();

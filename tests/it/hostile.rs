@@ -1,0 +1,44 @@
+//! Hostile clients (issue 30): what a viewer, a page doing DNS rebinding or
+//! a token's issuer could get out of a node that it should not.
+
+use crate::common::*;
+
+/// The arguments `Node::start_with` gives a node, without its environment
+/// (which makes `/metrics` public for the other tests' scrapes).
+fn args(redis: &Redis, id: &str, extra: &[&str]) -> Vec<String> {
+    let mut args: Vec<String> = [
+        "--listen",
+        "127.0.0.1:0",
+        "--redis-url",
+        &redis.url,
+        "--node-id",
+        id,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args
+}
+
+/// A node started with exactly `extra` besides its address and Redis.
+fn bare_node(redis: &Redis, id: &str, extra: &[&str]) -> Node {
+    Node::spawn(id, &args(redis, id, extra), &[])
+        .unwrap_or_else(|logs| panic!("node {id} did not start:\n{logs}"))
+}
+
+/// Item 7: under development auth the internal listener answers `/api/*`
+/// only to a loopback or allowed Host, as the public one does.
+#[tokio::test]
+async fn the_internal_listener_checks_the_host_under_dev_auth() {
+    let redis = Redis::start();
+    let node = bare_node(&redis, "n1", &["--internal-listen", "127.0.0.1:0"]);
+    let base = internal_addr(&node);
+    let internal = base.trim_start_matches("http://");
+    let path = "/api/users/alice/privacy?viewer=alice";
+    let body = r#"{"online":"nobody"}"#;
+    let evil = status_with_host(internal, "PUT", path, "evil.example", body).await;
+    assert_eq!(evil, 403, "PUT privacy with Host evil.example");
+    let own = status_with_host(internal, "PUT", path, internal, body).await;
+    assert_eq!(own, 204, "PUT privacy with Host {internal}");
+}
