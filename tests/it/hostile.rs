@@ -27,6 +27,44 @@ fn bare_node(redis: &Redis, id: &str, extra: &[&str]) -> Node {
         .unwrap_or_else(|logs| panic!("node {id} did not start:\n{logs}"))
 }
 
+/// Item 6: `/metrics` on the public listener needs the admin or the service
+/// key unless `--public-metrics`; on the internal listener it stays open.
+#[tokio::test]
+async fn metrics_need_a_key_unless_public() {
+    let redis = Redis::start();
+    let service = "service-key-for-tests-0123";
+    let node = bare_node(
+        &redis,
+        "n1",
+        &["--admin-key", ADMIN, "--service-key", service],
+    );
+    let http = reqwest::Client::new();
+    let url = format!("{}/metrics", node.http());
+    let scrape = |key: Option<&str>| {
+        let mut r = http.get(&url);
+        if let Some(key) = key {
+            r = r.bearer_auth(key);
+        }
+        async move { r.send().await.unwrap().status().as_u16() }
+    };
+    assert_eq!(scrape(None).await, 401);
+    assert_eq!(scrape(Some("wrong-key-0123456789")).await, 401);
+    assert_eq!(scrape(Some(ADMIN)).await, 200);
+    assert_eq!(scrape(Some(service)).await, 200);
+
+    let open = bare_node(&redis, "n2", &["--public-metrics"]);
+    let r = reqwest::get(format!("{}/metrics", open.http()))
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+
+    let split = bare_node(&redis, "n3", &["--internal-listen", "127.0.0.1:0"]);
+    let r = reqwest::get(format!("{}/metrics", internal_addr(&split)))
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200, "internal /metrics");
+}
+
 /// Item 7: under development auth the internal listener answers `/api/*`
 /// only to a loopback or allowed Host, as the public one does.
 #[tokio::test]

@@ -262,7 +262,9 @@ impl Node {
             args.extend(["--heartbeat-ms".to_string(), HEARTBEAT_MS.to_string()]);
         }
         args.extend(extra.iter().map(|s| s.to_string()));
-        Self::spawn(id, &args, &[])
+        // The tests scrape `/metrics` without a key (`hostile.rs` checks
+        // that a node without it refuses that).
+        Self::spawn(id, &args, &[("PRESENCE_PUBLIC_METRICS", "true")])
             .unwrap_or_else(|logs| panic!("node {id} did not start:\n{logs}"))
     }
 
