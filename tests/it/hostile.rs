@@ -2,6 +2,7 @@
 //! a token's issuer could get out of a node that it should not.
 
 use crate::common::*;
+use serde_json::json;
 
 /// The arguments `Node::start_with` gives a node, without its environment
 /// (which makes `/metrics` public for the other tests' scrapes).
@@ -79,4 +80,30 @@ async fn the_internal_listener_checks_the_host_under_dev_auth() {
     assert_eq!(evil, 403, "PUT privacy with Host evil.example");
     let own = status_with_host(internal, "PUT", path, internal, body).await;
     assert_eq!(own, 204, "PUT privacy with Host {internal}");
+}
+
+/// Item 8: status text with control, bidi or noncharacter code points is
+/// refused; emoji sequences joined with U+200D pass.
+#[tokio::test]
+async fn status_text_refuses_control_and_bidi_characters() {
+    let redis = Redis::start();
+    let node = Node::start(&redis, "n1");
+    let mut c = Client::connect(&node, "alice", "phone").await;
+    for text in [
+        "a\u{202E}gnp.exe",
+        "bell\u{7}",
+        "c1\u{85}",
+        "x\u{2066}y",
+        "\u{FFFF}",
+    ] {
+        c.send(json!({"type": "status", "status": "busy", "text": text}))
+            .await;
+        let err = c.expect("error").await;
+        assert_eq!(err["code"], "invalid_status", "{text:?}: {err}");
+    }
+    let family = "\u{1F468}\u{200D}\u{1F469}\u{200D}\u{1F467} home";
+    c.send(json!({"type": "status", "status": "busy", "text": family}))
+        .await;
+    let ev = c.expect("presence").await;
+    assert_eq!(ev["text"], family, "{ev}");
 }
