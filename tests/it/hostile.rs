@@ -1,8 +1,9 @@
 //! Hostile clients (issue 30): what a viewer, a page doing DNS rebinding or
 //! a token's issuer could get out of a node that it should not.
 
+use crate::common::jwt::{connect_with, jwt_node, now, SECRET};
 use crate::common::*;
-use serde_json::json;
+use serde_json::{json, Value};
 
 /// The arguments `Node::start_with` gives a node, without its environment
 /// (which makes `/metrics` public for the other tests' scrapes).
@@ -106,4 +107,27 @@ async fn status_text_refuses_control_and_bidi_characters() {
         .await;
     let ev = c.expect("presence").await;
     assert_eq!(ev["text"], family, "{ev}");
+}
+
+/// Item 9: the user claim must be a string, and a token naming a critical
+/// header extension is refused (the server understands none).
+#[tokio::test]
+async fn tokens_with_a_numeric_user_or_a_crit_header_are_refused() {
+    let redis = Redis::start();
+    let node = jwt_node(&redis, "n1", &[]);
+    let exp = now() + 3600;
+    let key = jsonwebtoken::EncodingKey::from_secret(SECRET.as_bytes());
+    let sign = |header: &jsonwebtoken::Header, claims: &Value| {
+        jsonwebtoken::encode(header, claims, &key).unwrap()
+    };
+    let plain = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256);
+    // The control: the same token with a string subject connects.
+    let good = sign(&plain, &json!({"sub": "123", "exp": exp}));
+    assert_eq!(connect_with(&node, &good).await, 101);
+    let numeric = sign(&plain, &json!({"sub": 123, "exp": exp}));
+    assert_eq!(connect_with(&node, &numeric).await, 401, "numeric sub");
+    let mut crit = plain.clone();
+    crit.crit = Some(vec!["exp".to_string()]);
+    let critical = sign(&crit, &json!({"sub": "123", "exp": exp}));
+    assert_eq!(connect_with(&node, &critical).await, 401, "crit header");
 }

@@ -6,21 +6,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use crate::common::jwt::{hs, jwt_node, now, token_for, Key, SECRET};
+use crate::common::jwt::{connect_with, hs, jwt_node, now, token_for, Key, SECRET};
 use crate::common::*;
 use jsonwebtoken::jwk::{Jwk, JwkSet};
 use jsonwebtoken::Algorithm;
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-/// Status of a handshake with `token` in the query string.
-async fn connect_with(node: &Node, token: &str) -> u16 {
-    handshake(
-        &format!("ws://{}/ws?device=d&token={token}", node.addr),
-        &[],
-    )
-    .await
-}
 
 #[tokio::test]
 async fn audience_is_checked_only_when_configured() {
