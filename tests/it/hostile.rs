@@ -29,6 +29,91 @@ fn bare_node(redis: &Redis, id: &str, extra: &[&str]) -> Node {
         .unwrap_or_else(|logs| panic!("node {id} did not start:\n{logs}"))
 }
 
+/// Users `<prefix>0..n` online on device `d` of no node, their deadlines
+/// `base + offset + i`; `invisible` ones hidden from every viewer.
+async fn online_users(redis: &Redis, prefix: &str, n: usize, base: i64, invisible: bool) {
+    let mut c = redis.aconn().await;
+    presence_bench::fixture::live_leases(&mut c, prefix, n, "elsewhere 1 0", false)
+        .await
+        .unwrap();
+    let mut pipe = redis::pipe();
+    for i in 0..n {
+        let user = format!("{prefix}{i}");
+        pipe.cmd("ZADD")
+            .arg(index_key("presence-leases", &user))
+            .arg(base + i as i64)
+            .arg(format!("{user}:d"))
+            .ignore();
+        if invisible {
+            pipe.cmd("HSET")
+                .arg(format!("presence-status:{{{user}}}"))
+                .arg("status")
+                .arg("invisible")
+                .ignore();
+        }
+    }
+    pipe.query_async::<()>(&mut c).await.unwrap();
+}
+
+/// Item 1: a viewer pages the online list past users hidden from it; the
+/// cursors say nothing of them, a changed cursor is refused, and a cursor of
+/// one node works on another.
+#[tokio::test]
+async fn online_cursors_are_opaque_and_authenticated() {
+    let redis = Redis::start();
+    let a = Node::start(&redis, "a");
+    let b = Node::start(&redis, "b");
+    let base = presence_server::store::now_ms() + 300_000;
+    online_users(&redis, "v", 2, base, false).await;
+    // Newer than the visible ones: the first page examines only them, and
+    // (limit 1, four entries a request) stops among them.
+    online_users(&redis, "hidden", 5, base + 1_000, true).await;
+    let hidden: Vec<String> = (0..5).map(|i| (base + 1_000 + i).to_string()).collect();
+
+    let mut cursors: Vec<String> = Vec::new();
+    let mut seen: Vec<String> = Vec::new();
+    let mut cursor: Option<String> = None;
+    for page in 0.. {
+        assert!(page < 10, "the walk does not end: {cursors:?}");
+        // Pages alternate between the nodes.
+        let node = if page % 2 == 0 { &a } else { &b };
+        let mut url = format!("{}/api/online?viewer=eve&limit=1", node.http());
+        if let Some(c) = &cursor {
+            url.push_str(&format!("&cursor={c}"));
+        }
+        let (status, body) = get(&url).await;
+        assert_eq!(status, 200, "page {page} on {}: {body}", node.id);
+        for u in body["users"].as_array().unwrap() {
+            seen.push(u["user"].as_str().unwrap().to_string());
+        }
+        cursor = body["next_cursor"].as_str().map(str::to_string);
+        match &cursor {
+            Some(c) => cursors.push(c.clone()),
+            None => break,
+        }
+    }
+    assert_eq!(seen, ["v1", "v0"], "cursors {cursors:?}");
+    assert!(!cursors.is_empty());
+    for c in &cursors {
+        for h in &hidden {
+            assert!(!c.contains(h.as_str()), "cursor {c} holds deadline {h}");
+        }
+        let head = c.split(['_', '~']).next().unwrap();
+        assert!(head.parse::<f64>().is_err(), "cursor {c} reads as a score");
+    }
+    // A cursor changed by one character, or made up, is refused.
+    let first = &cursors[0];
+    let flip = if first.starts_with('2') { "3" } else { "2" };
+    let changed = format!("{flip}{}", &first[1..]);
+    let crafted = format!("{}_{}", hidden[0], vec!["0"; 16].join(","));
+    for bad in [changed, crafted, "AAAA".to_string()] {
+        let url = format!("{}/api/online?viewer=eve&limit=1&cursor={bad}", a.http());
+        let (status, body) = get(&url).await;
+        assert_eq!(status, 400, "cursor {bad}: {body}");
+        assert_eq!(body["code"], "bad_request", "{body}");
+    }
+}
+
 /// Item 6: `/metrics` on the public listener needs the admin or the service
 /// key unless `--public-metrics`; on the internal listener it stays open.
 #[tokio::test]
