@@ -261,6 +261,12 @@ pub struct Args {
     #[arg(long, env = "PRESENCE_SERVICE_KEY", hide_env_values = true)]
     pub service_key: Option<String>,
 
+    /// Serve /metrics on the public listener to anyone. Without it (and
+    /// without --internal-listen, where /metrics stays open) a scrape needs
+    /// the admin key or the service key as Authorization: Bearer.
+    #[arg(long, env = "PRESENCE_PUBLIC_METRICS")]
+    pub public_metrics: bool,
+
     /// POST every transition this node makes (online, offline, status
     /// change) to this URL, in signed JSON batches; repeat the flag (or
     /// separate with commas) for several receivers. Needs --webhook-secret.

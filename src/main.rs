@@ -168,6 +168,7 @@ fn security(args: &Args) -> anyhow::Result<Security> {
         origins: Origins::new(args.allowed_origins.iter().cloned()),
         admin_key: args.admin_key.clone(),
         allowed_hosts: args.allowed_host.clone(),
+        public_metrics: args.public_metrics,
     })
 }
 

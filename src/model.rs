@@ -161,3 +161,68 @@ pub struct Event {
     #[serde(default)]
     pub devices_only: bool,
 }
+
+/// Why a status text is refused, if it is: longer than `max` characters, or
+/// holding a code point that would mislead whoever reads it: C0 and C1
+/// controls and DEL (line breaks, escapes), bidi embeddings, overrides and
+/// isolates (U+202A to U+202E, U+2066 to U+2069: "gnp.exe" shown as
+/// "exe.png"), and noncharacters (U+FDD0 to U+FDEF, and the last two code
+/// points of every plane). Zero-width joiners (U+200D) are kept: emoji
+/// sequences need them.
+pub fn status_text_problem(text: &str, max: usize) -> Option<String> {
+    if text.chars().count() > max {
+        return Some(format!("status text is longer than {max} characters"));
+    }
+    let bad = text.chars().find(|&c| {
+        c.is_control()
+            || ('\u{202A}'..='\u{202E}').contains(&c)
+            || ('\u{2066}'..='\u{2069}').contains(&c)
+            || ('\u{FDD0}'..='\u{FDEF}').contains(&c)
+            || (c as u32 & 0xFFFE) == 0xFFFE
+    })?;
+    Some(format!(
+        "status text may not hold U+{:04X} (control, bidi or noncharacter)",
+        bad as u32
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::status_text_problem;
+
+    #[test]
+    fn status_text_refuses_controls_bidi_and_noncharacters() {
+        for bad in [
+            "\u{0}",
+            "a\u{1F}",
+            "\u{7F}",
+            "\u{80}",
+            "\u{9F}",
+            "line\nbreak",
+            "\u{202A}",
+            "\u{202E}",
+            "\u{2066}",
+            "\u{2069}",
+            "\u{FDD0}",
+            "\u{FDEF}",
+            "\u{FFFE}",
+            "\u{FFFF}",
+            "\u{1FFFE}",
+            "\u{10FFFF}",
+        ] {
+            assert!(status_text_problem(bad, 256).is_some(), "{bad:?}");
+        }
+        for good in [
+            "",
+            "in a meeting",
+            "\u{1F468}\u{200D}\u{1F469}\u{200D}\u{1F467}",
+            "\u{1F3F3}\u{FE0F}\u{200D}\u{1F308}",
+            "\u{A0}caf\u{E9} \u{05E9}\u{05DC}\u{05D5}\u{05DD}",
+            "\u{2065}\u{206A}\u{FDCF}\u{FDF0}\u{FFFD}",
+        ] {
+            assert_eq!(status_text_problem(good, 256), None, "{good:?}");
+        }
+        assert!(status_text_problem(&"x".repeat(257), 256).is_some());
+        assert_eq!(status_text_problem(&"\u{e9}".repeat(256), 256), None);
+    }
+}

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::MAX_STATUS_TEXT;
 use crate::ids;
-use crate::model::{Audience, Record, Status, UnknownStatus};
+use crate::model::{status_text_problem, Audience, Record, Status, UnknownStatus};
 
 /// A frame sent by a client.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -259,14 +259,11 @@ pub fn parse_client_frame(text: &str) -> Result<ClientFrame, ProtocolError> {
     }
     if let ClientFrame::Status { status, text } = &frame {
         Status::parse(status)?;
-        if text
-            .as_ref()
-            .is_some_and(|t| t.chars().count() > MAX_STATUS_TEXT)
-        {
-            return Err(ProtocolError::new(
-                ErrorCode::InvalidStatus,
-                format!("status text is longer than {MAX_STATUS_TEXT} characters"),
-            ));
+        let problem = text
+            .as_deref()
+            .and_then(|t| status_text_problem(t, MAX_STATUS_TEXT));
+        if let Some(problem) = problem {
+            return Err(ProtocolError::new(ErrorCode::InvalidStatus, problem));
         }
     }
     Ok(frame)
@@ -455,6 +452,10 @@ mod tests {
             )),
             ErrorCode::InvalidStatus
         );
+        assert_eq!(
+            code(r#"{"type":"status","status":"away","text":"a\u202Eb"}"#),
+            ErrorCode::InvalidStatus
+        );
     }
 
     #[test]
@@ -528,7 +529,7 @@ mod fuzz {
             }
             Ok(ClientFrame::Status { status, text }) => {
                 assert!(Status::parse(&status).is_ok());
-                assert!(text.is_none_or(|t| t.chars().count() <= MAX_STATUS_TEXT));
+                assert!(text.is_none_or(|t| status_text_problem(&t, MAX_STATUS_TEXT).is_none()));
             }
             Ok(ClientFrame::Heartbeat) | Ok(ClientFrame::Auth { .. }) => {}
             Ok(ClientFrame::Privacy { online, last_seen }) => {

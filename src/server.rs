@@ -51,6 +51,8 @@ pub struct Security {
     pub service_key: Option<String>,
     /// Where to POST this node's transitions (`--webhook-url`), if anywhere.
     pub webhooks: Option<crate::webhooks::WebhookConfig>,
+    /// `/metrics` on the public listener without a key (`--public-metrics`).
+    pub public_metrics: bool,
 }
 
 /// Runs a node on an already bound `listener` until SIGINT or SIGTERM;
@@ -97,6 +99,7 @@ pub async fn run(
         origins: security.origins,
         admin_key: security.admin_key,
         service_key: security.service_key,
+        public_metrics: security.public_metrics,
         dev_hosts,
         redis_health,
     });
@@ -214,6 +217,9 @@ fn serve(
             let server = HttpServer::new(move || {
                 App::new()
                     .app_data(state.clone())
+                    // Its privacy route changes users' settings: the same
+                    // Host rule as the public listener's (DNS rebinding).
+                    .wrap(actix_web::middleware::from_fn(http::dev_host_guard))
                     .configure(http::internal_routes)
                     .wrap(actix_web::middleware::from_fn(within_deadline))
             })

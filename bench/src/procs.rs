@@ -322,7 +322,9 @@ impl Node {
             // The bench measures throughput: `refresh` sends heartbeats as
             // fast as the node reads them, which the per-connection flood
             // limit (tested in tests/it/limits.rs) would close.
-            .args(["--max-frames-per-sec", "1000000"]);
+            .args(["--max-frames-per-sec", "1000000"])
+            // The bench reads `/metrics` without a key.
+            .arg("--public-metrics");
         if let Some(hb) = heartbeat_ms {
             cmd.args(["--heartbeat-ms", &hb.to_string()]);
         }

@@ -93,6 +93,14 @@ impl JwtVerifier {
     pub async fn verify(&self, token: &str) -> Result<Verified, AuthError> {
         let header =
             jsonwebtoken::decode_header(token).map_err(|e| AuthError::Invalid(e.to_string()))?;
+        // RFC 7515 4.1.11: a token whose `crit` names an extension the
+        // receiver does not understand is invalid. This server understands
+        // none, and an empty list is not allowed either.
+        if let Some(crit) = &header.crit {
+            return Err(AuthError::Invalid(format!(
+                "the token's header marks {crit:?} critical; no extension is understood"
+            )));
+        }
         let mut candidates: Vec<(DecodingKey, Algorithm)> = self
             .keys
             .iter()
@@ -147,8 +155,9 @@ impl JwtVerifier {
     ) -> Result<Verified, AuthError> {
         let name = &self.rules.user_claim;
         let user = match claims.get(name) {
+            // Only a string: a number `123` and the string "123" would
+            // otherwise be one user, though the issuer may mean two.
             Some(Value::String(s)) => s.clone(),
-            Some(Value::Number(n)) if n.is_u64() || n.is_i64() => n.to_string(),
             Some(_) => {
                 return Err(AuthError::Invalid(format!(
                     "claim {name:?} is not a string"

@@ -54,6 +54,8 @@ pub struct AppState {
     /// Bearer key of the service view (truthful reads, nothing else);
     /// `None` turns it off. The admin key reads the same way.
     pub service_key: Option<String>,
+    /// `/metrics` on the public listener answers without a key.
+    pub public_metrics: bool,
     /// With development auth, the `Host` names `/ws` and `/api/*` answer to.
     pub dev_hosts: Option<DevHosts>,
     /// Redis's state as last checked, for `/healthz`.

@@ -31,14 +31,31 @@ pub(crate) async fn healthz(state: web::Data<AppState>) -> HttpResponse {
     }
 }
 
-/// `GET /metrics`: Prometheus text exposition; answers even when Redis does not.
+/// `GET /metrics`: Prometheus text exposition; answers even when Redis does
+/// not. On the public listener it needs the admin or the service key,
+/// unless `--public-metrics`; on `--internal-listen` it is open.
 #[utoipa::path(get, path = "/metrics", tag = "operations",
-    responses((status = 200, description = "Prometheus text exposition", content_type = "text/plain", body = String)))]
-pub(crate) async fn metrics(state: web::Data<AppState>) -> HttpResponse {
+    responses(
+        (status = 200, description = "Prometheus text exposition", content_type = "text/plain", body = String),
+        (status = 401, description = "Public listener without --public-metrics: no admin or service key", body = ProtocolError),
+    ),
+    security((), ("bearer" = [])))]
+pub(crate) async fn metrics(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let open = state.public_metrics || req.app_data::<super::routes::Internal>().is_some();
+    if !open && !super::users::is_service(&req, &state) {
+        return Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            ErrorCode::Unauthorized,
+            "/metrics needs Authorization: Bearer <admin key or service key> (or --public-metrics)",
+        ));
+    }
     let stats = state.node.registry.send(GetStats).await.unwrap_or_default();
-    HttpResponse::Ok()
+    Ok(HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4; charset=utf-8")
-        .body(crate::metrics::METRICS.render(stats.into()))
+        .body(crate::metrics::METRICS.render(stats.into())))
 }
 
 /// `GET /api/info`: what a client needs to know before it connects (the

@@ -12,7 +12,7 @@ use crate::config::MAX_QUERY_USERS;
 use crate::ids;
 use crate::model::Record;
 use crate::protocol::{ErrorCode, ProtocolError};
-use crate::store::{Cursor, DeviceInfo, OnlinePage, Reader};
+use crate::store::{DeviceInfo, OnlinePage, Reader};
 
 /// Who reads: `?viewer=` in dev mode, a token with JWT.
 #[derive(Deserialize)]
@@ -240,15 +240,13 @@ pub(crate) async fn online(
     }
     let cursor = match query.cursor.as_deref() {
         None | Some("") => None,
-        Some(c) => Some(
-            Cursor::decode(c, state.node.store.buckets()).ok_or_else(|| {
-                ApiError::new(
-                    StatusCode::BAD_REQUEST,
-                    ErrorCode::BadRequest,
-                    "cursor is not one this server handed out",
-                )
-            })?,
-        ),
+        Some(c) => Some(state.node.store.open_cursor(c).ok_or_else(|| {
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                ErrorCode::BadRequest,
+                "cursor is not one this server handed out",
+            )
+        })?),
     };
     let reader = read_as(&req, &state, &query.who).await?;
     let page = state

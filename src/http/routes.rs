@@ -63,6 +63,7 @@ pub fn public_routes(cfg: &mut web::ServiceConfig) {
 /// The `--internal-listen` listener: metrics, health and the admin API
 /// (contacts, and privacy settings with the admin key).
 pub fn internal_routes(cfg: &mut web::ServiceConfig) {
+    cfg.app_data(Internal);
     extractors(cfg);
     operations(cfg);
     cfg.add(
@@ -76,6 +77,10 @@ pub fn internal_routes(cfg: &mut web::ServiceConfig) {
 /// Marks the public listener of a node that serves operations elsewhere.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct PublicOnly;
+
+/// Marks the `--internal-listen` listener, where `/metrics` needs no key.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Internal;
 
 /// Error mapping of the body, query and path extractors.
 fn extractors(cfg: &mut web::ServiceConfig) {

@@ -9,7 +9,7 @@ use super::passes::is_taken;
 use super::reply::int;
 use super::scripts::parse_read;
 use super::{now_ms, Reader, Store, StoreError, StoreResult};
-use crate::keys::{self, Buckets};
+use crate::keys;
 use crate::model::Record;
 
 /// One page of `GET /api/online`.
@@ -36,37 +36,14 @@ pub struct OnlineUser {
 /// `presence-leases` (a lease deadline, epoch ms; a claimed entry's ends in
 /// `.5`) and, per bucket, how many entries with exactly that score were
 /// already examined. Scores are shared (a batch of refreshes writes one
-/// deadline), so a score alone cannot say where a page ended.
+/// deadline), so a score alone cannot say where a page ended. Clients get
+/// it sealed ([`super::cursor::CursorKey`]): it may be a hidden user's.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Cursor {
     /// The score reached.
     pub score: f64,
     /// Per bucket, the entries at `score` already examined.
     pub ties: Vec<u32>,
-}
-
-impl Cursor {
-    /// The opaque string handed to clients: `<score>_<t0>,<t1>,...`. (The
-    /// `_` tells it from a schema-3 cursor, `<last refresh>~...`, whose
-    /// score meant something else: that one is refused.)
-    pub fn encode(&self) -> String {
-        let ties: Vec<String> = self.ties.iter().map(u32::to_string).collect();
-        format!("{}_{}", self.score, ties.join(","))
-    }
-
-    /// Reads a cursor back for `buckets`; `None` when it is not one of ours.
-    pub fn decode(s: &str, buckets: Buckets) -> Option<Self> {
-        let (at, ties) = s.split_once('_')?;
-        let ties: Vec<u32> = ties
-            .split(',')
-            .map(|t| t.parse().ok())
-            .collect::<Option<_>>()?;
-        if ties.len() != buckets.count() as usize {
-            return None;
-        }
-        let score: f64 = at.parse().ok().filter(|s: &f64| s.is_finite())?;
-        Some(Self { score, ties })
-    }
 }
 
 /// Entries one request of the online list may examine, as a multiple of
@@ -121,15 +98,12 @@ impl Walk {
     }
 
     /// The cursor of the next page, which starts where this walk stopped.
-    fn cursor(self) -> Option<String> {
+    fn cursor(self) -> Option<Cursor> {
         let score = self.at?;
-        Some(
-            Cursor {
-                score,
-                ties: self.ties,
-            }
-            .encode(),
-        )
+        Some(Cursor {
+            score,
+            ties: self.ties,
+        })
     }
 }
 
@@ -179,6 +153,12 @@ impl Store {
     ) -> StoreResult<OnlinePage> {
         self.online_as(limit, cursor, Reader::Viewer(viewer), contacts_only)
             .await
+    }
+
+    /// A `next_cursor` this fleet handed out, read back; `None` when it is
+    /// not one (made up or changed).
+    pub fn open_cursor(&self, s: &str) -> Option<Cursor> {
+        self.cursor_key.open(s, self.buckets)
     }
 
     /// [`Store::online`] for any reader; the service sees invisible users too.
@@ -275,7 +255,11 @@ impl Store {
                 break;
             }
         }
-        let next_cursor = if exhausted { None } else { walk.cursor() };
+        let next_cursor = if exhausted {
+            None
+        } else {
+            walk.cursor().map(|c| self.cursor_key.seal(&c))
+        };
         Ok(OnlinePage { users, next_cursor })
     }
 
@@ -458,25 +442,6 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn cursor_round_trips_and_refuses_junk() {
-        let b = Buckets::new(3).unwrap();
-        for score in [17.0, 1_732_421_234_567.0, 1_732_421_235_567.5] {
-            let c = Cursor {
-                score,
-                ties: vec![0, 2, 1],
-            };
-            assert_eq!(Cursor::decode(&c.encode(), b), Some(c));
-        }
-        assert_eq!(Cursor::decode("17_0,2", b), None);
-        assert_eq!(Cursor::decode("x_0,0,0", b), None);
-        assert_eq!(Cursor::decode("inf_0,0,0", b), None);
-        assert_eq!(Cursor::decode("17_0,-1,0", b), None);
-        assert_eq!(Cursor::decode("nodot", b), None);
-        // A schema-3 cursor (last refresh, not deadline) is refused.
-        assert_eq!(Cursor::decode("17~0,2,1", b), None);
-    }
 
     #[test]
     fn a_walk_counts_ties_per_bucket() {

@@ -19,6 +19,7 @@
 //! [`StoreError::Reply`] naming the key it came from; it never becomes a
 //! silent 0 or empty string.
 
+pub mod cursor;
 pub mod leases;
 pub mod lists;
 pub mod passes;
@@ -109,6 +110,8 @@ pub struct Store {
     run: u64,
     /// Stamps this node's lease values.
     lease_clock: Arc<LeaseClock>,
+    /// Seals the online list's cursors (the fleet's, from `presence-meta`).
+    cursor_key: Arc<cursor::CursorKey>,
 }
 
 impl Store {
@@ -129,6 +132,7 @@ impl Store {
             webhooks: None,
             run: 0,
             lease_clock: Arc::default(),
+            cursor_key: Arc::new(cursor::CursorKey::random()),
         }
     }
 

@@ -26,14 +26,34 @@ impl super::Store {
             .ignore();
         pipe.cmd("HGET").arg(keys::META).arg("buckets");
         pipe.cmd("HGET").arg(keys::META).arg("schema");
-        let (buckets, schema): (String, Option<u32>) = pipe.query_async(&mut conn).await?;
+        // The key of the online list's cursors, the same on every node:
+        // the first node to start writes it.
+        let secret: [u8; 32] = rand::random();
+        pipe.cmd("HSETNX")
+            .arg(keys::META)
+            .arg("cursor-key")
+            .arg(&secret[..])
+            .ignore();
+        pipe.cmd("HGET").arg(keys::META).arg("cursor-key");
+        let (buckets, schema, secret): (String, Option<u32>, Vec<u8>) =
+            pipe.query_async(&mut conn).await?;
+        if secret.len() != 32 {
+            return Err(StoreError::reply(
+                keys::META,
+                format!("cursor-key has {} bytes, not 32", secret.len()),
+            ));
+        }
+        let cursor_key = std::sync::Arc::new(super::cursor::CursorKey::new(&secret));
         let buckets = buckets.parse().ok().and_then(Buckets::new).ok_or_else(|| {
             StoreError::reply(
                 keys::META,
                 format!("buckets = {buckets:?}, not 1 to {}", keys::MAX_BUCKETS),
             )
         })?;
-        let store = self.with_buckets(buckets);
+        let store = Self {
+            cursor_key,
+            ..self.with_buckets(buckets)
+        };
         match schema {
             Some(v) if v == keys::SCHEMA_VERSION => {}
             Some(v) if v > keys::SCHEMA_VERSION => {

@@ -483,12 +483,26 @@ test("with JWT auth the page sends its token as the first frame, never in the UR
   page.on("console", (m) => pageLogs.push(`[jwt] ${m.type()}: ${m.text()}`));
   const urls = [];
   page.on("websocket", (ws) => urls.push(ws.url()));
-  await step("the page signs in with a token", async () => {
+  // The server is of another origin than the page: the page asks before it
+  // sends the token there, naming that origin.
+  const asked = [];
+  let accept = false;
+  page.on("dialog", (d) => { asked.push(d.message()); (accept ? d.accept() : d.dismiss()).catch(() => {}); });
+  await step("declining to send the token elsewhere: not signed in, nothing sent", async () => {
     await page.goto(`${node.base}/?server=${encodeURIComponent(server)}`);
     await page.fill("#token", token);
     await page.fill("#device", "tab");
     await page.click("#connect");
+    await page.locator("#signin-error", { hasText: "not sent" }).waitFor({ timeout: DEADLINE_MS });
+    assert.equal(asked.length, 1, "asked once");
+    assert.ok(asked[0].includes(jwt.base), `the question names ${jwt.base}: ${asked[0]}`);
+    assert.equal(urls.length, 0, `a WebSocket opened: ${urls}`);
+  });
+  await step("the page signs in with a token once allowed", async () => {
+    accept = true;
+    await page.click("#connect");
     await page.locator('#state[data-state="open"]').waitFor({ timeout: DEADLINE_MS });
+    assert.equal(asked.length, 2, "asked again");
   });
   assert.match(await page.locator("#state").textContent(), /auth0\|alice3/);
   assert.ok(urls.length > 0, "no WebSocket opened");

@@ -265,20 +265,7 @@ mod parser {
 
 /// The status of a plain HTTP GET of `path` with `Host: host`.
 async fn get_status_with_host(node: &Node, path: &str, host: &str) -> u16 {
-    use tokio::io::AsyncReadExt;
-    let mut s = tokio::net::TcpStream::connect(node.addr).await.unwrap();
-    let req = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
-    s.write_all(req.as_bytes()).await.unwrap();
-    let mut head = Vec::new();
-    tokio::time::timeout(DEADLINE, s.read_to_end(&mut head))
-        .await
-        .unwrap()
-        .unwrap();
-    let head = String::from_utf8_lossy(&head);
-    head.split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0)
+    status_with_host(&node.addr.to_string(), "GET", path, host, "").await
 }
 
 /// DNS rebinding: under development auth a page on any domain resolving to

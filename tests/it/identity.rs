@@ -6,21 +6,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use crate::common::jwt::{hs, jwt_node, now, token_for, Key, SECRET};
+use crate::common::jwt::{connect_with, hs, jwt_node, now, token_for, Key, SECRET};
 use crate::common::*;
 use jsonwebtoken::jwk::{Jwk, JwkSet};
 use jsonwebtoken::Algorithm;
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-/// Status of a handshake with `token` in the query string.
-async fn connect_with(node: &Node, token: &str) -> u16 {
-    handshake(
-        &format!("ws://{}/ws?device=d&token={token}", node.addr),
-        &[],
-    )
-    .await
-}
 
 #[tokio::test]
 async fn audience_is_checked_only_when_configured() {
@@ -572,17 +563,6 @@ async fn sessions_close_when_their_token_expires_unless_refreshed() {
     assert_eq!(bob.expect("snapshot").await["presence"][0]["user"], "alice");
     assert_eq!(count(&redis, "bob").await, 1);
     assert!(watcher.try_next().is_none(), "bob flickered");
-}
-
-/// The `--internal-listen` address a node logged.
-fn internal_addr(node: &Node) -> String {
-    let logs = node.logs();
-    let line = logs
-        .lines()
-        .find(|l| l.contains("admin API on http://"))
-        .unwrap_or_else(|| panic!("no internal address logged:\n{logs}"));
-    let rest = line.split("admin API on http://").nth(1).unwrap();
-    format!("http://{}", rest.split_whitespace().next().unwrap())
 }
 
 #[tokio::test]

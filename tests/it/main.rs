@@ -12,6 +12,7 @@ mod config;
 mod devices_watch;
 mod edge;
 mod fuzz;
+mod hostile;
 mod http_api;
 mod identity;
 mod interest;

@@ -48,6 +48,15 @@ pub fn token(sub: &str) -> String {
     token_for(sub, 3600)
 }
 
+/// Status of a handshake with `token` in the query string.
+pub async fn connect_with(node: &Node, token: &str) -> u16 {
+    super::handshake(
+        &format!("ws://{}/ws?device=d&token={token}", node.addr),
+        &[],
+    )
+    .await
+}
+
 /// A node `id` that takes HS256 tokens signed with [`SECRET`], with `extra`
 /// flags.
 pub fn jwt_node(redis: &Redis, id: &str, extra: &[&str]) -> Node {

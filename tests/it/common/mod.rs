@@ -262,7 +262,9 @@ impl Node {
             args.extend(["--heartbeat-ms".to_string(), HEARTBEAT_MS.to_string()]);
         }
         args.extend(extra.iter().map(|s| s.to_string()));
-        Self::spawn(id, &args, &[])
+        // The tests scrape `/metrics` without a key (`hostile.rs` checks
+        // that a node without it refuses that).
+        Self::spawn(id, &args, &[("PRESENCE_PUBLIC_METRICS", "true")])
             .unwrap_or_else(|logs| panic!("node {id} did not start:\n{logs}"))
     }
 
@@ -787,4 +789,39 @@ pub async fn metric(node: &Node, name: &str) -> f64 {
     text.lines()
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
         .unwrap_or_else(|| panic!("{name} not in /metrics:\n{text}"))
+}
+
+/// The `--internal-listen` address a node logged, as `http://host:port`.
+pub fn internal_addr(node: &Node) -> String {
+    let logs = node.logs();
+    let line = logs
+        .lines()
+        .find(|l| l.contains("admin API on http://"))
+        .unwrap_or_else(|| panic!("no internal address logged:\n{logs}"));
+    let rest = line.split("admin API on http://").nth(1).unwrap();
+    format!("http://{}", rest.split_whitespace().next().unwrap())
+}
+
+/// Status of `method path` sent to `addr` (`host:port`) with `Host: host`
+/// and the JSON `body`, over a plain connection (so that the Host is
+/// exactly this one).
+pub async fn status_with_host(addr: &str, method: &str, path: &str, host: &str, body: &str) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut head = Vec::new();
+    tokio::time::timeout(DEADLINE, s.read_to_end(&mut head))
+        .await
+        .unwrap()
+        .unwrap();
+    let head = String::from_utf8_lossy(&head);
+    head.split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0)
 }
