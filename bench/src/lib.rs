@@ -140,6 +140,8 @@ pub struct Setup {
     pub redis_url: String,
     /// Client source addresses, shared by every connecting task.
     pub sources: Arc<Sources>,
+    /// Flags of the scenario's own for the nodes it spawns next.
+    pub node_args: Vec<String>,
 }
 
 impl Setup {
@@ -162,12 +164,13 @@ impl Setup {
             redis_url,
             nodes: Vec::new(),
             sources: Arc::new(Sources::new(common.sources)),
+            node_args: Vec::new(),
         })
     }
 
     /// Adds `n` nodes: the given --node-url ones (the last reused when
     /// fewer are given), else spawned with the heartbeat flag or
-    /// `default_hb`.
+    /// `default_hb` and [`Setup::node_args`].
     pub fn start_nodes(
         &mut self,
         common: &Common,
@@ -185,8 +188,13 @@ impl Setup {
         let hb = common.heartbeat_ms.or(default_hb);
         for i in 0..n {
             let id = format!("bench-{}", (b'a' + i as u8) as char);
-            self.nodes
-                .push(Node::spawn(&bin, &self.redis_url, &id, hb)?);
+            self.nodes.push(Node::spawn(
+                &bin,
+                &self.redis_url,
+                &id,
+                hb,
+                &self.node_args,
+            )?);
         }
         Ok(())
     }
