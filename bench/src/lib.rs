@@ -96,6 +96,10 @@ pub enum Scenario {
     /// each node receives per event it needs, departure steps per expired
     /// lease, commands per primary, cross-node latency.
     Fleet(scenario::fleet::FleetArgs),
+    /// Rooms: a signal to each of 1,000 members on two nodes against the
+    /// raw-write floor, join/leave churn to the members, Redis memory per
+    /// membership.
+    Rooms(scenario::rooms::RoomsArgs),
 }
 
 /// Parses `args` (the first one is the program name) and runs the scenario.
@@ -127,6 +131,7 @@ where
         Scenario::Fanout(a) => scenario::fanout::run(c, a).await,
         Scenario::Online(a) => scenario::online::run(c, a).await,
         Scenario::Fleet(a) => scenario::fleet::run(c, a).await,
+        Scenario::Rooms(a) => scenario::rooms::run(c, a).await,
     }
 }
 
