@@ -94,7 +94,7 @@ fn node_flags(announce_max: Option<usize>) -> Vec<String> {
 
 pub async fn run(common: &Common, args: &RoomsArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.members >= 2, "--members needs a sender and a receiver");
-    procs::ensure_fds(args.members.max(args.memberships) * 2)?;
+    procs::ensure_fds(args.members.max(args.memberships))?;
     let mut report = Report::new("rooms");
     let mut setup = Setup::redis(common)?;
     setup.node_args = node_flags(None);
@@ -173,6 +173,16 @@ where
     Ok(out)
 }
 
+/// How long Redis's idle CPU is sampled after the churn.
+const IDLE: Duration = Duration::from_secs(2);
+
+/// CPU time `cpu` (µs so far) grows by over `took` of doing nothing.
+async fn idle_cpu_us(took: Duration, cpu: impl Fn() -> Option<u64>) -> Option<u64> {
+    let before = cpu();
+    tokio::time::sleep(took).await;
+    Some(cpu()? - before?)
+}
+
 /// Closes every member cleanly (so that the nodes remove their leases and
 /// memberships at once, not at their deadlines during a later phase) and
 /// waits for the server's answers, briefly; then stops what still reads.
@@ -237,7 +247,7 @@ async fn signals(
         "rooms: {} signals from sm0 to {others} members",
         args.rounds
     );
-    let cpu0 = nodes_cpu_us(setup);
+    let (cpu0, t0) = (nodes_cpu_us(setup), Instant::now());
     for round in 0..args.rounds {
         receipts.begin();
         let frame = json!({"type": "signal", "room": SIGNAL_ROOM, "data": {"round": round}});
@@ -248,6 +258,9 @@ async fn signals(
         receipts.end(others).await;
     }
     let cpu1 = nodes_cpu_us(setup);
+    // What the nodes spend on their own (pings, refresh batches, passes)
+    // over as long, with the members in the room and no signal.
+    let idle = idle_cpu_us(t0.elapsed(), || nodes_cpu_us(setup)).await;
     leave_all(members, stop_tx).await;
     let delivered = receipts.hist.lock().unwrap().len();
     report.latency(
@@ -270,7 +283,8 @@ async fn signals(
             "node_cpu_per_signal_delivery",
             per,
             "us",
-            json!({"nodes_cpu_ms": (b - a) as f64 / 1000.0, "deliveries": delivered}),
+            json!({"nodes_cpu_ms": (b - a) as f64 / 1000.0, "deliveries": delivered,
+                   "idle_nodes_cpu_ms_as_long": idle.map(|i| i as f64 / 1000.0)}),
         );
     }
     // The members' sockets are closed: the floor may use the descriptors.
@@ -440,6 +454,9 @@ async fn churn(args: &RoomsArgs, setup: &Setup, report: &mut Report) -> anyhow::
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let (cpu1, took) = (redis_pid.and_then(procs::cpu_us), t0.elapsed());
+    // What Redis spends meanwhile on the nodes' own work (refresh batches,
+    // the room deadline pass) with nobody churning.
+    let idle = idle_cpu_us(IDLE, || redis_pid.and_then(procs::cpu_us)).await;
     let churners = txs.into_iter().zip(readers).filter_map(|(tx, reader)| {
         let tx = Arc::into_inner(tx)?.into_inner();
         Some(Member { tx, reader })
@@ -461,7 +478,8 @@ async fn churn(args: &RoomsArgs, setup: &Setup, report: &mut Report) -> anyhow::
             (b - a) as f64 / (2 * joins).max(1) as f64,
             "us",
             json!({"redis_cpu_ms": (b - a) as f64 / 1000.0, "joins": joins, "leaves": joins,
-                   "redis_cpu_share": (b - a) as f64 / took.as_micros().max(1) as f64}),
+                   "redis_cpu_share": (b - a) as f64 / took.as_micros().max(1) as f64,
+                   "redis_idle_cpu_share": idle.map(|i| i as f64 / IDLE.as_micros() as f64)}),
         );
     }
     anyhow::ensure!(
