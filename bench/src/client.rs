@@ -220,12 +220,36 @@ pub type Seen = (String, String, Instant);
 /// Reads a watcher's socket all the time and hands every `presence` event
 /// to `on_event`; returns when the connection ends or `stop` fires.
 pub fn spawn_watcher<F>(
-    mut ws: Ws,
-    mut stop: tokio::sync::watch::Receiver<bool>,
+    ws: Ws,
+    stop: tokio::sync::watch::Receiver<bool>,
     mut on_event: F,
 ) -> JoinHandle<()>
 where
     F: FnMut(Seen) + Send + 'static,
+{
+    spawn_reader(ws, stop, move |v, at| {
+        if v["type"] == "presence" {
+            let user = v["user"].as_str().unwrap_or_default().to_string();
+            let status = v["status"].as_str().unwrap_or_default().to_string();
+            on_event((user, status, at));
+        }
+    })
+}
+
+/// Reads a socket (or its reading half) all the time and hands every text
+/// frame, as JSON, to `on_frame` with its receipt time; returns when the
+/// connection ends or `stop` fires.
+pub fn spawn_reader<S, F>(
+    mut ws: S,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+    mut on_frame: F,
+) -> JoinHandle<()>
+where
+    S: futures_util::Stream<Item = Result<Message, tokio_tungstenite::tungstenite::Error>>
+        + Unpin
+        + Send
+        + 'static,
+    F: FnMut(&Value, Instant) + Send + 'static,
 {
     tokio::spawn(async move {
         loop {
@@ -234,11 +258,7 @@ where
                     Some(Ok(Message::Text(t))) => {
                         let at = Instant::now();
                         let Ok(v) = serde_json::from_str::<Value>(&t) else { continue };
-                        if v["type"] == "presence" {
-                            let user = v["user"].as_str().unwrap_or_default().to_string();
-                            let status = v["status"].as_str().unwrap_or_default().to_string();
-                            on_event((user, status, at));
-                        }
+                        on_frame(&v, at);
                     }
                     Some(Ok(Message::Close(_))) | Some(Err(_)) | None => return,
                     Some(Ok(_)) => {}
@@ -247,4 +267,25 @@ where
             }
         }
     })
+}
+
+/// Sends `{"type":"join","room":..,"state":{}}` and waits for the `room`
+/// frame that answers it (frames of other rooms' events meanwhile are
+/// skipped).
+pub async fn join(ws: &mut Ws, room: &str) -> anyhow::Result<Value> {
+    let frame = serde_json::json!({"type": "join", "room": room, "state": {}});
+    ws.send(Message::Text(frame.to_string().into())).await?;
+    let fut = async {
+        loop {
+            let v = next_json(ws).await?;
+            match v["type"].as_str() {
+                Some("room") if v["room"] == room => return anyhow::Ok(v),
+                Some("error") => bail!("join {room}: {v}"),
+                _ => {}
+            }
+        }
+    };
+    tokio::time::timeout(HANDSHAKE_TIMEOUT, fut)
+        .await
+        .with_context(|| format!("no room frame for {room}"))?
 }

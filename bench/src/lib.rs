@@ -96,6 +96,10 @@ pub enum Scenario {
     /// each node receives per event it needs, departure steps per expired
     /// lease, commands per primary, cross-node latency.
     Fleet(scenario::fleet::FleetArgs),
+    /// Rooms: a signal to each of 1,000 members on two nodes against the
+    /// raw-write floor, join/leave churn to the members, Redis memory per
+    /// membership.
+    Rooms(scenario::rooms::RoomsArgs),
 }
 
 /// Parses `args` (the first one is the program name) and runs the scenario.
@@ -127,6 +131,7 @@ where
         Scenario::Fanout(a) => scenario::fanout::run(c, a).await,
         Scenario::Online(a) => scenario::online::run(c, a).await,
         Scenario::Fleet(a) => scenario::fleet::run(c, a).await,
+        Scenario::Rooms(a) => scenario::rooms::run(c, a).await,
     }
 }
 
@@ -140,6 +145,8 @@ pub struct Setup {
     pub redis_url: String,
     /// Client source addresses, shared by every connecting task.
     pub sources: Arc<Sources>,
+    /// Flags of the scenario's own for the nodes it spawns next.
+    pub node_args: Vec<String>,
 }
 
 impl Setup {
@@ -162,12 +169,13 @@ impl Setup {
             redis_url,
             nodes: Vec::new(),
             sources: Arc::new(Sources::new(common.sources)),
+            node_args: Vec::new(),
         })
     }
 
     /// Adds `n` nodes: the given --node-url ones (the last reused when
     /// fewer are given), else spawned with the heartbeat flag or
-    /// `default_hb`.
+    /// `default_hb` and [`Setup::node_args`].
     pub fn start_nodes(
         &mut self,
         common: &Common,
@@ -185,8 +193,13 @@ impl Setup {
         let hb = common.heartbeat_ms.or(default_hb);
         for i in 0..n {
             let id = format!("bench-{}", (b'a' + i as u8) as char);
-            self.nodes
-                .push(Node::spawn(&bin, &self.redis_url, &id, hb)?);
+            self.nodes.push(Node::spawn(
+                &bin,
+                &self.redis_url,
+                &id,
+                hb,
+                &self.node_args,
+            )?);
         }
         Ok(())
     }

@@ -308,13 +308,14 @@ pub struct Node {
 
 impl Node {
     /// Spawns `bin` against `redis_url` on a random loopback port with
-    /// `--heartbeat-ms heartbeat_ms`, the frame-rate limit lifted, and waits
-    /// until it listens.
+    /// `--heartbeat-ms heartbeat_ms`, the frame-rate limit lifted and the
+    /// scenario's `extra` flags, and waits until it listens.
     pub fn spawn(
         bin: &Path,
         redis_url: &str,
         id: &str,
         heartbeat_ms: Option<u64>,
+        extra: &[String],
     ) -> anyhow::Result<Self> {
         let mut cmd = Command::new(bin);
         cmd.args(["--listen", "127.0.0.1:0", "--redis-url", redis_url])
@@ -328,6 +329,7 @@ impl Node {
         if let Some(hb) = heartbeat_ms {
             cmd.args(["--heartbeat-ms", &hb.to_string()]);
         }
+        cmd.args(extra);
         let mut child = cmd
             .env("RUST_LOG", "info")
             .env_remove("REDIS_URL")

@@ -74,6 +74,28 @@ async fn online() {
     bench(&["online", "--online", "500", "--requests", "20"]).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rooms() {
+    bench(&[
+        "rooms",
+        "--members",
+        "20",
+        "--rounds",
+        "3",
+        "--residents",
+        "10",
+        "--churn-rate",
+        "50",
+        "--churn-secs",
+        "1",
+        "--memberships",
+        "200",
+        "--memory-rooms",
+        "10",
+    ])
+    .await;
+}
+
 /// A tiny fleet: `backend` flags, then 30 users and 20 dying devices.
 async fn fleet(backend: &[&str]) {
     let mut args = vec!["fleet"];

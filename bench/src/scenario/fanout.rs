@@ -18,7 +18,7 @@ use hdrhistogram::Histogram;
 use serde_json::json;
 
 use super::connect_many;
-use crate::client::{self, spawn_watcher};
+use crate::client::{self, spawn_reader, spawn_watcher};
 use crate::floor::FloorServer;
 use crate::report::{latency_histogram, Report};
 use crate::{Common, Setup};
@@ -130,7 +130,7 @@ pub async fn run(common: &Common, args: &FanoutArgs) -> anyhow::Result<()> {
     }
     // The node's sockets are closed: the floor may use the descriptors.
     drop(setup);
-    let floor = floor(args).await?;
+    let floor = floor(args.watchers, args.transitions, FLOOR_FRAME).await?;
     report.latency(
         "floor_frame_to_watcher",
         &floor.receipts.hist.lock().unwrap(),
@@ -182,13 +182,13 @@ pub async fn run(common: &Common, args: &FanoutArgs) -> anyhow::Result<()> {
 }
 
 /// The same fan-out from a bare WebSocket server ([`FloorServer`]): as many
-/// watchers as the open-file limit allows beside their server-side sockets
-/// (all of them on a host with room), one frame of the node's size per
-/// round.
-async fn floor(args: &FanoutArgs) -> anyhow::Result<Floor> {
+/// of `watchers` as the open-file limit allows beside their server-side
+/// sockets (all of them on a host with room), `frame` (one of the node's
+/// size) once per round. `rooms` uses it too.
+pub(crate) async fn floor(watchers: usize, rounds: usize, frame: &str) -> anyhow::Result<Floor> {
     let room = (crate::procs::fd_limit().saturating_sub(FD_MARGIN) / 2).max(1) as usize;
-    let n = args.watchers.min(room);
-    eprintln!("fanout: floor, a bare WebSocket server writing to {n} watchers");
+    let n = watchers.min(room);
+    eprintln!("floor: a bare WebSocket server writing to {n} watchers");
     let server = FloorServer::start()?;
     let sources = Arc::new(crate::client::Sources::new(4));
     let names: Vec<String> = (0..n).map(|i| format!("f{i}")).collect();
@@ -205,13 +205,14 @@ async fn floor(args: &FanoutArgs) -> anyhow::Result<Floor> {
         .into_iter()
         .map(|ws| {
             let receipts = receipts.clone();
-            spawn_watcher(ws, stop_rx.clone(), move |(_, _, at)| receipts.record(at))
+            // Every frame the floor writes is a round's.
+            spawn_reader(ws, stop_rx.clone(), move |_, at| receipts.record(at))
         })
         .collect();
     let mut cpu_us = 0;
-    for _ in 0..args.transitions {
+    for _ in 0..rounds {
         receipts.begin();
-        cpu_us += tokio::task::block_in_place(|| server.send(FLOOR_FRAME, 2));
+        cpu_us += tokio::task::block_in_place(|| server.send(frame, 2));
         receipts.end(n).await;
     }
     let _ = stop_tx.send(true);
@@ -227,14 +228,14 @@ async fn floor(args: &FanoutArgs) -> anyhow::Result<Floor> {
 }
 
 /// What the floor measured.
-struct Floor {
+pub(crate) struct Floor {
     /// Its receipt times.
-    receipts: Arc<Receipts>,
+    pub(crate) receipts: Arc<Receipts>,
     /// Watchers it wrote to (fewer than the node's when the open-file
     /// limit has no room for all of them twice).
-    watchers: usize,
+    pub(crate) watchers: usize,
     /// CPU time its writing threads used, µs.
-    cpu_us: u64,
+    pub(crate) cpu_us: u64,
 }
 
 /// Descriptors kept free for everything but the floor's sockets.
@@ -244,7 +245,7 @@ const FD_MARGIN: u64 = 64;
 const FLOOR_FRAME: &str = r#"{"type":"presence","user":"star","status":"online","devices":1,"last_seen":null,"text":null,"since":1763719200000,"seq":1763719200001}"#;
 
 /// Receipt times of one phase, against the start of the current round.
-struct Receipts {
+pub(crate) struct Receipts {
     /// The clock's origin.
     base: Instant,
     /// The current round's start in µs since `base`.
@@ -254,15 +255,15 @@ struct Receipts {
     /// The slowest receipt of the current round, µs.
     slowest: AtomicU64,
     /// Every receipt, µs.
-    hist: Mutex<Histogram<u64>>,
+    pub(crate) hist: Mutex<Histogram<u64>>,
     /// The slowest receipt of each round, µs.
-    lasts: Mutex<Histogram<u64>>,
+    pub(crate) lasts: Mutex<Histogram<u64>>,
     /// Rounds that did not reach every watcher.
     incomplete: AtomicUsize,
 }
 
 impl Receipts {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self {
             base: Instant::now(),
             start: AtomicU64::new(0),
@@ -275,7 +276,7 @@ impl Receipts {
     }
 
     /// A round starts now.
-    fn begin(&self) {
+    pub(crate) fn begin(&self) {
         self.received.store(0, Ordering::Release);
         self.slowest.store(0, Ordering::Release);
         self.start
@@ -283,7 +284,7 @@ impl Receipts {
     }
 
     /// A watcher received the round's frame at `at`.
-    fn record(&self, at: Instant) {
+    pub(crate) fn record(&self, at: Instant) {
         let lat = (at.duration_since(self.base).as_micros() as u64)
             .saturating_sub(self.start.load(Ordering::Acquire))
             .max(1);
@@ -294,14 +295,14 @@ impl Receipts {
 
     /// Waits until `n` watchers have the round's frame (or gives up after
     /// [`PER_TRANSITION`]), then lets stragglers land.
-    async fn end(&self, n: usize) {
+    pub(crate) async fn end(&self, n: usize) {
         let t = Instant::now();
         while self.received.load(Ordering::Acquire) < n && t.elapsed() < PER_TRANSITION {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
         let got = self.received.load(Ordering::Acquire);
         if got < n {
-            eprintln!("fanout: a round reached only {got} of {n} watchers");
+            eprintln!("a round reached only {got} of {n} receivers");
             self.incomplete.fetch_add(1, Ordering::Relaxed);
         }
         self.lasts
@@ -311,7 +312,7 @@ impl Receipts {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 
-    fn incomplete(&self) -> usize {
+    pub(crate) fn incomplete(&self) -> usize {
         self.incomplete.load(Ordering::Relaxed)
     }
 }

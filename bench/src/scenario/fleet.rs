@@ -179,7 +179,7 @@ pub async fn run(common: &Common, args: &FleetArgs) -> anyhow::Result<()> {
     let mut nodes = Vec::new();
     for i in 0..=args.nodes {
         let id = format!("fleet-{i}");
-        nodes.push(Node::spawn(&bin, &backend.url(), &id, Some(hb))?);
+        nodes.push(Node::spawn(&bin, &backend.url(), &id, Some(hb), &[])?);
     }
     let mut victim = nodes.pop().expect("nodes + 1 spawned");
     let addrs: Vec<SocketAddr> = nodes.iter().map(|n| n.addr).collect();

@@ -6,6 +6,7 @@ pub mod fanout;
 pub mod fleet;
 pub mod online;
 pub mod refresh;
+pub mod rooms;
 pub mod transitions;
 
 use std::net::{IpAddr, SocketAddr};
