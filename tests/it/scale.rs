@@ -65,3 +65,97 @@ async fn fill_live_leases(redis: &Redis) {
         .await
         .unwrap();
 }
+
+/// Live memberships written as the room steps write them, far from their
+/// deadline: `rooms` rooms of `per_room` members each.
+async fn fill_live_memberships(redis: &Redis, rooms: usize, per_room: usize) {
+    let mut conn = redis.aconn().await;
+    let deadline = presence_server::store::now_ms() + 600_000;
+    for r in 0..rooms {
+        let room = format!("big{r}");
+        let mut pipe = redis::pipe();
+        for i in 0..per_room {
+            let user = format!("live{r}_{i}");
+            let member = format!("{user}:d");
+            pipe.hset(format!("presence-room:{{r:{room}}}"), &member, "1|0|{}")
+                .ignore();
+            pipe.zadd(
+                format!("presence-room-deadlines:{{r:{room}}}"),
+                &member,
+                deadline,
+            )
+            .ignore();
+            pipe.hset(format!("presence-room-users:{{r:{room}}}"), &user, 1)
+                .ignore();
+        }
+        let bucket = presence_server::keys::Buckets::default().of(&room);
+        pipe.zadd(presence_server::keys::room_due(bucket), &room, deadline)
+            .ignore();
+        let () = pipe.query_async(&mut conn).await.unwrap();
+    }
+}
+
+/// Design invariant 7 at scale: the devices of a SIGKILLed node leave
+/// every room within TTL + 1 s, beside 100,000 live memberships.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_nodes_members_leave_on_time_beside_100k_live_memberships() {
+    const ROOMS: usize = 100;
+    const PER_ROOM: usize = 1_000;
+    const DYING: usize = 200;
+    raise_fd_limit();
+    let redis = Redis::start();
+    fill_live_memberships(&redis, ROOMS, PER_ROOM).await;
+    let mut a = Node::start(&redis, "a");
+    // The node whose room deadline pass sees them go.
+    let _b = Node::start(&redis, "b");
+    let mut dying = Vec::with_capacity(DYING);
+    for i in 0..DYING {
+        let mut c = Client::connect(&a, &format!("dying{i}"), "phone").await;
+        c.send(serde_json::json!({"type": "join", "room": format!("big{}", i % 10)}))
+            .await;
+        dying.push(c);
+    }
+    for c in &mut dying {
+        c.expect("room").await;
+    }
+    let members = |r: usize| {
+        let redis = &redis;
+        async move {
+            let mut conn = redis.aconn().await;
+            redis::cmd("HLEN")
+                .arg(format!("presence-room:{{r:big{r}}}"))
+                .query_async::<usize>(&mut conn)
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(members(0).await, PER_ROOM + DYING / 10);
+
+    let killed = Instant::now();
+    a.kill();
+    loop {
+        let mut left = 0;
+        for r in 0..10 {
+            left += members(r).await - PER_ROOM;
+        }
+        if left == 0 {
+            break;
+        }
+        assert!(
+            killed.elapsed() <= TTL + Duration::from_secs(1),
+            "{left} memberships of the killed node left after {:?}",
+            killed.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    println!(
+        "{DYING} memberships gone {:?} after SIGKILL (TTL {TTL:?}) beside {} live ones",
+        killed.elapsed(),
+        ROOMS * PER_ROOM
+    );
+    // The live memberships are untouched.
+    for r in 0..ROOMS {
+        assert_eq!(members(r).await, PER_ROOM, "big{r}");
+    }
+    drop(dying);
+}
