@@ -37,12 +37,16 @@
 //!   (expired events of every primary, the deadline pass, reconciliation).
 //! - [`registry`]: which local sessions watch which users; sharded
 //!   subscriptions; fan-out of each event to its watchers.
+//! - [`rooms`]: presence in a place: room events and frames, who may join,
+//!   what a session told its client of each room (its Redis steps are the
+//!   store's, `store::rooms`).
 //! - [`node`]: the shared parts of a node (store, refresher, registry,
 //!   config) in one handle.
 //!
 //! Transport and wiring:
 //! - [`session`]: the actor per WebSocket: it authenticates, keeps the lease
-//!   alive and routes each client frame to the feature it belongs to.
+//!   alive and routes each client frame to the feature it belongs to (user
+//!   presence in `watches.rs`, rooms in `rooms.rs`).
 //! - [`http`]: the upgrade, the read API, users' settings and the admin
 //!   API, operations, OpenAPI and the demo page.
 //! - [`server`]: starting a node: Redis, the actors, the HTTP servers.
@@ -51,14 +55,17 @@
 //! A client frame: the socket's bytes reach [`session`] (`stream.rs` routes
 //! the frame); a `watch` asks [`registry`] to subscribe to the user's channel
 //! and reads the snapshot through [`store`], filtered by [`privacy`]; a
-//! `status` runs a [`store`] step whose Lua script publishes the change.
+//! `status` runs a [`store`] step whose Lua script publishes the change; a
+//! `join` subscribes the node to the room's channel ([`registry`]), then runs
+//! the room step, whose reply is the room frame ([`rooms`]).
 //!
 //! A Redis event: a change published with SPUBLISH inside a [`store`] step
 //! reaches every node subscribed to the user's channel ([`registry`]'s
 //! subscriptions), which hands one serialized frame to each local watcher's
 //! session ([`registry`]'s fan-out); a lapsed lease's `expired` event reaches
 //! [`expiry`], which runs the same departure step as a clean close, and so
-//! publishes the same event.
+//! publishes the same event. A room's events come the same way on the room's
+//! channel, and [`registry`] hands them to the room's local members.
 
 pub mod auth;
 pub mod bucket;
