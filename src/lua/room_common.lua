@@ -64,14 +64,26 @@ local function room_emit(kind, user, device, seq, to, extra)
   end
   local payload = '{"e":"' .. kind .. '","room":' .. cjson.encode(room_id)
     .. ',"user":' .. cjson.encode(user) .. ',"device":' .. cjson.encode(device)
-    .. ',"seq":' .. seq .. ',"users":' .. users .. ',"devices":' .. devices .. target
+    .. ',"seq":' .. string.format('%d', seq) .. ',"users":' .. users .. ',"devices":' .. devices .. target
     .. extra .. '}'
   redis.call('SPUBLISH', KEYS[5], payload)
   room_emitted[#room_emitted + 1] = payload
 end
 
+-- The room's clock, one tick on: never below the time in ms, so that it
+-- keeps increasing when the room empties (its meta goes with it) or Redis
+-- loses its data, and an event's `<room>:<seq>` is never used twice.
 local function room_tick()
-  return redis.call('HINCRBY', KEYS[4], 'seq', 1)
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local seq = tonumber(redis.call('HGET', KEYS[4], 'seq') or '0')
+  if now > seq then
+    seq = now
+  else
+    seq = seq + 1
+  end
+  redis.call('HSET', KEYS[4], 'seq', string.format('%d', seq))
+  return seq
 end
 
 local function flag(name, v)

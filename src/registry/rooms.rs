@@ -254,9 +254,14 @@ impl Handler<JoinRoom> for Registry {
             }
         };
         Box::pin(wait.into_actor(self).map(move |res, act, _| {
-            // Confirmed, and still wanted: the session may have left meanwhile.
-            if res.is_ok() && act.rooms.members.contains_key(&room) {
-                act.rooms.subscribed.insert(room);
+            if res.is_ok() {
+                if act.rooms.members.contains_key(&room) {
+                    act.rooms.subscribed.insert(room);
+                } else if let Some(subs) = &act.subscriptions {
+                    // Every local member left while the subscription was
+                    // on its way: nobody else will take it back.
+                    subs.unsubscribe(vec![keys::room_events(&room)]);
+                }
             }
             res
         }))

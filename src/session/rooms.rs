@@ -81,7 +81,7 @@ impl Session {
             })
             .collect();
         for (room, state) in again {
-            self.request(Request::Room(RoomRequest::Join { room, state }), ctx);
+            self.request_always(Request::Room(RoomRequest::Join { room, state }), ctx);
         }
     }
 
@@ -105,8 +105,25 @@ impl Session {
             }
         }
         for (room, state) in again {
-            self.request(Request::Room(RoomRequest::Join { room, state }), ctx);
+            self.request_always(Request::Room(RoomRequest::Join { room, state }), ctx);
         }
+    }
+
+    /// A client's room request refused by the queue's cap: a join that
+    /// did not happen is out of the room again. The error, about the room.
+    pub(super) fn refused_room(
+        &mut self,
+        request: &RoomRequest,
+        err: ProtocolError,
+    ) -> ProtocolError {
+        let room = match request {
+            RoomRequest::Join { room, .. } => {
+                self.forget_room(room);
+                room
+            }
+            RoomRequest::Leave { room } | RoomRequest::State { room, .. } => room,
+        };
+        err.in_room(room)
     }
 
     /// The rooms whose memberships ride on the lease's refreshes.
@@ -405,9 +422,11 @@ impl Session {
                     act.send_error(ctx, &err.in_room(&room));
                 }
                 Err((room, e)) => {
-                    // Still held: the next lease refresh finds no such
-                    // membership and the session joins again by itself.
+                    // Out of the room, for the client to try again: had the
+                    // step itself gone through, the membership lapses with
+                    // nothing refreshing it.
                     log::debug!("{}/{}: join failed: {e}", act.me.user, act.me.device);
+                    act.forget_room(&room);
                     act.send_error(ctx, &super::unavailable().in_room(&room));
                 }
             }

@@ -89,6 +89,9 @@ impl Session {
             Ok(verified) => {
                 if let Some(clock) = &mut act.token {
                     clock.state = TokenState::Valid(verified.exp);
+                    // The rooms claim of the newest token decides later
+                    // joins (rooms joined before stay joined).
+                    clock.rooms = verified.rooms;
                 }
                 if first {
                     act.me.user = verified.user;

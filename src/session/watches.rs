@@ -195,18 +195,31 @@ impl Session {
     /// Queues a request for Redis and starts it if nothing is in flight.
     pub(super) fn request(&mut self, request: Request, ctx: &mut ws::WebsocketContext<Self>) {
         if self.requests.queue.len() >= MAX_PENDING_REQUESTS {
-            if let Request::Watch { new, .. } = &request {
-                self.forget_pending(new);
-            }
-            let err = ProtocolError::new(
+            let mut err = ProtocolError::new(
                 ErrorCode::RateLimited,
                 format!(
                     "{MAX_PENDING_REQUESTS} requests are already waiting for the presence store; try again"
                 ),
             );
+            match &request {
+                Request::Watch { new, .. } => self.forget_pending(new),
+                Request::Room(room) => err = self.refused_room(room, err),
+                _ => {}
+            }
             self.send_error(ctx, &err);
             return;
         }
+        self.request_always(request, ctx);
+    }
+
+    /// Queues a request the session makes of itself (a room joined again
+    /// after a visibility change or a lost membership): never refused by
+    /// the cap, which bounds what a client may pile up.
+    pub(super) fn request_always(
+        &mut self,
+        request: Request,
+        ctx: &mut ws::WebsocketContext<Self>,
+    ) {
         self.requests.queue.push_back(request);
         self.next_request(ctx);
     }

@@ -262,6 +262,15 @@ impl Store {
                         .arg(deadline)
                         .arg(&member);
                     memberships.push((out.len(), room));
+                    // The room stays in the pass's index whatever happened
+                    // to its entry (a crash between a join's writes, a
+                    // shard's failover): NX leaves a live entry alone.
+                    back.cmd("ZADD")
+                        .arg(keys::room_due(self.buckets.of(room)))
+                        .arg("NX")
+                        .arg(deadline)
+                        .arg(room.as_ref())
+                        .ignore();
                 }
                 by_bucket
                     .entry(bucket)

@@ -260,6 +260,17 @@ impl Store {
         let now = now_ms();
         let deadline = now + self.ttl_ms as i64;
         let k1 = keys::room_members(room);
+        // In the index before the step too, so that a node dying between
+        // the step and the write below leaves nothing unindexed (the write
+        // after covers a room the pass is emptying meanwhile).
+        let due = keys::room_due(self.buckets.of(room));
+        redis::cmd("ZADD")
+            .arg(&due)
+            .arg("LT")
+            .arg(deadline)
+            .arg(room)
+            .query_async::<()>(&mut self.conn())
+            .await?;
         let items = self
             .room_step(&self.scripts.room_join, room, |pipe| {
                 pipe.arg(user)
@@ -479,7 +490,11 @@ impl Store {
         let due = self.scored_up_to(&index, now, max).await?;
         let mut removed = 0;
         for (room, score) in &due {
-            removed += self.expire_room(&index, room, score, now, max).await?;
+            // One room that fails (logged) does not hold up the others.
+            match self.expire_room(&index, room, score, now, max).await {
+                Ok(n) => removed += n,
+                Err(e) => log::warn!("room deadline pass: {room}: {e}"),
+            }
         }
         Ok((due.len(), removed))
     }

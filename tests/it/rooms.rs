@@ -388,6 +388,17 @@ async fn the_rooms_claim_decides_who_joins() {
             (Some("forbidden"), Some(room))
         );
     }
+    // The same with the token in the first frame rather than the URL.
+    let url = format!(
+        "ws://{}/ws?device=tab",
+        node.http().trim_start_matches("http://")
+    );
+    let mut first = Client::connect_raw(&url, "alice", "tab").await.unwrap();
+    first.send(json!({"type": "auth", "token": token})).await;
+    assert_eq!(first.expect("hello").await["user"], "alice");
+    join(&mut first, "team:7:x", json!({})).await;
+    first.send(json!({"type": "join", "room": "doc:43"})).await;
+    assert_eq!(first.expect("error").await["code"], "forbidden");
     // A token without the claim joins nothing; --room-policy open lets it.
     let bare = hs(json!({"sub": "bob", "exp": now() + 3600}));
     let url = format!(

@@ -585,4 +585,20 @@ async fn room_events_are_sent_once_by_the_fleet() {
         events.iter().map(|e| e["id"].as_str().unwrap()).collect();
     assert_eq!(ids.len(), events.len(), "every event has its own id");
     assert_eq!(events.iter().find(|e| vacated(e)).unwrap()["users"], 0);
+
+    // Occupied again: new ids, a later seq.
+    let mut dave = Client::connect(&b, "dave", "web").await;
+    dave.send(join("r")).await;
+    dave.expect("room").await;
+    let occupied = |e: &Value| e["type"] == "room_occupied";
+    wait_until("room r occupied again", DEADLINE, || async {
+        receiver.events().iter().filter(|e| occupied(e)).count() == 2
+    })
+    .await;
+    let again: Vec<Value> = receiver.events().into_iter().filter(occupied).collect();
+    assert_ne!(again[0]["id"], again[1]["id"], "{again:?}");
+    assert!(
+        again[1]["seq"].as_u64() > again[0]["seq"].as_u64(),
+        "{again:?}"
+    );
 }
