@@ -251,26 +251,9 @@ impl Store {
                     back.zrem(keys::last_seen(bucket), &lease.user).ignore();
                 }
                 let member = keys::lease_member(&lease.user, &lease.device);
-                // XX: a membership that lapsed or was left stays gone; CH
-                // tells which were there (a later deadline is a change).
                 for room in &lease.rooms {
-                    back.cmd("ZADD")
-                        .arg(keys::room_deadlines(room))
-                        .arg("XX")
-                        .arg("GT")
-                        .arg("CH")
-                        .arg(deadline)
-                        .arg(&member);
+                    self.push_membership(&mut back, room, &member, deadline);
                     memberships.push((out.len(), room));
-                    // The room stays in the pass's index whatever happened
-                    // to its entry (a crash between a join's writes, a
-                    // shard's failover): NX leaves a live entry alone.
-                    back.cmd("ZADD")
-                        .arg(keys::room_due(self.buckets.of(room)))
-                        .arg("NX")
-                        .arg(deadline)
-                        .arg(room.as_ref())
-                        .ignore();
                 }
                 by_bucket
                     .entry(bucket)
@@ -305,6 +288,30 @@ impl Store {
             }
         }
         Ok(out)
+    }
+
+    /// Adds to `back` the push of one membership's deadline (its reply
+    /// says whether the membership was there) and the room's place in the
+    /// pass's index.
+    fn push_membership(&self, back: &mut redis::Pipeline, room: &str, member: &str, deadline: i64) {
+        // XX: a membership that lapsed or was left stays gone; CH tells
+        // which were there (a later deadline is a change).
+        back.cmd("ZADD")
+            .arg(keys::room_deadlines(room))
+            .arg("XX")
+            .arg("GT")
+            .arg("CH")
+            .arg(deadline)
+            .arg(member);
+        // The room stays in the pass's index whatever happened to its
+        // entry (a crash between a join's writes, a shard's failover): NX
+        // leaves a live entry alone.
+        back.cmd("ZADD")
+            .arg(keys::room_due(self.buckets.of(room)))
+            .arg("NX")
+            .arg(deadline)
+            .arg(room)
+            .ignore();
     }
 
     /// The departure step for a lease Redis announced as expired, if this
