@@ -280,7 +280,7 @@ pub(crate) async fn rooms_query(
     if rooms.len() > MAX_QUERY_ROOMS {
         return Err(ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
-            ErrorCode::TooManyUsers,
+            ErrorCode::TooManyRooms,
             format!("at most {MAX_QUERY_ROOMS} rooms per query"),
         ));
     }

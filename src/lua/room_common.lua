@@ -112,7 +112,11 @@ local function room_remove(user, device)
   redis.call('ZREM', KEYS[2], member)
   local last, to
   if hidden then
-    redis.call('HDEL', KEYS[6], member)
+    if redis.call('HDEL', KEYS[6], member) == 0 then
+      -- A deadline without a membership (only a loss of data makes one):
+      -- nobody was in the room, nobody leaves it.
+      return false
+    end
     last, to = room_own(user) == 0, 'user'
   else
     last = room_count_out(user)

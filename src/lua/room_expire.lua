@@ -13,7 +13,12 @@
 local due = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', ARGV[2], 'LIMIT', 0, tonumber(ARGV[3]))
 for _, member in ipairs(due) do
   local user, device = string.match(member, '^([^:]*):(.*)$')
-  room_remove(user, device)
+  if user then
+    room_remove(user, device)
+  else
+    -- Not a member the steps write: dropped.
+    redis.call('ZREM', KEYS[2], member)
+  end
 end
 
 -- Reconciliation: the counts must be the memberships. Cheap checks first;

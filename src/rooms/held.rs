@@ -21,6 +21,12 @@ pub struct Held {
     pub seq: Option<u64>,
     /// Events that arrived before the `room` frame.
     pub pending: Vec<Arc<RoomEvent>>,
+    /// A `room` frame went out once: the membership exists, and its
+    /// deadline rides on the lease's refreshes.
+    pub confirmed: bool,
+    /// The room must be read again once its `room` frame is out (a resync
+    /// came while that frame was on its way).
+    pub resync: bool,
 }
 
 /// The rooms of one session.
@@ -41,9 +47,15 @@ impl Rooms {
         }
     }
 
-    /// The rooms whose memberships ride on the lease's refreshes.
+    /// The rooms whose memberships ride on the lease's refreshes: those
+    /// joined, not those whose first join is still on its way (their
+    /// membership may not exist yet, and would look lost).
     pub fn names(&self) -> Vec<Arc<str>> {
-        self.joined.keys().cloned().collect()
+        self.joined
+            .iter()
+            .filter(|(_, held)| held.confirmed)
+            .map(|(room, _)| room.clone())
+            .collect()
     }
 
     /// The frame to send for `event`, if any: none for this device's own
@@ -87,6 +99,7 @@ impl Rooms {
             return Vec::new();
         };
         held.seq = Some(seq);
+        held.confirmed = true;
         let mut out = Vec::new();
         for event in std::mem::take(&mut held.pending) {
             match event.seq {

@@ -179,6 +179,20 @@ impl Session {
         let rooms = self.rooms_mut();
         let room: Arc<str> = Arc::from(room);
         let count = rooms.joined.len();
+        let changed = rooms.joined.get(&room).is_some_and(|h| h.state != state);
+        // A join again that changes the state is a state change: it takes
+        // from the same budget as `room_state`.
+        if changed && rooms.messages.take(1).is_err() {
+            let err = ProtocolError::new(
+                ErrorCode::RateLimited,
+                format!(
+                    "more than {} room state and signal frames per second",
+                    limits.max_messages_per_sec
+                ),
+            );
+            return self.send_error(ctx, &err.in_room(&room));
+        }
+        let rooms = self.rooms_mut();
         match rooms.joined.get_mut(&room) {
             Some(held) => {
                 // A join again: a fresh `room` frame follows; events wait
@@ -469,6 +483,16 @@ impl Session {
         for frame in held {
             self.send(ctx, frame);
         }
+        let again = self
+            .rooms
+            .as_mut()
+            .and_then(|r| r.joined.get_mut(room))
+            .is_some_and(|held| std::mem::take(&mut held.resync));
+        if again {
+            ctx.address().do_send(RoomResync {
+                room: Arc::from(room),
+            });
+        }
     }
 
     /// Out of a room this session could not join.
@@ -539,7 +563,10 @@ impl Handler<RoomResync> for Session {
             return;
         };
         if held.seq.is_none() {
-            // Its room frame is still to come, from a fresh read.
+            // Its room frame is on its way, read maybe before what this
+            // resync is for (a threshold crossing, missed events): read
+            // again once it is out.
+            held.resync = true;
             return;
         }
         held.seq = None;

@@ -1,6 +1,6 @@
 //! Chaos in rooms: three nodes and one Redis under random joins, leaves,
 //! state changes and signals, clean closes, dropped connections that come
-//! back elsewhere (joining their rooms again, as the JS client does),
+//! back elsewhere (joining their rooms again, as a client would),
 //! SIGKILLed and restarted nodes and Redis restarting empty. After a quiet
 //! period every room's membership in Redis must equal the devices actually
 //! in it, and every member's view (kept from its `room` frames and events,
