@@ -6,12 +6,17 @@
 //! in it, and every member's view (kept from its `room` frames and events,
 //! as a client keeps it) must match it.
 //!
-//! A short run is part of `cargo test`; a longer one:
+//! On a Redis Cluster (`rooms_stay_right_through_chaos_on_a_cluster`) the
+//! nodes share three primaries with a replica each, and instead of Redis
+//! restarting empty a primary is SIGKILLed and its replica promoted.
+//!
+//! A short run of each is part of `cargo test`; a longer one:
 //! `ROOM_CHAOS_SECS=120 cargo test --release --test it rooms_chaos:: -- --nocapture`
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
+use crate::common::cluster::Cluster;
 use crate::common::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -97,8 +102,65 @@ impl Device {
     }
 }
 
+/// The Redis the nodes share.
+enum Backend {
+    One(Redis),
+    Cluster(Cluster),
+}
+
+impl Backend {
+    fn node(&self, id: &str) -> Node {
+        match self {
+            Self::One(redis) => Node::start_with(redis, id, &FLAGS),
+            Self::Cluster(cluster) => cluster.node_with(id, &FLAGS),
+        }
+    }
+
+    /// One Redis fault: the server restarts empty, or a primary of the
+    /// cluster is SIGKILLed and its replica takes over.
+    fn fault(&mut self) -> &'static str {
+        match self {
+            Self::One(redis) => {
+                redis.restart_empty();
+                "redis restart (empty)"
+            }
+            Self::Cluster(cluster) => {
+                let victim = cluster.shards()[0].primary;
+                cluster.kill(victim);
+                tokio::task::block_in_place(|| cluster.wait_healthy(&[victim]));
+                "primary SIGKILL (replica promoted)"
+            }
+        }
+    }
+
+    /// The members of `room` as Redis holds them.
+    async fn members(&self, room: &str) -> BTreeSet<String> {
+        let key = format!("presence-room:{{r:{room}}}");
+        match self {
+            Self::One(redis) => {
+                let mut c = redis.aconn().await;
+                redis::cmd("HKEYS")
+                    .arg(&key)
+                    .query_async(&mut c)
+                    .await
+                    .unwrap()
+            }
+            Self::Cluster(cluster) => {
+                let slot = cluster.slot(&key);
+                let shard = cluster
+                    .shards()
+                    .into_iter()
+                    .find(|s| s.serves(slot))
+                    .unwrap();
+                let mut c = cluster.conn(shard.primary);
+                redis::cmd("HKEYS").arg(&key).query(&mut c).unwrap()
+            }
+        }
+    }
+}
+
 struct World {
-    redis: Redis,
+    backend: Backend,
     nodes: Vec<Option<Node>>,
     devices: Vec<Device>,
     rng: StdRng,
@@ -219,16 +281,6 @@ impl World {
         };
         *self.ops.entry(op).or_default() += 1;
     }
-
-    /// The members of `room` in Redis.
-    async fn members(&self, room: &str) -> BTreeSet<String> {
-        let mut c = self.redis.aconn().await;
-        redis::cmd("HKEYS")
-            .arg(format!("presence-room:{{r:{room}}}"))
-            .query_async(&mut c)
-            .await
-            .unwrap()
-    }
 }
 
 /// Sends `frame` if the device is connected; a connection that closed
@@ -242,6 +294,15 @@ async fn send(d: &mut Device, frame: Value) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rooms_stay_right_through_chaos() {
+    run(Backend::One(Redis::start())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rooms_stay_right_through_chaos_on_a_cluster() {
+    run(Backend::Cluster(Cluster::start())).await;
+}
+
+async fn run(backend: Backend) {
     raise_fd_limit();
     let secs: u64 = std::env::var("ROOM_CHAOS_SECS")
         .ok()
@@ -251,9 +312,8 @@ async fn rooms_stay_right_through_chaos() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(7);
-    let redis = Redis::start();
     let nodes = (0..NODES)
-        .map(|n| Some(Node::start_with(&redis, &format!("n{n}"), &FLAGS)))
+        .map(|n| Some(backend.node(&format!("n{n}"))))
         .collect();
     let devices = (0..DEVICES)
         .map(|i| Device {
@@ -266,7 +326,7 @@ async fn rooms_stay_right_through_chaos() {
         })
         .collect();
     let mut world = World {
-        redis,
+        backend,
         nodes,
         devices,
         rng: StdRng::seed_from_u64(seed),
@@ -289,13 +349,13 @@ async fn rooms_stay_right_through_chaos() {
         }
         if let Some((n, at)) = killed {
             if world.nodes[n].is_none() && at.elapsed() > Duration::from_secs(1) {
-                world.nodes[n] = Some(Node::start_with(&world.redis, &format!("n{n}b"), &FLAGS));
+                world.nodes[n] = Some(world.backend.node(&format!("n{n}b")));
             }
         }
         if !redis_restarted && elapsed > Duration::from_secs(secs) / 2 {
-            world.redis.restart_empty();
+            let fault = world.backend.fault();
             redis_restarted = true;
-            *world.ops.entry("redis restart (empty)").or_default() += 1;
+            *world.ops.entry(fault).or_default() += 1;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -317,7 +377,7 @@ async fn rooms_stay_right_through_chaos() {
             .map(Device::member)
             .collect();
         assert_eq!(
-            world.members(&room).await,
+            world.backend.members(&room).await,
             joined,
             "{room}: Redis against the devices in it"
         );
@@ -335,15 +395,8 @@ async fn rooms_stay_right_through_chaos() {
                 .filter(|o| joined.contains(&o.member()))
             {
                 if view.get(&other.member()) != other.rooms.get(&room) {
-                    let mut c = world.redis.aconn().await;
-                    let stored: Option<String> = redis::cmd("HGET")
-                        .arg(format!("presence-room:{{r:{room}}}"))
-                        .arg(other.member())
-                        .query_async(&mut c)
-                        .await
-                        .unwrap();
                     panic!(
-                        "{room}: {}'s state is {:?} as {} sees it, {:?} as it set it; Redis holds {stored:?}",
+                        "{room}: {}'s state is {:?} as {} sees it, {:?} as it set it",
                         other.member(),
                         view.get(&other.member()),
                         d.member(),
