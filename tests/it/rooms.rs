@@ -319,6 +319,13 @@ async fn bad_room_frames_get_clear_errors_and_change_nothing() {
         refused(&mut c, json!({"type": "leave", "room": "r"})).await["code"],
         "not_in_room"
     );
+    for bad in [
+        json!({"type": "leave", "room": "a b"}),
+        json!({"type": "room_state", "room": "{x}", "state": {}}),
+        json!({"type": "signal", "room": "", "data": 1}),
+    ] {
+        assert_eq!(refused(&mut c, bad).await["code"], "invalid_id");
+    }
     let big = json!({"type": "join", "room": "r", "state": {"text": "x".repeat(40)}});
     assert_eq!(refused(&mut c, big).await["code"], "state_too_large");
     let mut conn = redis.aconn().await;
@@ -340,6 +347,24 @@ async fn bad_room_frames_get_clear_errors_and_change_nothing() {
     // Joining a room it is in again is no new room: a fresh room frame.
     join(&mut c, "one", json!({"again": true})).await;
 
+    // Too large a state or signal, in a room it is in.
+    let big = json!({"text": "x".repeat(40)});
+    let e = refused(
+        &mut c,
+        json!({"type": "room_state", "room": "one", "state": big}),
+    )
+    .await;
+    assert_eq!(
+        (e["code"].as_str(), e["room"].as_str()),
+        (Some("state_too_large"), Some("one"))
+    );
+    let e = refused(
+        &mut c,
+        json!({"type": "signal", "room": "one", "data": "x".repeat(1100)}),
+    )
+    .await;
+    assert_eq!(e["code"], "state_too_large");
+
     // A full room.
     let mut b = Client::connect(&node, "bob", "b").await;
     join(&mut b, "one", json!({})).await;
@@ -352,6 +377,8 @@ async fn bad_room_frames_get_clear_errors_and_change_nothing() {
     let mut codes = Vec::new();
     for i in 0..8 {
         c.send(json!({"type": "signal", "room": "one", "data": i}))
+            .await;
+        c.send(json!({"type": "room_state", "room": "one", "state": {"i": i}}))
             .await;
     }
     while let Some(Incoming::Frame(v)) = c.next_within(Duration::from_millis(300)).await {
@@ -399,6 +426,22 @@ async fn the_rooms_claim_decides_who_joins() {
     join(&mut first, "team:7:x", json!({})).await;
     first.send(json!({"type": "join", "room": "doc:43"})).await;
     assert_eq!(first.expect("error").await["code"], "forbidden");
+    // The HTTP reads take the same claim.
+    let base = node.http();
+    let (status, _) = get(&format!("{base}/api/rooms/doc:42?token={token}")).await;
+    assert_eq!(status, 200);
+    let (status, body) = get(&format!("{base}/api/rooms/doc:43?token={token}")).await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (403, Some("forbidden")),
+        "{body}"
+    );
+    let (status, _) = post(
+        &format!("{base}/api/rooms/query?token={token}"),
+        &json!({"rooms": ["doc:42", "other"]}),
+    )
+    .await;
+    assert_eq!(status, 403);
     // A token without the claim joins nothing; --room-policy open lets it.
     let bare = hs(json!({"sub": "bob", "exp": now() + 3600}));
     let url = format!(
