@@ -453,6 +453,7 @@ describe("rooms against a real node", () => {
     assert.deepEqual(a.log.typing, [["bob"]], "bob typing on two devices is one entry");
     assert.deepEqual(a.typingUsers, ["bob"]);
     assert.ok(ap.log.typing.every((users) => !users.includes("alice")), "alice listed herself");
+    await waitFor("bob's web to see alice typing", () => bw.log.typing.length === 1);
     assert.deepEqual(bw.log.typing, [["alice"]]);
 
     bw.stopTyping();
@@ -466,12 +467,18 @@ describe("rooms against a real node", () => {
     await waitFor("alice to see bob's web leave", () => a.log.leaves.length === 1);
     assert.deepEqual(a.typingUsers, ["bob"], "bob is still there, on his phone");
     // bob's phone vanishes: its node dies, its lease (TTL 900 ms) lapses.
-    bobPhone.close();
+    // (Killed first: closing the client first would be a clean close, a leave at once.)
+    const died = new Promise((r) => dies.child.once("exit", r));
     dies.child.kill("SIGKILL");
+    await died;
+    const killedAt = Date.now();
+    bobPhone.close();
     await waitFor("alice to see bob's phone lapse", () => a.log.leaves.length === 2, 10_000);
     assert.equal(a.log.leaves[1].last, true);
+    // A lapse, not a clean close (that would be a leave at once).
+    assert.ok(Date.now() - killedAt >= 200, `left ${Date.now() - killedAt} ms after the kill: too soon for a lapse`);
     assert.deepEqual(a.log.typing.at(-1), [], "bob's typing cleared with his leave");
-    assert.ok(Date.now() - typedAt < 5000, "cleared by the leave, not by the 5 s timeout");
+    assert.ok(Date.now() - typedAt < 5000, `cleared by the leave, not by the 5 s timeout (after ${Date.now() - typedAt} ms)`);
     for (const c of [alice, alicePhone]) c.close();
   });
 
