@@ -14,9 +14,14 @@
 //   client.watch(["bob", "carol"]);             // may be called before the connection is open
 //   client.watch(["dave"], { devices: true });  // also onChange when dave's device count changes
 //   client.setStatus("away", "in a meeting");
+//   const room = client.join("doc:42", { state: { page: 1 } }); // rooms: who is here
+//   room.onSync = room.onJoin = room.onLeave = room.onUpdate = () => render(room.members);
+//   room.onTyping = (users) => ...;             // others typing now, sorted
+//   room.update({ page: 2 }); room.typing(); room.leave();
 //
 // The client reconnects by itself with exponential backoff and full jitter,
-// and after each reconnect re-sends the chosen status and the watch list, so
+// and after each reconnect re-sends the chosen status, the watch list and the
+// joins of its rooms (with their last states), so
 // an app only has to keep rendering what onSnapshot and onChange hand it.
 (function (global) {
   "use strict";

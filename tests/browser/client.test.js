@@ -429,6 +429,7 @@ describe("rooms against a real node", () => {
     await new Promise((r) => setTimeout(r, 4500));
     assert.deepEqual(b.log.leaves, [], "bob saw alice leave");
     assert.deepEqual(b.log.joins, [], "bob saw alice join again");
+    assert.equal(b.log.updates.length, 1, "the rejoin with an unchanged state is no update either");
     assert.deepEqual(view(b), { alice: { laptop: { page: 7 } }, bob: { tablet: {} } });
     for (const c of [alice, bob]) c.close();
   });
