@@ -5,6 +5,8 @@ declare class PresenceClient {
   constructor(options: PresenceClient.Options);
   /** The statuses setStatus accepts. */
   static readonly STATUSES: readonly PresenceClient.ChosenStatus[];
+  /** The class of the objects join() returns. */
+  static readonly Room: new (client: PresenceClient, id: string, state?: PresenceClient.RoomState) => PresenceClient.Room;
 
   /** Endpoints tried in turn on reconnects. */
   urls: string[];
@@ -32,6 +34,8 @@ declare class PresenceClient {
   attempt: number;
   /** True when frames can be sent now. */
   readonly connected: boolean;
+  /** Room id -> Room, for the rooms this client is in (joined again after every reconnect). */
+  readonly rooms: Map<string, PresenceClient.Room>;
 
   onHello: (hello: PresenceClient.Hello) => void;
   onSnapshot: (records: PresenceClient.PresenceRecord[]) => void;
@@ -54,6 +58,9 @@ declare class PresenceClient {
   setStatus(status: PresenceClient.ChosenStatus, text?: string | null): void;
   /** Refreshes the lease explicitly. */
   heartbeat(): void;
+  /** Joins a room now, or once connected, and again after every reconnect with its last state.
+   * Joining a room this client is in already replaces the state and returns the same Room. */
+  join(room: string, options?: { state?: PresenceClient.RoomState }): PresenceClient.Room;
 }
 
 declare namespace PresenceClient {
@@ -93,6 +100,63 @@ declare namespace PresenceClient {
     message: string;
     /** With `invalid_status`: the refused choice. */
     status?: ChosenStatus;
+    /** The room the error is about (forbidden, room_full, not_in_room, unavailable, ...). */
+    room?: string;
+  }
+
+  /** A device's state in a room: a small JSON object. */
+  export type RoomState = { [key: string]: unknown };
+
+  /** One device of a room member. */
+  export interface RoomDevice {
+    device: string;
+    state: RoomState;
+    /** Epoch ms (for devices that joined after the last room frame: when this client heard of it). */
+    joined_at: number;
+  }
+
+  export interface RoomJoinEvent { user: string; device: string; state: RoomState; first: boolean }
+  export interface RoomLeaveEvent { user: string; device: string; last: boolean }
+  export interface RoomUpdateEvent { user: string; device: string; state: RoomState }
+  export interface RoomSignalEvent { user: string; device: string; data: unknown }
+  export interface Occupancy { users: number; devices: number }
+
+  /** A room this client is in, returned by join(). */
+  export interface Room {
+    /** The room id, e.g. "doc:42". */
+    readonly id: string;
+    /** This device's state in the room (the last one it set). */
+    state: RoomState;
+    /** Counts, as in the last room or occupancy frame. */
+    users: number;
+    devices: number;
+    /** User -> devices, kept current from the room events; null in a large room (and before the first room frame). */
+    members: Map<string, RoomDevice[]> | null;
+    /** True from the room frame answering the join until a leave, a refusal or a dropped connection. */
+    joined: boolean;
+    /** The last error about this room, or null. */
+    error: PresenceError | null;
+    /** The users typing now (never this one), sorted. */
+    typingUsers: string[];
+    /** A room frame arrived: the first join, and every rejoin. */
+    onSync: (room: Room) => void;
+    onJoin: (e: RoomJoinEvent) => void;
+    onLeave: (e: RoomLeaveEvent) => void;
+    onUpdate: (e: RoomUpdateEvent) => void;
+    onSignal: (e: RoomSignalEvent) => void;
+    onOccupancy: (counts: Occupancy) => void;
+    /** The users typing now (not yourself), sorted. */
+    onTyping: (users: string[]) => void;
+    /** Replaces this device's state: the others get onUpdate. */
+    update(state: RoomState): void;
+    /** Relays any JSON (at most 1,024 bytes) to the room's other devices. */
+    signal(data: unknown): void;
+    /** Call on each keystroke: sends `{typing: true}` at most every 2 s. */
+    typing(): void;
+    /** Sends `{typing: false}`. */
+    stopTyping(): void;
+    /** Leaves: the others get onLeave; not joined again. */
+    leave(): void;
   }
 
   export type ConnectionState = "idle" | "connecting" | "open" | "reconnecting" | "closed";

@@ -14,15 +14,255 @@
 //   client.watch(["bob", "carol"]);             // may be called before the connection is open
 //   client.watch(["dave"], { devices: true });  // also onChange when dave's device count changes
 //   client.setStatus("away", "in a meeting");
+//   const room = client.join("doc:42", { state: { page: 1 } }); // rooms: who is here
+//   room.onSync = room.onJoin = room.onLeave = room.onUpdate = () => render(room.members);
+//   room.onTyping = (users) => ...;             // others typing now, sorted
+//   room.update({ page: 2 }); room.typing(); room.leave();
 //
 // The client reconnects by itself with exponential backoff and full jitter,
-// and after each reconnect re-sends the chosen status and the watch list, so
+// and after each reconnect re-sends the chosen status, the watch list and the
+// joins of its rooms (with their last states), so
 // an app only has to keep rendering what onSnapshot and onChange hand it.
 (function (global) {
   "use strict";
 
   /** Statuses a client may choose. `invisible` is refused by servers without privacy support. */
   const STATUSES = ["online", "away", "busy", "invisible"];
+
+  /** Join refusals that a retry would only repeat: such a room is not joined again. */
+  const REFUSED = ["forbidden", "room_full", "too_many_rooms", "invalid_id", "state_too_large"];
+  /** A typer is listed until this long after its last `typing:true` signal. */
+  const TYPING_TTL_MS = 5000;
+  /** `typing()` sends `typing:true` at most this often. */
+  const TYPING_EVERY_MS = 2000;
+
+  /** A timer that does not keep Node alive (browsers ignore this). */
+  function later(fn, ms) {
+    const t = setTimeout(fn, ms);
+    if (t && typeof t.unref === "function") t.unref();
+    return t;
+  }
+
+  /**
+   * A room this client is in (see PresenceClient#join): its counts and
+   * members, kept current from the room events, and this device's state.
+   */
+  class Room {
+    constructor(client, id, state) {
+      /** The room id, e.g. "doc:42". */
+      this.id = id;
+      /** This device's state in the room, sent again with every rejoin. */
+      this.state = state || {};
+      /** User and device counts, as in the last room or occupancy frame. */
+      this.users = 0;
+      this.devices = 0;
+      /** Map user -> [{device, state, joined_at}] (null in a large room, or before the first room frame). */
+      this.members = null;
+      /** True from the room frame that answers the join until a leave, a refusal or a dropped connection. */
+      this.joined = false;
+      /** The last error frame about this room ({code, message, room}), or null. */
+      this.error = null;
+      /** The users typing now (never this one), sorted. */
+      this.typingUsers = [];
+      this.onSync = () => {};
+      this.onJoin = () => {};
+      this.onLeave = () => {};
+      this.onUpdate = () => {};
+      this.onSignal = () => {};
+      this.onOccupancy = () => {};
+      this.onTyping = () => {};
+      this._client = client;
+      this._left = false;
+      this._pending = false; // a join sent, its room frame not yet here
+      this._retries = 0;
+      this._retryTimer = null;
+      this._typers = new Map(); // user -> timer clearing it
+      this._typingSentAt = 0;
+    }
+
+    /** Replaces this device's state: the others get room_update. */
+    update(state) {
+      this.state = state || {};
+      this._ownEntry((d) => { d.state = this.state; });
+      if (this._pending || this.joined) this._client._send({ type: "room_state", room: this.id, state: this.state });
+    }
+
+    /** Relays any JSON to the room's other member devices (never stored). */
+    signal(data) {
+      if (this._pending || this.joined) this._client._send({ type: "signal", room: this.id, data });
+    }
+
+    /** Call on each keystroke: sends `{typing: true}` at most every 2 s. */
+    typing() {
+      const now = Date.now();
+      if (now - this._typingSentAt < TYPING_EVERY_MS) return;
+      this._typingSentAt = now;
+      this.signal({ typing: true });
+    }
+
+    /** Stopped typing (sent, cleared the input): sends `{typing: false}`. */
+    stopTyping() {
+      if (!this._typingSentAt) return;
+      this._typingSentAt = 0;
+      this.signal({ typing: false });
+    }
+
+    /** Leaves the room: the others get room_leave; not joined again on reconnect. */
+    leave() {
+      if (this._left) return;
+      const wasIn = this._pending || this.joined;
+      this._stop();
+      if (wasIn) this._client._send({ type: "leave", room: this.id });
+    }
+
+    /** Out of the room for good (left or refused). */
+    _stop() {
+      this._left = true;
+      this.joined = false;
+      this._pending = false;
+      clearTimeout(this._retryTimer);
+      this._retryTimer = null;
+      if (this._client.rooms.get(this.id) === this) this._client.rooms.delete(this.id);
+      this._clearTypers();
+    }
+
+    _sendJoin() {
+      if (this._left || !this._client.connected) return;
+      this._pending = true;
+      this._client._send({ type: "join", room: this.id, state: this.state });
+    }
+
+    /** The connection dropped: not joined until the rejoin's room frame. */
+    _disconnected() {
+      this.joined = false;
+      this._pending = false;
+      clearTimeout(this._retryTimer);
+      this._retryTimer = null;
+    }
+
+    _ownEntry(fn) {
+      const mine = this.members && this.members.get(this._client.user);
+      const d = mine && mine.find((x) => x.device === this._client.device);
+      if (d) fn(d);
+    }
+
+    _clearTypers() {
+      if (!this._typers.size) return;
+      this._typers.forEach((t) => clearTimeout(t));
+      this._typers.clear();
+      this._typingChanged();
+    }
+
+    _typingChanged() {
+      this.typingUsers = [...this._typers.keys()].sort();
+      this.onTyping(this.typingUsers.slice());
+    }
+
+    _untype(user) {
+      if (!this._typers.has(user)) return;
+      clearTimeout(this._typers.get(user));
+      this._typers.delete(user);
+      this._typingChanged();
+    }
+
+    _signalTyping(user, typing) {
+      if (user === this._client.user) return; // yourself is never listed
+      if (!typing) return this._untype(user);
+      const isNew = !this._typers.has(user);
+      clearTimeout(this._typers.get(user));
+      this._typers.set(user, later(() => this._untype(user), TYPING_TTL_MS));
+      if (isNew) this._typingChanged();
+    }
+
+    _frame(f) {
+      switch (f.type) {
+        case "room": {
+          this.users = f.users;
+          this.devices = f.devices;
+          this.members = f.members
+            ? new Map(f.members.map((m) => [m.user, m.devices.map((d) => ({ device: d.device, state: d.state, joined_at: d.joined_at }))]))
+            : null;
+          // The server does not echo this device's own changes: its entry shows what it set.
+          this._ownEntry((d) => { d.state = this.state; });
+          this.joined = true;
+          this._pending = false;
+          this._retries = 0;
+          this.error = null;
+          if (this.members) {
+            // Typers no longer here are not typing.
+            for (const u of [...this._typers.keys()]) if (!this.members.has(u)) this._untype(u);
+          }
+          this.onSync(this);
+          break;
+        }
+        case "room_join": {
+          const e = { user: f.user, device: f.device, state: f.state, first: f.first };
+          if (this.members) {
+            const list = (this.members.get(f.user) || []).filter((d) => d.device !== f.device);
+            list.push({ device: f.device, state: f.state, joined_at: f.joined_at ?? Date.now() });
+            this.members.set(f.user, list);
+          }
+          this.onJoin(e);
+          break;
+        }
+        case "room_leave": {
+          const e = { user: f.user, device: f.device, last: f.last };
+          if (this.members && this.members.has(f.user)) {
+            const list = this.members.get(f.user).filter((d) => d.device !== f.device);
+            if (list.length) this.members.set(f.user, list);
+            else this.members.delete(f.user);
+          }
+          if (f.last) this._untype(f.user);
+          this.onLeave(e);
+          break;
+        }
+        case "room_update": {
+          const e = { user: f.user, device: f.device, state: f.state };
+          const list = this.members && this.members.get(f.user);
+          const d = list && list.find((x) => x.device === f.device);
+          if (d) d.state = f.state;
+          this.onUpdate(e);
+          break;
+        }
+        case "signal": {
+          const e = { user: f.user, device: f.device, data: f.data };
+          this.onSignal(e);
+          if (f.data && typeof f.data === "object" && typeof f.data.typing === "boolean") this._signalTyping(f.user, f.data.typing);
+          break;
+        }
+        case "occupancy":
+          this.users = f.users;
+          this.devices = f.devices;
+          this.onOccupancy({ users: f.users, devices: f.devices });
+          break;
+        default:
+          break;
+      }
+    }
+
+    /** An error frame about this room; true when it was a refused join. */
+    _error(error) {
+      this.error = error;
+      const code = error.code;
+      if (this._pending && REFUSED.includes(code)) {
+        this._stop(); // refused: not joined again on reconnect
+      } else if (code === "unavailable" || (this._pending && code === "rate_limited")) {
+        // Redis could not answer: try the join again after a short backoff.
+        this.joined = false;
+        this._pending = false;
+        const c = this._client;
+        const bound = Math.min(c.maxBackoffMs, c.minBackoffMs * 2 ** Math.min(this._retries, 16));
+        this._retries += 1;
+        clearTimeout(this._retryTimer);
+        this._retryTimer = later(() => { this._retryTimer = null; this._sendJoin(); }, Math.round(bound / 2 + (Math.random() * bound) / 2));
+      } else if (code === "not_in_room") {
+        // The server lost the membership (it lapsed): join again.
+        this.joined = false;
+        this._pending = false;
+        this._sendJoin();
+      }
+    }
+  }
 
   class PresenceClient {
     /**
@@ -75,6 +315,8 @@
       this._timer = null;
       this._stopped = true;
       this._previousStatus = null;
+      /** Map room id -> Room, for the rooms this client is in (joined again after every reconnect). */
+      this.rooms = new Map();
       this.onHello = o.onHello || (() => {});
       this.onSnapshot = o.onSnapshot || (() => {});
       this.onChange = o.onChange || (() => {});
@@ -101,6 +343,7 @@
       const ws = this._ws;
       this._ws = null;
       if (ws && ws.readyState <= 1) ws.close(1000, "bye");
+      this.rooms.forEach((r) => r._disconnected());
       this._setState("closed", { code: 1000, reason: "closed by client", willRetry: false });
     }
 
@@ -168,6 +411,24 @@
       this._send({ type: "status", ...this.status });
     }
 
+    /**
+     * Joins a room (now, or once connected) with this device's state, and
+     * again after every reconnect with its last state. Joining a room this
+     * client is in already replaces the state and returns the same Room.
+     */
+    join(room, options) {
+      const state = (options && options.state) || {};
+      let r = this.rooms.get(room);
+      if (r) {
+        r.state = state;
+      } else {
+        r = new Room(this, room, state);
+        this.rooms.set(room, r);
+      }
+      r._sendJoin();
+      return r;
+    }
+
     /** Refreshes the lease explicitly (pongs and other frames do too). */
     heartbeat() {
       this._send({ type: "heartbeat" });
@@ -232,6 +493,7 @@
           // connection won: coming back would only push that one out.
           this._stopped = true;
         }
+        this.rooms.forEach((r) => r._disconnected());
         // The token expired (4401): a reconnect needs a fresh one.
         if (ev.code === 4401) this._tokenStale = true;
         this._scheduleReconnect(ev.code, ev.reason);
@@ -301,6 +563,9 @@
           this.onHello(f);
           if (this.status) this._send({ type: "status", ...this.status });
           this._sendWatches();
+          // Back in every room, with its last state (the others see no leave
+          // and join when this comes within the membership's deadline).
+          this.rooms.forEach((r) => r._sendJoin());
           break;
         case "auth_expiring":
           this._renewToken(f);
@@ -313,8 +578,23 @@
           this.onChange(record);
           break;
         }
+        case "room":
+        case "room_join":
+        case "room_leave":
+        case "room_update":
+        case "signal":
+        case "occupancy": {
+          const r = this.rooms.get(f.room);
+          if (r) r._frame(f);
+          break;
+        }
         case "error": {
           const error = { code: f.code, message: f.message };
+          if (f.room !== undefined) {
+            error.room = f.room;
+            const r = this.rooms.get(f.room);
+            if (r) r._error(error);
+          }
           if (f.code === "invalid_status" && this.status) {
             error.status = this.status.status;
             this.status = this._previousStatus;
@@ -331,6 +611,7 @@
   }
 
   PresenceClient.STATUSES = STATUSES;
+  PresenceClient.Room = Room;
   global.PresenceClient = PresenceClient;
   if (typeof module !== "undefined" && module.exports) module.exports = PresenceClient;
 })(typeof window !== "undefined" ? window : globalThis);

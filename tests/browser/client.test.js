@@ -177,3 +177,324 @@ test("auth_expiring asks refreshToken for a fresh token and sends it", async () 
   assert.deepEqual(ScriptedSocket.all[1].sent[0], { type: "auth", token: "t2" });
   c.close();
 });
+
+test("rooms: joined after hello and again after each reconnect, except refused ones; unavailable retries", async () => {
+  const { c, events } = client();
+  const doc = c.join("doc:1", { state: { page: 1 } });
+  const full = c.join("full:1");
+  const busy = c.join("busy:1");
+  assert.equal(c.rooms.size, 3);
+  c.connect();
+  let ws = ScriptedSocket.all[0];
+  ws.hello();
+  assert.deepEqual(ws.sent.map((f) => f.type === "join" && f.room), ["doc:1", "full:1", "busy:1"]);
+  ws.frame({ type: "room", room: "doc:1", users: 1, devices: 1, members: [{ user: "alice", devices: [{ device: "d1", state: { page: 1 }, joined_at: 1 }] }] });
+  ws.frame({ type: "error", code: "room_full", message: "full", room: "full:1" });
+  ws.frame({ type: "error", code: "unavailable", message: "redis", room: "busy:1" });
+  assert.equal(doc.joined, true);
+  assert.equal(full.joined, false);
+  assert.equal(full.error.code, "room_full");
+  assert.deepEqual(events.errors.map((e) => [e.code, e.room]), [["room_full", "full:1"], ["unavailable", "busy:1"]]);
+  assert.deepEqual([...c.rooms.keys()], ["doc:1", "busy:1"]);
+  await until(() => ws.sent.filter((f) => f.room === "busy:1").length === 2); // retried after a backoff
+  doc.update({ page: 2 });
+  assert.deepEqual(doc.members.get("alice")[0].state, { page: 2 }, "own entry shows the last state set");
+  ws.drop();
+  assert.equal(doc.joined, false);
+  await until(() => ScriptedSocket.all.length === 2);
+  ws = ScriptedSocket.all[1];
+  ws.hello();
+  assert.deepEqual(ws.sent, [
+    { type: "join", room: "doc:1", state: { page: 2 } },
+    { type: "join", room: "busy:1", state: {} },
+  ]);
+  doc.leave();
+  assert.deepEqual(ws.sent.at(-1), { type: "leave", room: "doc:1" });
+  assert.equal(c.rooms.has("doc:1"), false);
+  c.close();
+});
+
+test("rooms: typing lists others by user, sorted, for 5 s at most, and drops a user's last leave", () => {
+  const { c } = client();
+  const r = c.join("chat:1");
+  const seen = [];
+  r.onTyping = (u) => seen.push(u);
+  c.connect();
+  const ws = ScriptedSocket.all[0];
+  ws.hello();
+  ws.frame({ type: "room", room: "chat:1", users: 3, devices: 4, members: [] });
+  const sig = (user, device, typing) => ws.frame({ type: "signal", room: "chat:1", user, device, data: { typing } });
+  sig("carol", "a", true);
+  sig("bob", "a", true);
+  sig("bob", "b", true);
+  sig("alice", "other", true); // ourselves, on another device
+  ws.frame({ type: "room_leave", room: "chat:1", user: "carol", device: "a", last: true });
+  sig("bob", "b", false);
+  assert.deepEqual(seen, [["carol"], ["bob", "carol"], ["bob"], []]);
+  r.typing();
+  r.typing();
+  r.stopTyping();
+  r.stopTyping();
+  assert.deepEqual(ws.sent.filter((f) => f.type === "signal").map((f) => f.data), [{ typing: true }, { typing: false }]);
+  c.close();
+});
+
+// ---------------------------------------------------------------------------
+// Rooms against a real node: a real redis-server (the repo's redis.conf,
+// random port) and real presence-server nodes (target/debug/presence-server,
+// built by `cargo build` first; PRESENCE_SERVER_BIN overrides it), with
+// Node's own WebSocket (Node 20 needs --experimental-websocket: npm test
+// passes it).
+
+const { describe, before, after } = require("node:test");
+const { spawn } = require("node:child_process");
+const fs = require("node:fs");
+const net = require("node:net");
+const os = require("node:os");
+
+const ROOT = path.resolve(__dirname, "..", "..");
+const BIN = process.env.PRESENCE_SERVER_BIN || path.join(ROOT, "target", "debug", "presence-server");
+const DEADLINE_MS = 20_000;
+
+/** Resolves once `cond()` holds; rejects naming `what` after `ms`. */
+async function waitFor(what, cond, ms = DEADLINE_MS) {
+  const deadline = Date.now() + ms;
+  while (!cond()) {
+    if (Date.now() > deadline) throw new Error(`timed out after ${ms} ms waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 20));
+  }
+}
+
+function freePort() {
+  return new Promise((resolve, reject) => {
+    const srv = net.createServer();
+    srv.once("error", reject);
+    srv.listen(0, "127.0.0.1", () => {
+      const { port } = srv.address();
+      srv.close(() => resolve(port));
+    });
+  });
+}
+
+function pings(port) {
+  return new Promise((resolve) => {
+    const sock = net.connect(port, "127.0.0.1");
+    let buf = "";
+    sock.setTimeout(500, () => { sock.destroy(); resolve(false); });
+    sock.on("connect", () => sock.write("PING\r\n"));
+    sock.on("data", (d) => { buf += d; if (buf.includes("\r\n")) { sock.destroy(); resolve(buf.startsWith("+PONG")); } });
+    sock.on("error", () => resolve(false));
+  });
+}
+
+describe("rooms against a real node", () => {
+  const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "presence-client-"));
+  let redis = null;
+  const nodes = [];
+  const clients = [];
+
+  before(async () => {
+    if (typeof globalThis.WebSocket !== "function") throw new Error("no global WebSocket: run with node --experimental-websocket (Node 20) or Node 22+");
+    if (!fs.existsSync(BIN)) throw new Error(`${BIN} is missing: run \`cargo build\` first (or set PRESENCE_SERVER_BIN)`);
+    for (let i = 0; i < 5 && !redis; i++) {
+      const port = await freePort();
+      const child = spawn("redis-server", [
+        path.join(ROOT, "redis.conf"), "--port", String(port), "--bind", "127.0.0.1",
+        "--dir", tmp, "--logfile", path.join(tmp, "redis.log"), "--appendonly", "no",
+      ], { stdio: "ignore" });
+      let dead = false;
+      child.once("exit", () => { dead = true; });
+      child.once("error", () => { dead = true; });
+      const deadline = Date.now() + DEADLINE_MS;
+      while (!dead && Date.now() < deadline && !(await pings(port))) await new Promise((r) => setTimeout(r, 50));
+      if (!dead) redis = { child, port };
+    }
+    if (!redis) throw new Error("redis-server did not start (apt-get install -y redis-server)");
+  });
+
+  after(() => {
+    for (const c of clients) c.close();
+    for (const p of [...nodes, redis]) if (p && p.child.exitCode === null) p.child.kill("SIGKILL");
+    fs.rmSync(tmp, { recursive: true, force: true });
+  });
+
+  /** Starts a node on the test's Redis; resolves with {child, ws, logs} once it listens. */
+  async function startNode(id, extra = []) {
+    const child = spawn(BIN, [
+      "--listen", "127.0.0.1:0", "--redis-url", `redis://127.0.0.1:${redis.port}/0`, "--node-id", id,
+      ...(extra.includes("--heartbeat-ms") ? [] : ["--heartbeat-ms", "1000"]), ...extra,
+    ], { stdio: ["ignore", "ignore", "pipe"], env: { ...process.env, RUST_LOG: "info" } });
+    const n = { id, child, logs: [], ws: null };
+    nodes.push(n);
+    let pending = "";
+    let exit = null;
+    child.once("exit", (code, sig) => { exit = code ?? sig; });
+    child.stderr.setEncoding("utf8");
+    child.stderr.on("data", (d) => {
+      pending += d;
+      const lines = pending.split("\n");
+      pending = lines.pop();
+      for (const line of lines) {
+        n.logs.push(line);
+        const m = line.match(/listening on http:\/\/(\S+)/);
+        if (m) n.ws = `ws://${m[1]}/ws`;
+      }
+    });
+    await waitFor(`node ${id} to listen`, () => {
+      if (exit !== null) throw new Error(`node ${id} exited (${exit}):\n${n.logs.join("\n")}`);
+      return n.ws !== null;
+    });
+    return n;
+  }
+
+  /** A connected client on `urls`, recording its errors. */
+  async function connect(user, device, urls) {
+    const errors = [];
+    const c = new PresenceClient({ url: urls, user, device, WebSocket: globalThis.WebSocket, minBackoffMs: 100, maxBackoffMs: 400, onError: (e) => errors.push(e) });
+    c.errors = errors;
+    clients.push(c);
+    c.connect();
+    await waitFor(`${user}/${device} to connect`, () => c.connected);
+    return c;
+  }
+
+  /** Joins and waits for the room frame; records the room's events in `room.log`. */
+  async function joinRoom(c, id, state) {
+    const r = c.join(id, { state });
+    r.log = { syncs: 0, joins: [], leaves: [], updates: [], signals: [], typing: [] };
+    r.onSync = () => { r.log.syncs += 1; };
+    r.onJoin = (e) => r.log.joins.push(e);
+    r.onLeave = (e) => r.log.leaves.push(e);
+    r.onUpdate = (e) => r.log.updates.push(e);
+    r.onSignal = (e) => r.log.signals.push(e);
+    r.onTyping = (users) => r.log.typing.push(users);
+    await waitFor(`${c.user}/${c.device} to be in ${id}`, () => r.joined);
+    return r;
+  }
+
+  /** A room's members as plain data: {user: {device: state}}. */
+  const view = (r) => Object.fromEntries([...r.members].map(([u, ds]) => [u, Object.fromEntries(ds.map((d) => [d.device, d.state]))]));
+
+  test("members stay current through joins, updates and leaves", { timeout: 60_000 }, async () => {
+    const n = await startNode("rooms-1");
+    const alice = await connect("alice", "web", n.ws);
+    const bobPhone = await connect("bob", "phone", n.ws);
+    const bobWeb = await connect("bob", "web", n.ws);
+    const a = await joinRoom(alice, "doc:1", { page: 1 });
+    assert.deepEqual(view(a), { alice: { web: { page: 1 } } });
+    assert.equal(a.users, 1);
+    assert.equal(alice.rooms.get("doc:1"), a);
+
+    const bp = await joinRoom(bobPhone, "doc:1", { page: 2 });
+    await waitFor("alice to see bob's phone", () => a.log.joins.length === 1);
+    assert.deepEqual(a.log.joins[0], { user: "bob", device: "phone", state: { page: 2 }, first: true });
+    assert.deepEqual(view(bp), { alice: { web: { page: 1 } }, bob: { phone: { page: 2 } } });
+    await joinRoom(bobWeb, "doc:1", {});
+    await waitFor("alice to see bob's web", () => a.log.joins.length === 2);
+    assert.equal(a.log.joins[1].first, false);
+    assert.deepEqual(view(a), { alice: { web: { page: 1 } }, bob: { phone: { page: 2 }, web: {} } });
+
+    bp.update({ page: 3 });
+    a.update({ page: 5 });
+    await waitFor("alice to see bob's update", () => a.log.updates.length === 1);
+    await waitFor("bob to see alice's update", () => bp.log.updates.length === 1);
+    assert.deepEqual(view(a), { alice: { web: { page: 5 } }, bob: { phone: { page: 3 }, web: {} } });
+    assert.deepEqual(view(bp), view(a), "both see the same room, each its own state included");
+
+    bp.leave();
+    assert.equal(bobPhone.rooms.has("doc:1"), false);
+    await waitFor("alice to see bob's phone leave", () => a.log.leaves.length === 1);
+    assert.deepEqual(a.log.leaves[0], { user: "bob", device: "phone", last: false });
+    bobWeb.close(); // a clean close leaves at once
+    await waitFor("alice to see bob leave", () => a.log.leaves.length === 2);
+    assert.equal(a.log.leaves[1].last, true);
+    assert.deepEqual(view(a), { alice: { web: { page: 5 } } });
+    for (const c of [alice, bobPhone]) c.close();
+  });
+
+  test("after its node is killed the client is back in its rooms with its last state, quietly", { timeout: 60_000 }, async () => {
+    const doomed = await startNode("rooms-doomed");
+    const other = await startNode("rooms-other");
+    const alice = await connect("alice", "laptop", [doomed.ws, other.ws]);
+    const bob = await connect("bob", "tablet", other.ws);
+    const a = await joinRoom(alice, "doc:2", { page: 1 });
+    const b = await joinRoom(bob, "doc:2", {});
+    a.update({ page: 7 });
+    await waitFor("bob to see alice's page", () => view(b).alice?.laptop?.page === 7);
+
+    doomed.child.kill("SIGKILL");
+    await waitFor("alice to rejoin on the other node", () => a.log.syncs === 2 && a.joined && alice.url === other.ws);
+    assert.deepEqual(view(a), { alice: { laptop: { page: 7 } }, bob: { tablet: {} } });
+    // Past the old membership's deadline (TTL 3 s + 1 s): still no leave for bob.
+    await new Promise((r) => setTimeout(r, 4500));
+    assert.deepEqual(b.log.leaves, [], "bob saw alice leave");
+    assert.deepEqual(b.log.joins, [], "bob saw alice join again");
+    assert.equal(b.log.updates.length, 1, "the rejoin with an unchanged state is no update either");
+    assert.deepEqual(view(b), { alice: { laptop: { page: 7 } }, bob: { tablet: {} } });
+    for (const c of [alice, bob]) c.close();
+  });
+
+  test("typing: one entry for two devices, never yourself, cleared when the typer's device vanishes", { timeout: 60_000 }, async () => {
+    const stays = await startNode("typing-stays", ["--heartbeat-ms", "300"]);
+    const dies = await startNode("typing-dies", ["--heartbeat-ms", "300"]);
+    const alice = await connect("alice", "web", stays.ws);
+    const alicePhone = await connect("alice", "phone", stays.ws);
+    const bobWeb = await connect("bob", "web", stays.ws);
+    const bobPhone = await connect("bob", "phone", dies.ws);
+    const a = await joinRoom(alice, "chat:1", {});
+    const ap = await joinRoom(alicePhone, "chat:1", {});
+    const bw = await joinRoom(bobWeb, "chat:1", {});
+    const bp = await joinRoom(bobPhone, "chat:1", {});
+
+    ap.typing(); // alice's other device: never listed for alice
+    bw.typing();
+    bw.typing(); // at most every 2 s: not sent again
+    bp.typing();
+    await waitFor("alice to see bob's two devices' signals", () => a.log.signals.filter((s) => s.user === "bob").length === 2);
+    assert.deepEqual(a.log.typing, [["bob"]], "bob typing on two devices is one entry");
+    assert.deepEqual(a.typingUsers, ["bob"]);
+    assert.ok(ap.log.typing.every((users) => !users.includes("alice")), "alice listed herself");
+    await waitFor("bob's web to see alice typing", () => bw.log.typing.length === 1);
+    assert.deepEqual(bw.log.typing, [["alice"]]);
+
+    bw.stopTyping();
+    await waitFor("bob's web to say it stopped", () => a.log.typing.length === 2);
+    assert.deepEqual(a.log.typing.at(-1), []);
+    bw.typing(); // sent at once: stopTyping reset the 2 s clock
+    await waitFor("bob typing again", () => a.log.typing.length === 3);
+    const typedAt = Date.now();
+
+    bobWeb.close();
+    await waitFor("alice to see bob's web leave", () => a.log.leaves.length === 1);
+    assert.deepEqual(a.typingUsers, ["bob"], "bob is still there, on his phone");
+    // bob's phone vanishes: its node dies, its lease (TTL 900 ms) lapses.
+    // (Killed first: closing the client first would be a clean close, a leave at once.)
+    const died = new Promise((r) => dies.child.once("exit", r));
+    dies.child.kill("SIGKILL");
+    await died;
+    const killedAt = Date.now();
+    bobPhone.close();
+    await waitFor("alice to see bob's phone lapse", () => a.log.leaves.length === 2, 10_000);
+    assert.equal(a.log.leaves[1].last, true);
+    // A lapse, not a clean close (that would be a leave at once).
+    assert.ok(Date.now() - killedAt >= 200, `left ${Date.now() - killedAt} ms after the kill: too soon for a lapse`);
+    assert.deepEqual(a.log.typing.at(-1), [], "bob's typing cleared with his leave");
+    assert.ok(Date.now() - typedAt < 5000, `cleared by the leave, not by the 5 s timeout (after ${Date.now() - typedAt} ms)`);
+    for (const c of [alice, alicePhone]) c.close();
+  });
+
+  test("a refused join reaches onError with the room id and is not joined again", { timeout: 60_000 }, async () => {
+    const n = await startNode("rooms-small", ["--max-room-devices", "1"]);
+    const alice = await connect("alice", "web", n.ws);
+    const bob = await connect("bob", "web", n.ws);
+    await joinRoom(alice, "small:1", {});
+    const r = bob.join("small:1", { state: { x: 1 } });
+    await waitFor("bob's refusal", () => bob.errors.length === 1);
+    assert.equal(bob.errors[0].code, "room_full");
+    assert.equal(bob.errors[0].room, "small:1");
+    assert.equal(r.joined, false);
+    assert.equal(r.error.code, "room_full");
+    assert.equal(bob.rooms.has("small:1"), false, "a refused room is not one of the client's rooms");
+    for (const c of [alice, bob]) c.close();
+  });
+});

@@ -54,3 +54,29 @@ withToken.connect();
 client.setStatus("sleeping");
 // @ts-expect-error: `device` is required
 new PresenceClient({ url: "wss://a.example/ws", user: "alice" });
+
+// Rooms: who is here, and who is typing.
+const room: PresenceClient.Room = client.join("chat:1", { state: { page: 1 } });
+client.join("doc:42");
+const roomId: string = room.id;
+const counts: number = room.users + room.devices;
+const members: Map<string, PresenceClient.RoomDevice[]> | null = room.members;
+members?.forEach((devices, user) => devices.forEach((d) => console.log(user, d.device, d.state, d.joined_at)));
+const isIn: boolean = room.joined;
+console.log(roomId, counts, isIn, room.error?.room, room.typingUsers.length);
+room.onSync = (r: PresenceClient.Room) => console.log(r.users);
+room.onJoin = (e) => { const first: boolean = e.first; console.log(e.user, e.device, e.state, first); };
+room.onLeave = (e) => { const last: boolean = e.last; console.log(e.user, e.device, last); };
+room.onUpdate = (e: PresenceClient.RoomUpdateEvent) => console.log(e.user, e.device, e.state);
+room.onSignal = (e) => console.log(e.user, e.device, e.data);
+room.onOccupancy = ({ users, devices }) => console.log(users, devices);
+room.onTyping = (users: string[]) => console.log(users.join(", "));
+room.update({ page: 2 });
+room.signal({ cursor: [1, 2] });
+room.typing();
+room.stopTyping();
+room.leave();
+const rooms: Map<string, PresenceClient.Room> = client.rooms;
+console.log(rooms.get("chat:1")?.id);
+// @ts-expect-error: a room state is an object
+room.update("page 2");

@@ -62,3 +62,23 @@ test("presence-client.d.ts declares exactly the library's public members", () =>
   const chosen = dts.match(/type ChosenStatus = ([^;]+);/)[1].match(/"(\w+)"/g).map((s) => s.slice(1, -1));
   assert.deepEqual(chosen, PresenceClient.STATUSES);
 });
+
+test("presence-client.d.ts's Room interface declares exactly the Room's public members", () => {
+  const file = path.join(STATIC, "presence-client.d.ts");
+  const src = ts.createSourceFile(file, fs.readFileSync(file, "utf8"), ts.ScriptTarget.ES2020, true);
+  const declaredRoom = new Set();
+  const visit = (node) => {
+    if (ts.isInterfaceDeclaration(node) && node.name.text === "Room") {
+      for (const m of node.members) if (m.name) declaredRoom.add(m.name.getText(src));
+    }
+    ts.forEachChild(node, visit);
+  };
+  visit(src);
+  assert.ok(declaredRoom.size, "presence-client.d.ts declares no interface Room");
+  const client = new PresenceClient({ url: "ws://127.0.0.1:1/ws", device: "d", user: "u", WebSocket: class {} });
+  const room = client.join("doc:1");
+  const names = new Set([...Object.getOwnPropertyNames(PresenceClient.Room.prototype), ...Object.keys(room)]);
+  names.delete("constructor");
+  const actualRoom = [...names].filter((n) => !n.startsWith("_")).sort();
+  assert.deepEqual(actualRoom, [...declaredRoom].sort());
+});
