@@ -5,7 +5,7 @@
 //! caused the event, the causing user's other devices included):
 //! - `{"type":"room","room":..,"users":N,"devices":M,"members":[..]}`, the
 //!   answer to a join: members sorted by user, each with its devices.
-//! - `{"type":"room_join","room":..,"user":..,"device":..,"state":{..},"first":true}`
+//! - `{"type":"room_join","room":..,"user":..,"device":..,"state":{..},"joined_at":..,"first":true}`
 //! - `{"type":"room_leave","room":..,"user":..,"device":..,"last":true}`
 //! - `{"type":"room_update","room":..,"user":..,"device":..,"state":{..}}`
 //! - `{"type":"signal","room":..,"user":..,"device":..,"data":..}`
@@ -75,6 +75,9 @@ struct Wire<'a> {
     /// The member's state (joins and updates).
     #[serde(default, borrow)]
     state: Option<&'a RawValue>,
+    /// When the member joined, epoch ms (joins).
+    #[serde(default)]
+    joined_at: Option<i64>,
     /// The user's first device in the room (joins).
     #[serde(default)]
     first: Option<bool>,
@@ -129,6 +132,8 @@ struct EventBody<'a> {
     device: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
     state: Option<&'a RawValue>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    joined_at: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     first: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -223,6 +228,7 @@ impl RoomEvent {
                 user: &wire.user,
                 device: &wire.device,
                 state,
+                joined_at: wire.joined_at.filter(|_| wire.e == Kind::Join),
                 first: first.or((wire.e == Kind::Join).then_some(false)),
                 last: last.or((wire.e == Kind::Leave).then_some(false)),
                 data,
@@ -342,7 +348,7 @@ mod tests {
         assert_eq!(join.seq, Some(3));
         assert_eq!(
             &*join.frame,
-            r#"{"type":"room_join","room":"doc:42","user":"bob","device":"laptop","state":{"page":1},"first":true}"#
+            r#"{"type":"room_join","room":"doc:42","user":"bob","device":"laptop","state":{"page":1},"joined_at":5,"first":true}"#
         );
         let leave = RoomEvent::parse(
             "doc:42",
