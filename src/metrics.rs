@@ -176,7 +176,9 @@ pub struct WebhookSeries {
     pub events: IntCounter,
     /// Webhook events a receiver took (2xx).
     pub delivered: IntCounter,
-    /// Webhook events dropped, oldest first, from a full queue.
+    /// Webhook events that will not be sent: replaced by a newer status
+    /// event of the same user, or dropped from a full queue (status events
+    /// first) or beyond one user's share.
     pub dropped: IntCounter,
     /// Webhook POSTs that failed (no answer or not 2xx) and will be retried.
     pub failures: IntCounter,
@@ -197,7 +199,7 @@ impl WebhookSeries {
             ),
             dropped: s.counter(
                 "presence_webhook_dropped_total",
-                "Webhook events dropped, oldest first, because the queue was full.",
+                "Webhook events not sent: replaced by a newer status event of their user, or dropped from a full queue (status events first).",
             ),
             failures: s.counter(
                 "presence_webhook_failures_total",

@@ -41,6 +41,12 @@ impl Relation {
         }
     }
 
+    /// How anyone not in a user's contacts (but the user itself) stands
+    /// to it.
+    pub fn stranger(contacts_only: bool) -> Self {
+        Self::of(None, "", false, contacts_only)
+    }
+
     fn admits(self, audience: Audience) -> bool {
         match (self, audience) {
             (Relation::Owner, _) => true,

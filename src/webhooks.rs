@@ -13,12 +13,16 @@
 //! [`WebhookConfig::batch_size`] events are queued or the oldest has waited
 //! [`WebhookConfig::batch_interval`], POSTs them, and on a failure (no
 //! answer, or any status but 2xx) retries the front of the queue with
-//! exponential backoff. A full queue drops its oldest events
-//! (`presence_webhook_dropped_total`). Delivery is at least once while the
+//! exponential backoff. One user cannot crowd the others out: only its
+//! latest status event waits (a newer one replaces it), it may have at most
+//! [`MAX_QUEUED_PER_USER`] events waiting (beyond, its own oldest go), and a
+//! full queue drops its oldest status event, and only when none waits its
+//! oldest transition (`presence_webhook_dropped_total` counts each event
+//! that will not be sent). Delivery is at least once while the
 //! node lives; what is queued when it dies is lost, and a node stopped with
 //! SIGTERM delivers its queue first (README, "Webhooks").
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -37,6 +41,9 @@ pub const DEFAULT_BATCH_SIZE: usize = 100;
 pub const DEFAULT_BATCH_INTERVAL: Duration = Duration::from_millis(200);
 /// Default most events waiting per URL; beyond it the oldest are dropped.
 pub const DEFAULT_QUEUE_LIMIT: usize = 10_000;
+/// Most events of one user (or, for `room_occupied` and `room_vacated`,
+/// one room) waiting per URL; at most half the queue.
+pub const MAX_QUEUED_PER_USER: usize = 64;
 /// First wait before a failed POST is retried; doubled on each failure.
 pub const RETRY_MIN: Duration = Duration::from_millis(250);
 /// Longest wait between two attempts.
@@ -244,17 +251,109 @@ struct Sink {
 }
 
 /// Events waiting for one receiver, oldest first, each with a number that
-/// tells the sender which ones its last POST carried.
+/// tells the sender which ones its last POST carried (numbers increase
+/// from front to back).
 #[derive(Default)]
 struct Queue {
     events: VecDeque<Queued>,
     next: u64,
+    /// The number of each user's status event waiting.
+    status_of: HashMap<Arc<str>, u64>,
+    /// The status events waiting: number -> user, oldest first.
+    statuses: BTreeMap<u64, Arc<str>>,
+    /// How many events each user has waiting.
+    per_user: HashMap<Arc<str>, usize>,
 }
 
 struct Queued {
     number: u64,
     since: Instant,
     json: Arc<str>,
+    owner: Owner,
+}
+
+/// Whose event it is, and whether it is a status change (which a newer
+/// one of the same user replaces, and which goes first when full).
+#[derive(Clone)]
+struct Owner {
+    key: Arc<str>,
+    status: bool,
+}
+
+impl Queue {
+    /// Removes the event numbered `number`, if still there.
+    fn remove(&mut self, number: u64) -> bool {
+        let Ok(at) = self.events.binary_search_by_key(&number, |e| e.number) else {
+            return false;
+        };
+        let gone = self.events.remove(at).expect("found just now");
+        self.forget(&gone);
+        true
+    }
+
+    /// Removes the oldest event, returning whether there was one.
+    fn pop_front(&mut self) -> bool {
+        let Some(gone) = self.events.pop_front() else {
+            return false;
+        };
+        self.forget(&gone);
+        true
+    }
+
+    fn forget(&mut self, gone: &Queued) {
+        if gone.owner.status {
+            self.statuses.remove(&gone.number);
+            self.status_of.remove(&gone.owner.key);
+        }
+        if let Some(n) = self.per_user.get_mut(&gone.owner.key) {
+            *n -= 1;
+            if *n == 0 {
+                self.per_user.remove(&gone.owner.key);
+            }
+        }
+    }
+
+    /// Makes room for one more event of `owner`: the events it may replace
+    /// or crowd out, and what a full queue gives up. Returns how many went.
+    fn make_room(&mut self, owner: &Owner, limit: usize) -> u64 {
+        let mut dropped = 0;
+        if owner.status {
+            if let Some(old) = self.status_of.get(&owner.key).copied() {
+                dropped += u64::from(self.remove(old));
+            }
+        }
+        let cap = (limit / 2).clamp(1, MAX_QUEUED_PER_USER);
+        if self.per_user.get(&owner.key).is_some_and(|n| *n >= cap) {
+            let own = self.events.iter().find(|e| e.owner.key == owner.key);
+            if let Some(number) = own.map(|e| e.number) {
+                dropped += u64::from(self.remove(number));
+            }
+        }
+        if self.events.len() >= limit {
+            let removed = match self.statuses.keys().next().copied() {
+                Some(number) => self.remove(number),
+                None => self.pop_front(),
+            };
+            dropped += u64::from(removed);
+        }
+        dropped
+    }
+
+    fn push_back(&mut self, json: Arc<str>, owner: Owner) {
+        let number = self.next;
+        self.next += 1;
+        if owner.status {
+            self.status_of.insert(owner.key.clone(), number);
+            self.statuses.insert(number, owner.key.clone());
+        }
+        *self.per_user.entry(owner.key.clone()).or_default() += 1;
+        self.events.push_back(Queued {
+            number,
+            since: Instant::now(),
+            json,
+            owner,
+        });
+    }
 }
 
 impl Webhooks {
@@ -317,21 +416,33 @@ impl Webhooks {
                 return;
             }
         };
-        for sink in self.sinks.iter() {
-            sink.push(json.clone());
-        }
+        let owner = Owner {
+            key: event.user.as_str().into(),
+            status: kind == Kind::Status,
+        };
+        self.push(json, owner);
     }
 
     /// Queues a room event this node's step made.
     pub fn room(&self, event: &RoomWebhookEvent) {
         match serde_json::to_string(event) {
             Ok(json) => {
-                let json: Arc<str> = json.into();
-                for sink in self.sinks.iter() {
-                    sink.push(json.clone());
-                }
+                // Occupied and vacated name no user: the room answers for
+                // them (a user id has no `#`).
+                let key = match &event.user {
+                    Some(user) => user.as_str().into(),
+                    None => format!("#{}", event.room).into(),
+                };
+                let owner = Owner { key, status: false };
+                self.push(json.into(), owner);
             }
             Err(e) => log::warn!("webhook: cannot encode {event:?}: {e}"),
+        }
+    }
+
+    fn push(&self, json: Arc<str>, owner: Owner) {
+        for sink in self.sinks.iter() {
+            sink.push(json.clone(), owner.clone());
         }
     }
 
@@ -356,26 +467,21 @@ impl Webhooks {
 
 impl Sink {
     fn lock(&self) -> std::sync::MutexGuard<'_, Queue> {
-        // A panic while holding the lock cannot leave the queue half-changed:
-        // every change is one push or pop.
+        // A panic while holding the lock could leave the indexes of the
+        // queue behind its events, which costs at most a wrong drop.
         self.queue.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn push(&self, json: Arc<str>) {
+    fn push(&self, json: Arc<str>, owner: Owner) {
         let mut q = self.lock();
-        if q.events.len() >= self.limit {
-            q.events.pop_front();
-            METRICS.webhooks.dropped.inc();
-            METRICS.webhooks.queued.dec();
-        }
-        let number = q.next;
-        q.next += 1;
-        q.events.push_back(Queued {
-            number,
-            since: Instant::now(),
-            json,
-        });
+        let dropped = q.make_room(&owner, self.limit);
+        q.push_back(json, owner);
         drop(q);
+        METRICS.webhooks.dropped.inc_by(dropped);
+        METRICS
+            .webhooks
+            .queued
+            .sub(i64::try_from(dropped).unwrap_or(i64::MAX));
         METRICS.webhooks.events.inc();
         METRICS.webhooks.queued.inc();
         self.wake.notify_one();
@@ -399,7 +505,7 @@ impl Sink {
     fn delivered(&self, last: u64) {
         let mut q = self.lock();
         while q.events.front().is_some_and(|e| e.number <= last) {
-            q.events.pop_front();
+            q.pop_front();
             METRICS.webhooks.delivered.inc();
             METRICS.webhooks.queued.dec();
         }

@@ -28,6 +28,27 @@ pub struct View {
     pub frame: ByteString,
 }
 
+impl View {
+    /// The view that shows `record`.
+    pub fn of(record: &Record) -> Self {
+        View {
+            fingerprint: fingerprint(record),
+            devices_fingerprint: devices_fingerprint(record),
+            frame: ByteString::from(protocol::presence_frame(record)),
+        }
+    }
+
+    /// The fingerprint a watcher compares: with device counts if it asked
+    /// for them.
+    pub fn fingerprint_for(&self, devices: bool) -> u64 {
+        if devices {
+            self.devices_fingerprint
+        } else {
+            self.fingerprint
+        }
+    }
+}
+
 /// A transition (or re-read) of one watched user, ready to send: one view
 /// per [`Relation`], each serialized once for all watchers of that class.
 #[derive(Message, Clone)]
@@ -50,14 +71,7 @@ pub struct Deliver {
 impl Deliver {
     /// A delivery of `presence`.
     pub fn new(presence: &Presence, seq: u64, resync: bool) -> Self {
-        let views = Relation::ALL.map(|r| {
-            let record = privacy::view(presence, r);
-            View {
-                fingerprint: fingerprint(&record),
-                devices_fingerprint: devices_fingerprint(&record),
-                frame: ByteString::from(protocol::presence_frame(&record)),
-            }
-        });
+        let views = Relation::ALL.map(|r| View::of(&privacy::view(presence, r)));
         Self {
             user: ByteString::from(presence.user.as_str()),
             seq,

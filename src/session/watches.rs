@@ -5,6 +5,7 @@
 //! at a time, in order.
 
 use std::collections::{HashMap, VecDeque};
+use std::time::Duration;
 
 use actix::prelude::*;
 use actix_web_actors::ws;
@@ -13,7 +14,7 @@ use super::*;
 use crate::model::{Audience, Record, Status};
 use crate::privacy::{self, Relation};
 use crate::protocol::{self, ErrorCode, ProtocolError};
-use crate::registry::{self, Deliver, Recheck};
+use crate::registry::{self, Deliver, Recheck, View};
 use crate::store::Observed;
 
 /// The users this client watches.
@@ -28,7 +29,7 @@ pub(super) struct Watches {
 }
 
 /// What a session last told its client about one watched user.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(super) struct Seen {
     /// Highest transition sequence number reflected: older events (ones a
     /// snapshot already covered) are dropped.
@@ -45,6 +46,12 @@ pub(super) struct Seen {
     /// The client asked for this user's device counts (`"devices":true`):
     /// a change of the count alone is news to it.
     pub(super) devices: bool,
+    /// While this viewer is a contact: what a non-contact would be told of
+    /// the user now, to fall back to at once when its contacts change.
+    pub(super) stranger: Option<View>,
+    /// How many contacts changes of the user reached this session: a
+    /// re-read that started before the latest one is stale.
+    pub(super) marker: u32,
 }
 
 impl Seen {
@@ -66,6 +73,8 @@ impl Default for Seen {
             relation: Relation::Other,
             pending: false,
             devices: false,
+            stranger: None,
+            marker: 0,
         }
     }
 }
@@ -113,6 +122,8 @@ pub(super) enum Request {
     Recheck {
         /// The watched user.
         user: String,
+        /// Earlier tries that failed.
+        attempt: u32,
     },
     /// A room step.
     Room(super::rooms::RoomRequest),
@@ -238,7 +249,7 @@ impl Session {
             Request::Watch { new, devices } => self.start_watch(new, devices, ctx),
             Request::Status { status, text } => self.start_status(status, text, ctx),
             Request::Privacy { online, last_seen } => self.start_privacy(online, last_seen, ctx),
-            Request::Recheck { user } => self.start_recheck(user, ctx),
+            Request::Recheck { user, attempt } => self.start_recheck(user, attempt, ctx),
             Request::Room(room) => self.start_room(room, ctx),
         }
     }
@@ -454,33 +465,88 @@ impl Session {
     }
 
     /// Re-reads a watched user as this viewer and tells the client if what
-    /// it may see changed.
-    pub(super) fn start_recheck(&mut self, user: String, ctx: &mut ws::WebsocketContext<Self>) {
-        if !self.watches.seen.contains_key(&user) {
+    /// it may see changed. A failed read is tried again, later and later,
+    /// until it works or the watch ends; meanwhile the viewer keeps the
+    /// non-contact view [`Session::contacts_changed`] gave it. A read that
+    /// a newer contacts change overtook is dropped: that change's own
+    /// re-read follows.
+    pub(super) fn start_recheck(
+        &mut self,
+        user: String,
+        attempt: u32,
+        ctx: &mut ws::WebsocketContext<Self>,
+    ) {
+        let Some(marker) = self.watches.seen.get(&user).map(|s| s.marker) else {
             return self.request_done(ctx);
-        }
+        };
         let store = self.node.store.clone();
         let viewer = self.me.user.clone();
-        let read = async move { store.presences(&[user], Some(&viewer)).await };
-        ctx.spawn(read.into_actor(self).map(|res, act, ctx| {
-            // On failure the next transition or resync brings it.
-            for o in res.unwrap_or_default() {
-                let Some(before) = act.watches.seen.get(&o.presence.user) else {
-                    continue;
-                };
-                let before = before.fingerprint;
-                let record = act.observe(&o);
-                let after = act
-                    .watches
-                    .seen
-                    .get(&o.presence.user)
-                    .map(|s| s.fingerprint);
-                if after.is_some_and(|after| after != before) {
-                    act.send(ctx, protocol::presence_frame(&record));
+        let users = [user.clone()];
+        let read = async move { store.presences(&users, Some(&viewer)).await };
+        ctx.spawn(read.into_actor(self).map(move |res, act, ctx| {
+            let current = act.watches.seen.get(&user).map(|s| s.marker) == Some(marker);
+            match res {
+                Ok(records) => {
+                    for o in records.iter().filter(|_| current) {
+                        let before = act.watches.seen.get(&user).map(|s| s.fingerprint);
+                        let record = act.observe(o);
+                        let after = act.watches.seen.get(&user).map(|s| s.fingerprint);
+                        if after != before {
+                            act.send(ctx, protocol::presence_frame(&record));
+                        }
+                    }
+                }
+                Err(e) => {
+                    log::warn!(
+                        "{}: re-reading {user} after its contacts changed failed (try {}): {e}",
+                        act.me.user,
+                        attempt + 1
+                    );
+                    let delay = Duration::from_millis(100 << attempt.min(6));
+                    ctx.run_later(delay, move |act, ctx| {
+                        act.queue_recheck(user, attempt + 1, ctx)
+                    });
                 }
             }
             act.request_done(ctx);
         }));
+    }
+
+    /// Queues a re-read of a watched user, unless one is waiting already:
+    /// the session asks it of itself, so the request cap never refuses it.
+    fn queue_recheck(&mut self, user: String, attempt: u32, ctx: &mut ws::WebsocketContext<Self>) {
+        let waiting = self
+            .requests
+            .queue
+            .iter()
+            .any(|r| matches!(r, Request::Recheck { user: u, .. } if *u == user));
+        if self.watches.seen.contains_key(&user) && !waiting {
+            self.request_always(Request::Recheck { user, attempt }, ctx);
+        }
+    }
+
+    /// A watched user's contacts changed: this viewer may no longer be one.
+    /// It falls back at once to what a non-contact may see (told to the
+    /// client if that differs from what it was told), so that the events
+    /// that follow are filtered as for a non-contact; the re-read that
+    /// follows gives back what it may see, if more.
+    fn contacts_changed(&mut self, user: String, ctx: &mut ws::WebsocketContext<Self>) {
+        let stranger = Relation::stranger(self.node.config.contacts_only);
+        let Some(seen) = self.watches.seen.get_mut(&user) else {
+            return;
+        };
+        seen.marker = seen.marker.wrapping_add(1);
+        if seen.relation == Relation::Contact {
+            seen.relation = stranger;
+            let view = seen.stranger.take();
+            if let Some(view) = view
+                .filter(|v| !seen.pending && v.fingerprint_for(seen.devices) != seen.fingerprint)
+            {
+                seen.fingerprint = view.fingerprint_for(seen.devices);
+                self.send(ctx, view.frame);
+            }
+        }
+        self.queue_recheck(user, 0, ctx);
     }
 
     /// Takes in a fresh read of a watched user: how this viewer stands to
@@ -495,6 +561,10 @@ impl Session {
             seen.relation = relation;
             seen.fingerprint = seen.fingerprint_of(&record);
             seen.pending = false;
+            seen.stranger = (relation == Relation::Contact).then(|| {
+                let stranger = Relation::stranger(self.node.config.contacts_only);
+                View::of(&privacy::view(&o.presence, stranger))
+            });
         }
         record
     }
@@ -522,12 +592,12 @@ impl Session {
             return;
         }
         seen.seq = seen.seq.max(msg.seq);
+        if seen.relation == Relation::Contact {
+            let stranger = Relation::stranger(self.node.config.contacts_only);
+            seen.stranger = Some(msg.views[stranger.index()].clone());
+        }
         let view = &msg.views[seen.relation.index()];
-        let fingerprint = if seen.devices {
-            view.devices_fingerprint
-        } else {
-            view.fingerprint
-        };
+        let fingerprint = view.fingerprint_for(seen.devices);
         if fingerprint == seen.fingerprint {
             return;
         }
@@ -549,10 +619,8 @@ impl Handler<Recheck> for Session {
     type Result = ();
 
     /// The user's contacts changed: what this viewer may see of it may have
-    /// changed too; re-read it in turn with the other requests.
+    /// changed too; it sees what a non-contact sees until a re-read says.
     fn handle(&mut self, msg: Recheck, ctx: &mut Self::Context) {
-        if self.watches.seen.contains_key(&msg.user) {
-            self.request(Request::Recheck { user: msg.user }, ctx);
-        }
+        self.contacts_changed(msg.user, ctx);
     }
 }

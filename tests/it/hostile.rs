@@ -216,3 +216,79 @@ async fn tokens_with_a_numeric_user_or_a_crit_header_are_refused() {
     let critical = sign(&crit, &json!({"sub": "123", "exp": exp}));
     assert_eq!(connect_with(&node, &critical).await, 401, "crit header");
 }
+
+/// Item 2: a watcher removed from the contacts of a user who shows itself
+/// online to contacts only sees that user offline at once, even when the
+/// re-read that follows the contacts change fails (here: the contacts key
+/// of the wrong type, deterministically; a full request queue did the
+/// same), and none of the user's later changes reach it.
+#[tokio::test]
+async fn a_contacts_revocation_applies_even_when_the_reread_fails() {
+    let redis = Redis::start();
+    let node = Node::start_with(
+        &redis,
+        "n1",
+        &["--admin-key", ADMIN, "--internal-listen", "127.0.0.1:0"],
+    );
+    let r = reqwest::Client::new()
+        .put(format!("{}/api/users/alice/contacts", internal_addr(&node)))
+        .bearer_auth(ADMIN)
+        .json(&json!({ "contacts": ["bob"] }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let mut alice = Client::connect(&node, "alice", "phone").await;
+    alice
+        .send(json!({"type": "privacy", "online": "contacts"}))
+        .await;
+    let mut bob = Client::connect(&node, "bob", "b").await;
+    wait_until("alice online to bob", DEADLINE, || async {
+        let (_, r) = get(&format!("{}/api/presence/alice?viewer=bob", node.http())).await;
+        r["status"] == "online"
+    })
+    .await;
+    assert_eq!(bob.watch(&["alice"]).await[0]["status"], "online");
+    // Bob is no longer a contact, and reading alice fails.
+    let mut c = redis.aconn().await;
+    let _: () = redis::pipe()
+        .cmd("SET")
+        .arg("presence-contacts:{alice}")
+        .arg("not a set")
+        .ignore()
+        .cmd("SPUBLISH")
+        .arg("presence-events:{alice}")
+        .arg(json!({"user": "alice", "contacts_changed": true}).to_string())
+        .ignore()
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    for (status, text) in [("busy", "secret"), ("away", "public")] {
+        alice
+            .send(json!({"type": "status", "status": status, "text": text}))
+            .await;
+    }
+    // The barrier: alice shows herself to everyone, which bob hears.
+    alice
+        .send(json!({"type": "privacy", "online": "everyone"}))
+        .await;
+    let mut heard = Vec::new();
+    loop {
+        let v = bob.recv().await;
+        if v["type"] != "presence" || v["user"] != "alice" {
+            continue;
+        }
+        if v["text"] == "public" {
+            break;
+        }
+        heard.push(v);
+    }
+    assert!(
+        heard.iter().all(|v| v["status"] == "offline"),
+        "bob, no longer a contact, heard: {heard:?}"
+    );
+    assert!(
+        !heard.is_empty(),
+        "bob was not told alice went offline to him"
+    );
+}

@@ -602,3 +602,71 @@ async fn room_events_are_sent_once_by_the_fleet() {
         "{again:?}"
     );
 }
+
+/// Issue 30, item 5: one user flooding status changes cannot push other
+/// users' transitions out of a full queue. Its queued status events are
+/// coalesced (the latest is the one delivered), and a full queue drops
+/// status events before any online or offline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_status_flood_does_not_push_others_transitions_out() {
+    let redis = Redis::start();
+    // Down until the flood is queued.
+    let receiver = Receiver::start(usize::MAX).await;
+    let node = node_with_hooks(
+        &redis,
+        "n1",
+        &receiver,
+        &[
+            "--webhook-queue-limit",
+            "12",
+            "--webhook-batch-ms",
+            "0",
+            "--max-frames-per-sec",
+            "1000",
+        ],
+    );
+    let mut flooder = Client::connect(&node, "flooder", "phone").await;
+    let mut last = String::new();
+    for user in ["u1", "u2", "u3", "u4"] {
+        let other = Client::connect(&node, user, "phone").await;
+        flood(&mut flooder, &format!("{user}-on")).await;
+        other.close().await;
+        wait_until(&format!("{user} offline"), DEADLINE, || async {
+            count(&redis, user).await == 0
+        })
+        .await;
+        last = flood(&mut flooder, &format!("{user}-off")).await;
+    }
+    receiver.fail.store(0, Ordering::SeqCst);
+    wait_until("the flooder's last status", DEADLINE, || async {
+        receiver
+            .of("flooder", "status")
+            .last()
+            .is_some_and(|e| e["text"] == last.as_str())
+    })
+    .await;
+    wait_until("the queue empty", DEADLINE, || async {
+        metric(&node, "presence_webhook_queued").await == 0.0
+    })
+    .await;
+    for user in ["u1", "u2", "u3", "u4"] {
+        for kind in ["online", "offline"] {
+            assert_eq!(receiver.of(user, kind).len(), 1, "{kind} of {user}");
+        }
+    }
+    let statuses = receiver.of("flooder", "status");
+    assert_eq!(statuses.last().unwrap()["text"], last.as_str());
+    assert!(metric(&node, "presence_webhook_dropped_total").await > 0.0);
+}
+
+/// 15 status changes of `c`, each with its own text; returns the last
+/// text, once the node answered it.
+async fn flood(c: &mut Client, tag: &str) -> String {
+    let last = format!("{tag}-14");
+    for n in 0..15 {
+        c.send(json!({"type": "status", "status": "busy", "text": format!("{tag}-{n}")}))
+            .await;
+    }
+    while c.expect("presence").await["text"] != last.as_str() {}
+    last
+}
