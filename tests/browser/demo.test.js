@@ -123,10 +123,10 @@ async function startRedis() {
 }
 
 /** Starts a node against the test's Redis and waits for its "listening on" line. */
-async function startNode(redisPort, id, extra = []) {
+async function startNode(redisPort, id, extra = [], listen = "127.0.0.1:0") {
   if (!fs.existsSync(BIN)) throw new Error(`${BIN} is missing: run \`cargo build\` first (or set PRESENCE_SERVER_BIN)`);
   const child = spawn(BIN, [
-    "--listen", "127.0.0.1:0",
+    "--listen", listen,
     "--redis-url", `redis://127.0.0.1:${redisPort}/0`,
     "--node-id", id,
     "--heartbeat-ms", "1000",
@@ -424,6 +424,86 @@ test("a page given two nodes rides out the death of the one it is on", { timeout
   });
   await alice.context.close();
   await bob.context.close();
+});
+
+test("a room: who is here on which device, who is typing, leaving, and a node restart", { timeout: 180_000 }, async () => {
+  // A node of its own on a fixed port: it restarts where the pages expect it.
+  const listen = `127.0.0.1:${await freePort()}`;
+  let own = await step("a node for the room starts", () => startNode(redis.port, "browser-rooms", [], listen));
+  const alice = await step("alice signs in", () => openAs("alice", "device=laptop", own.base));
+  const bob = await step("bob signs in", () => openAs("bob", "device=phone", own.base));
+  const [a, b] = [alice.page, bob.page];
+  /** The row of `user` in `page`'s room panel. */
+  const member = (page, user) => page.locator(`#room-members li[data-user="${user}"]`);
+
+  await step("both join general (the default) and see each other with their devices", async () => {
+    for (const p of [a, b]) {
+      assert.equal(await p.inputValue("#roomName"), "general");
+      await p.click("#join");
+    }
+    await member(a, "bob").locator(".devices", { hasText: "phone: looking at the page" }).waitFor({ timeout: DEADLINE_MS });
+    await member(b, "alice").locator(".devices", { hasText: "laptop: looking at the page" }).waitFor({ timeout: DEADLINE_MS });
+    await member(a, "alice").locator(".you").waitFor({ timeout: DEADLINE_MS });
+    await a.locator("#room-summary", { hasText: "general · 2 users here" }).waitFor({ timeout: DEADLINE_MS });
+    // Room members are watched for their dots: the page's own dot styles.
+    const row = b.locator('#room-members li[data-user="alice"][data-status="online"]');
+    await row.waitFor({ timeout: DEADLINE_MS });
+    assert.equal(await row.locator(".dot").evaluate((el) => getComputedStyle(el).backgroundColor), COLOURS.online);
+    assert.ok(await b.locator("#room-card .hint", { hasText: "only drives the typing indicator" }).isVisible());
+  });
+
+  await step("alice types: bob sees it; it clears by itself once she pauses", async () => {
+    await a.locator("#say").pressSequentially("hello b");
+    await b.locator("#typing", { hasText: "alice is typing…" }).waitFor({ timeout: DEADLINE_MS });
+    assert.equal(await a.locator("#typing").textContent(), "", "no one types to alice");
+    fs.mkdirSync(ARTIFACTS, { recursive: true });
+    await b.locator("#room-card").screenshot({ path: path.join(ARTIFACTS, "demo-rooms.png") });
+    // No blur, no Enter: the typing lease (5 s) lapses.
+    await until("bob's typing line to clear", DEADLINE_MS, async () => (await b.locator("#typing").textContent()) === "");
+    assert.equal(await a.inputValue("#say"), "hello b");
+  });
+
+  await step("Enter clears the box and the typing line at once", async () => {
+    await a.locator("#say").pressSequentially("ob");
+    await b.locator("#typing", { hasText: "alice is typing…" }).waitFor({ timeout: DEADLINE_MS });
+    await a.locator("#say").press("Enter");
+    assert.equal(await a.inputValue("#say"), "");
+    // Well before the 5 s lease: the stop was sent.
+    await until("bob's typing line to clear after Enter", 4000, async () => (await b.locator("#typing").textContent()) === "");
+  });
+
+  await step("bob leaves and joins again", async () => {
+    await b.click("#leave");
+    await until("alice's panel to drop bob", DEADLINE_MS, async () => (await member(a, "bob").count()) === 0);
+    assert.equal(await b.locator("#room-members li").count(), 0);
+    await b.click("#join");
+    await member(a, "bob").waitFor({ timeout: DEADLINE_MS });
+  });
+
+  await step("the node restarts: both pages reconnect by themselves and are back in the room", async () => {
+    own.child.kill("SIGKILL");
+    await a.locator('#state[data-state="reconnecting"]').waitFor({ timeout: DEADLINE_MS });
+    own = await startNode(redis.port, "browser-rooms-2", [], listen);
+    for (const p of [a, b]) {
+      await p.locator('#state[data-state="open"]').waitFor({ timeout: DEADLINE_MS });
+      await p.locator('#room-card[data-joined="true"]').waitFor({ timeout: DEADLINE_MS });
+    }
+    await a.locator('#room-members li[data-user="bob"][data-devices="1"]').waitFor({ timeout: DEADLINE_MS });
+    await b.locator('#room-members li[data-user="alice"][data-devices="1"]').waitFor({ timeout: DEADLINE_MS });
+    // Typing still flows after the rejoin.
+    await b.locator("#say").pressSequentially("back");
+    await a.locator("#typing", { hasText: "bob is typing…" }).waitFor({ timeout: DEADLINE_MS });
+    await b.locator("#say").press("Enter");
+  });
+
+  await step("bob closes his tab: alice's panel drops him", async () => {
+    await bob.context.close();
+    await until("alice's panel to drop bob", DEADLINE_MS, async () => (await member(a, "bob").count()) === 0);
+    await a.locator("#room-summary", { hasText: "general · 1 user here" }).waitFor({ timeout: DEADLINE_MS });
+    assert.equal(await a.locator("#typing").textContent(), "");
+  });
+  await alice.context.close();
+  own.child.kill("SIGKILL");
 });
 
 /** An HS256 JWT for `sub`, valid for an hour. */
