@@ -242,6 +242,17 @@ pub fn room_due(bucket: u32) -> String {
     format!("presence-room-due:{{b{bucket:02}}}")
 }
 
+/// A field of [`user_rooms`]: `<device>:<room>`.
+pub fn user_room(device: &str, room: &str) -> String {
+    [device, ":", room].concat()
+}
+
+/// Splits a [`user_rooms`] field back into device and room (a device id
+/// has no `:`, a room id may).
+pub fn parse_user_room(field: &str) -> Option<(&str, &str)> {
+    field.split_once(':')
+}
+
 /// Hash of the rooms a user's devices are in: `<device>:<room>` -> 1.
 /// Written beside the room steps (another slot), for
 /// `GET /api/users/{user}/rooms`.

@@ -176,23 +176,19 @@ impl Session {
             Ok(s) => s,
             Err(e) => return self.send_error(ctx, &e),
         };
-        let rooms = self.rooms_mut();
         let room: Arc<str> = Arc::from(room);
-        let count = rooms.joined.len();
-        let changed = rooms.joined.get(&room).is_some_and(|h| h.state != state);
+        let changed = self
+            .rooms
+            .as_ref()
+            .and_then(|r| r.joined.get(&room))
+            .is_some_and(|h| h.state != state);
         // A join again that changes the state is a state change: it takes
         // from the same budget as `room_state`.
-        if changed && rooms.messages.take(1).is_err() {
-            let err = ProtocolError::new(
-                ErrorCode::RateLimited,
-                format!(
-                    "more than {} room state and signal frames per second",
-                    limits.max_messages_per_sec
-                ),
-            );
-            return self.send_error(ctx, &err.in_room(&room));
+        if changed && !self.take_room_message(&room, ctx) {
+            return;
         }
         let rooms = self.rooms_mut();
+        let count = rooms.joined.len();
         match rooms.joined.get_mut(&room) {
             Some(held) => {
                 // A join again: a fresh `room` frame follows; events wait
@@ -239,22 +235,29 @@ impl Session {
         self.request(Request::Room(RoomRequest::Leave { room }), ctx);
     }
 
-    /// Takes one room message (state or signal) from the device's budget.
+    /// A state or signal frame for `room`: the device must be in it, and
+    /// it takes one room message from the device's budget.
     fn room_message(&mut self, room: &str, ctx: &mut ws::WebsocketContext<Self>) -> bool {
         if !self.in_room(room) {
             self.send_error(ctx, &not_in_room(room));
             return false;
         }
+        self.take_room_message(room, ctx)
+    }
+
+    /// Takes one room message (a state change or a signal) from the
+    /// device's budget; false, with `rate_limited` sent, when it is spent.
+    fn take_room_message(&mut self, room: &str, ctx: &mut ws::WebsocketContext<Self>) -> bool {
         let rate = self.node.config.rooms.max_messages_per_sec;
-        if self.rooms_mut().messages.take(1).is_err() {
-            let err = ProtocolError::new(
-                ErrorCode::RateLimited,
-                format!("more than {rate} room state and signal frames per second"),
-            );
-            self.send_error(ctx, &err.in_room(room));
-            return false;
+        if self.rooms_mut().messages.take(1).is_ok() {
+            return true;
         }
-        true
+        let err = ProtocolError::new(
+            ErrorCode::RateLimited,
+            format!("more than {rate} room state and signal frames per second"),
+        );
+        self.send_error(ctx, &err.in_room(room));
+        false
     }
 
     /// A `room_state` frame.
@@ -275,12 +278,18 @@ impl Session {
         let Some(rooms) = self.rooms.as_mut() else {
             return;
         };
-        let Some(room) = rooms.joined.keys().find(|r| ***r == *room).cloned() else {
+        // The map's own `Arc` for the room, not a second allocation.
+        let Some(room) = rooms
+            .joined
+            .get_key_value(room.as_str())
+            .map(|(k, _)| k.clone())
+        else {
             return;
         };
-        if let Some(held) = rooms.joined.get_mut(&room) {
-            held.state = state.clone();
-        }
+        let Some(held) = rooms.joined.get_mut(&room) else {
+            return;
+        };
+        held.state = state.clone();
         self.request(Request::Room(RoomRequest::State { room, state }), ctx);
     }
 
@@ -327,37 +336,43 @@ impl Session {
             RoomRequest::Leave { room } => {
                 let store = self.node.store.clone();
                 let (user, device, owner) = self.me_parts();
-                let leave = async move {
-                    let res = store.leave_room(&room, &user, &device, &owner).await;
-                    (room, res)
-                };
-                ctx.spawn(leave.into_actor(self).map(|(room, res), act, ctx| {
-                    // The membership lapses by itself: nothing refreshes it.
-                    if let Err(e) = res {
-                        log::debug!("{}/{}: leave failed: {e}", act.me.user, act.me.device);
-                        act.send_error(ctx, &super::unavailable().in_room(&room));
-                    }
-                    act.request_done(ctx);
-                }));
+                // A leave that fails lapses by itself: nothing refreshes it.
+                self.run_room_step(room, "leave", ctx, async move |room: Arc<str>| {
+                    store.leave_room(&room, &user, &device, &owner).await
+                });
             }
             RoomRequest::State { room, state } => {
                 let store = self.node.store.clone();
                 let (user, device, owner) = self.me_parts();
-                let set = async move {
-                    let res = store
+                self.run_room_step(room, "room state", ctx, async move |room: Arc<str>| {
+                    store
                         .set_room_state(&room, &user, &device, &state, &owner)
-                        .await;
-                    (room, res)
-                };
-                ctx.spawn(set.into_actor(self).map(|(room, res), act, ctx| {
-                    if let Err(e) = res {
-                        log::debug!("{}/{}: room state failed: {e}", act.me.user, act.me.device);
-                        act.send_error(ctx, &super::unavailable().in_room(&room));
-                    }
-                    act.request_done(ctx);
-                }));
+                        .await
+                });
             }
         }
+    }
+
+    /// Runs one room step in turn with the session's other requests; a
+    /// failure is `unavailable`, naming the room, and the next request
+    /// starts when it is answered.
+    fn run_room_step<T, F>(
+        &mut self,
+        room: Arc<str>,
+        what: &'static str,
+        ctx: &mut ws::WebsocketContext<Self>,
+        step: impl FnOnce(Arc<str>) -> F,
+    ) where
+        F: std::future::Future<Output = StoreResult<T>> + 'static,
+    {
+        let run = step(room.clone());
+        ctx.spawn(run.into_actor(self).map(move |res, act, ctx| {
+            if let Err(e) = res {
+                log::debug!("{}/{}: {what} failed: {e}", act.me.user, act.me.device);
+                act.send_error(ctx, &super::unavailable().in_room(&room));
+            }
+            act.request_done(ctx);
+        }));
     }
 
     /// User, device and lease value, for a room step.

@@ -224,6 +224,19 @@ impl Store {
         }
     }
 
+    /// [`Store::room_step`] for a step that changes the room: the events
+    /// it published get their webhooks.
+    async fn room_change(
+        &self,
+        script: &redis::Script,
+        room: &str,
+        args: impl FnOnce(&mut redis::Pipeline),
+    ) -> StoreResult<Vec<Value>> {
+        let items = self.room_step(script, room, args).await?;
+        self.announce(items.last());
+        Ok(items)
+    }
+
     /// Runs one room step on `room`'s keys, `args` chaining the step's
     /// arguments after the room id; its reply's items.
     async fn room_step(
@@ -272,7 +285,7 @@ impl Store {
             .query_async::<()>(&mut self.conn())
             .await?;
         let items = self
-            .room_step(&self.scripts.room_join, room, |pipe| {
+            .room_change(&self.scripts.room_join, room, |pipe| {
                 pipe.arg(user)
                     .arg(device)
                     .arg(state)
@@ -284,7 +297,6 @@ impl Store {
                     .arg(if hidden { "1" } else { "0" });
             })
             .await?;
-        self.announce(items.last());
         let items = &items[..];
         let kind = text(at(items, 0, &k1)?, &k1)?;
         match kind.as_str() {
@@ -303,7 +315,7 @@ impl Store {
             .arg(room)
             .ignore();
         beside
-            .hset(keys::user_rooms(user), [device, ":", room].concat(), 1)
+            .hset(keys::user_rooms(user), keys::user_room(device, room), 1)
             .ignore();
         self.query(&beside).await?;
         let snapshot = RoomSnapshot {
@@ -334,11 +346,10 @@ impl Store {
     ) -> StoreResult<Left> {
         let k1 = keys::room_members(room);
         let items = self
-            .room_step(&self.scripts.room_leave, room, |pipe| {
+            .room_change(&self.scripts.room_leave, room, |pipe| {
                 pipe.arg(user).arg(device).arg(owner);
             })
             .await?;
-        self.announce(items.last());
         let items = &items[..];
         let left = match text(at(items, 0, &k1)?, &k1)?.as_str() {
             "left" => Left::Left {
@@ -351,7 +362,7 @@ impl Store {
         let mut conn = self.conn();
         redis::cmd("HDEL")
             .arg(keys::user_rooms(user))
-            .arg([device, ":", room].concat())
+            .arg(keys::user_room(device, room))
             .query_async::<()>(&mut conn)
             .await?;
         Ok(left)
@@ -368,11 +379,10 @@ impl Store {
     ) -> StoreResult<StateSet> {
         let k1 = keys::room_members(room);
         let items = self
-            .room_step(&self.scripts.room_state, room, |pipe| {
+            .room_change(&self.scripts.room_state, room, |pipe| {
                 pipe.arg(user).arg(device).arg(state).arg(owner);
             })
             .await?;
-        self.announce(items.last());
         let items = &items[..];
         match text(at(items, 0, &k1)?, &k1)?.as_str() {
             "updated" => Ok(StateSet::Updated),
@@ -459,8 +469,7 @@ impl Store {
             .await?;
         let mut by_device: std::collections::BTreeMap<String, Vec<String>> = Default::default();
         for field in fields {
-            // `<device>:<room>`: a device id has no ':', a room may.
-            let Some((device, room)) = field.split_once(':') else {
+            let Some((device, room)) = keys::parse_user_room(&field) else {
                 return Err(StoreError::reply(
                     &keys::user_rooms(user),
                     format!("field {field:?}"),
@@ -512,11 +521,10 @@ impl Store {
     ) -> StoreResult<usize> {
         let k2 = keys::room_deadlines(room);
         let items = self
-            .room_step(&self.scripts.room_expire, room, |pipe| {
+            .room_change(&self.scripts.room_expire, room, |pipe| {
                 pipe.arg(now).arg(max).arg(self.ttl_ms);
             })
             .await?;
-        self.announce(items.last());
         let items = &items[..];
         let gone: Vec<String> = redis::from_redis_value_ref(at(items, 0, &k2)?)?;
         let next = text(at(items, 1, &k2)?, &k2)?;
@@ -531,7 +539,7 @@ impl Store {
         for member in &gone {
             if let Some((user, device)) = keys::parse_lease_member(member) {
                 beside
-                    .hdel(keys::user_rooms(user), [device, ":", room].concat())
+                    .hdel(keys::user_rooms(user), keys::user_room(device, room))
                     .ignore();
             }
         }

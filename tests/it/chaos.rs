@@ -334,14 +334,8 @@ async fn chaos_on_a_cluster() {
 
 async fn run(backend: Backend) {
     raise_fd_limit();
-    let secs: u64 = std::env::var("CHAOS_SECS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(60);
-    let seed: u64 = std::env::var("CHAOS_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(1);
+    let secs: u64 = env_u64("CHAOS_SECS", 60);
+    let seed: u64 = env_u64("CHAOS_SEED", 1);
     let nodes = (0..NODES)
         .map(|n| Some(backend.node(&format!("n{n}"))))
         .collect();

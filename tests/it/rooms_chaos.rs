@@ -304,14 +304,8 @@ async fn rooms_stay_right_through_chaos_on_a_cluster() {
 
 async fn run(backend: Backend) {
     raise_fd_limit();
-    let secs: u64 = std::env::var("ROOM_CHAOS_SECS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(8);
-    let seed: u64 = std::env::var("CHAOS_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(7);
+    let secs: u64 = env_u64("ROOM_CHAOS_SECS", 8);
+    let seed: u64 = env_u64("CHAOS_SEED", 7);
     let nodes = (0..NODES)
         .map(|n| Some(backend.node(&format!("n{n}"))))
         .collect();

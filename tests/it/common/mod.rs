@@ -71,6 +71,15 @@ where
     }
 }
 
+/// A whole number from the environment (`CHAOS_SECS` and the like), or
+/// `default` when it is unset or not a number.
+pub fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
 /// Lifts the open-file soft limit to the hard one, for tests holding
 /// thousands of sockets.
 pub fn raise_fd_limit() {
