@@ -442,6 +442,30 @@ async fn the_rooms_claim_decides_who_joins() {
     )
     .await;
     assert_eq!(status, 403);
+    // --jwt-rooms-claim names another claim.
+    let named = Node::start_with(
+        &redis,
+        "n3",
+        &[
+            "--auth",
+            "jwt",
+            "--jwt-secret",
+            SECRET,
+            "--jwt-rooms-claim",
+            "perms",
+        ],
+    );
+    let perms =
+        hs(json!({"sub": "carol", "exp": now() + 3600, "perms": ["doc:*"], "rooms": ["x"]}));
+    let url = format!(
+        "ws://{}/ws?device=d&token={perms}",
+        named.http().trim_start_matches("http://")
+    );
+    let mut carol = Client::connect_raw(&url, "carol", "d").await.unwrap();
+    carol.expect("hello").await;
+    join(&mut carol, "doc:7", json!({})).await;
+    carol.send(json!({"type": "join", "room": "x"})).await;
+    assert_eq!(carol.expect("error").await["code"], "forbidden");
     // A token without the claim joins nothing; --room-policy open lets it.
     let bare = hs(json!({"sub": "bob", "exp": now() + 3600}));
     let url = format!(
