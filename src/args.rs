@@ -86,9 +86,10 @@ pub struct Args {
           value_parser = clap::value_parser!(u32).range(1..))]
     pub max_frames_per_sec: u32,
 
-    /// Users one session's watches may read from Redis per second (bursts
-    /// of max(this, --max-watches) pass); a watch beyond it is refused with
-    /// `rate_limited`. Users already watched cost nothing.
+    /// Users one session may add to its watches per second, each read from
+    /// Redis and subscribed to (bursts of max(this, 2 x --max-watches)
+    /// pass); a watch beyond it is refused with `rate_limited`. Users
+    /// already watched cost nothing.
     #[arg(long, env = "PRESENCE_MAX_USER_READS_PER_SEC", default_value_t = config::DEFAULT_MAX_USER_READS_PER_SEC,
           value_parser = clap::value_parser!(u32).range(1..))]
     pub max_user_reads_per_sec: u32,
@@ -233,6 +234,39 @@ pub struct Args {
           default_value_t = config::DEFAULT_AUTH_EXPIRING.as_millis() as u64,
           value_parser = clap::value_parser!(u64).range(0..=86_400_000))]
     pub auth_expiring_ms: u64,
+
+    /// Most WebSockets one client address may hold open on this node (an
+    /// IPv6 address counts by its /64); one more is refused with 429 before
+    /// the upgrade. 0: no cap. Behind a proxy give --trust-proxy, so that
+    /// the address is the client's and not the proxy's.
+    #[arg(long, env = "PRESENCE_MAX_CONNECTIONS_PER_IP", default_value_t = config::DEFAULT_MAX_CONNECTIONS_PER_IP)]
+    pub max_connections_per_ip: u32,
+
+    /// With --auth jwt, most sockets this node holds that still wait for
+    /// their auth frame; one more is refused with 503 and Retry-After before
+    /// the upgrade. 0: no cap.
+    #[arg(long, env = "PRESENCE_MAX_PENDING_AUTH", default_value_t = config::DEFAULT_MAX_PENDING_AUTH)]
+    pub max_pending_auth: u32,
+
+    /// With --auth jwt, largest message a socket may send before it has
+    /// authenticated, in bytes (no fragments either); larger is closed with
+    /// 1009.
+    #[arg(long, env = "PRESENCE_MAX_AUTH_FRAME_BYTES", default_value_t = config::DEFAULT_MAX_AUTH_FRAME_BYTES as u64,
+          value_parser = clap::value_parser!(u64).range(256..=1_048_576))]
+    pub max_auth_frame_bytes: u64,
+
+    /// Users (or rooms) the HTTP API reads per second for one client address,
+    /// and for one token's user (bursts of twice as many, and at least 1000,
+    /// pass); beyond it, 429 with Retry-After.
+    #[arg(long, env = "PRESENCE_HTTP_READS_PER_SEC", default_value_t = config::DEFAULT_HTTP_READS_PER_SEC,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub http_reads_per_sec: u32,
+
+    /// Users (or rooms) the HTTP API reads per second, node-wide, for the
+    /// admin and service keys (bursts of twice as many pass).
+    #[arg(long, env = "PRESENCE_SERVICE_READS_PER_SEC", default_value_t = config::DEFAULT_SERVICE_READS_PER_SEC,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub service_reads_per_sec: u32,
 
     /// The token claim that names the user.
     #[arg(long, env = "PRESENCE_JWT_USER_CLAIM", default_value = "sub")]

@@ -62,6 +62,21 @@ impl TokenBucket {
     }
 }
 
+impl TokenBucket {
+    /// How long until `n` units would be there as of `now` (zero: now).
+    pub fn wait_at(&self, n: u32, now: Instant) -> std::time::Duration {
+        let mut probe = self.clone();
+        probe.take_at(n, now).err().unwrap_or_default()
+    }
+
+    /// True when the bucket has refilled to its burst by `now` (it then
+    /// holds nothing a fresh bucket would not).
+    pub fn full_at(&self, now: Instant) -> bool {
+        let elapsed = now.saturating_duration_since(self.refilled).as_secs_f64();
+        self.tokens + elapsed * f64::from(self.rate) >= f64::from(self.burst)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

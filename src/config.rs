@@ -19,10 +19,14 @@ pub const DEFAULT_MAX_QUEUED_EVENTS: usize = 4 * DEFAULT_MAX_WATCHES;
 /// Default client frames per second a session may send (sustained; twice as
 /// many in a burst).
 pub const DEFAULT_MAX_FRAMES_PER_SEC: u32 = 30;
-/// Default users one session may have read from Redis per second by its
-/// watches (sustained; a burst of `max(this, max_watches)` passes, so that a
-/// new session can watch its fill at once).
-pub const DEFAULT_MAX_USER_READS_PER_SEC: u32 = 1_000;
+/// Default users one session may add to its watches per second, each read
+/// from Redis and subscribed to (sustained; a burst of
+/// `max(this, 2 x max_watches)` passes, so that a new session can watch its
+/// fill at once and swap it for another once). Lower than a client ever
+/// needs for long: a session swapping 1,000 users a second made 32 such
+/// sessions cost a node a quarter of its CPU and other users' events 40 to
+/// 110 ms (issue 30, item 10; BENCHMARKS.md, `churn`).
+pub const DEFAULT_MAX_USER_READS_PER_SEC: u32 = 100;
 /// Default devices one user may have connected at once.
 pub const DEFAULT_MAX_DEVICES_PER_USER: u32 = 32;
 /// Most users one bulk query (`POST /api/presence/query`) may name.
@@ -54,6 +58,22 @@ pub const DEFAULT_MAX_ROOM_MESSAGES_PER_SEC: u32 = 20;
 pub const DEFAULT_ROOM_ANNOUNCE_MAX: u32 = 100;
 /// Default shortest time between two `occupancy` frames of a large room.
 pub const DEFAULT_ROOM_OCCUPANCY: Duration = Duration::from_millis(2_000);
+
+/// Default most WebSockets one client address (an IPv6 address's /64) may
+/// hold open on a node. Behind a proxy, give `--trust-proxy` so that the
+/// address is the client's and not the proxy's.
+pub const DEFAULT_MAX_CONNECTIONS_PER_IP: u32 = 1_000;
+/// Default most sockets a node holds that still wait for their `auth` frame.
+pub const DEFAULT_MAX_PENDING_AUTH: u32 = 2_000;
+/// Default largest message a socket may send before it has authenticated,
+/// in bytes: an `auth` frame with its token needs no more.
+pub const DEFAULT_MAX_AUTH_FRAME_BYTES: usize = 4 * 1024;
+/// Default users (or rooms) the HTTP API reads per second for one client
+/// address or one token (a burst of twice as many passes).
+pub const DEFAULT_HTTP_READS_PER_SEC: u32 = 2_000;
+/// Default users (or rooms) the HTTP API reads per second, node-wide, for
+/// the admin and service keys (a burst of twice as many passes).
+pub const DEFAULT_SERVICE_READS_PER_SEC: u32 = 20_000;
 
 /// Default period of the reconciliation pass.
 pub const DEFAULT_RECONCILE_INTERVAL: Duration = Duration::from_secs(60);
@@ -100,6 +120,44 @@ pub struct Config {
     pub static_files: StaticFiles,
     /// Rooms: their limits and who may join which.
     pub rooms: RoomLimits,
+    /// What one client may hold and cost: connections, pending auth, reads.
+    pub admission: AdmissionLimits,
+}
+
+/// What one client may hold and cost ([`crate::admission`]).
+#[derive(Debug, Clone)]
+pub struct AdmissionLimits {
+    /// Most WebSockets per client address; 0: no cap.
+    pub max_connections_per_ip: u32,
+    /// Most sockets waiting for their `auth` frame; 0: no cap.
+    pub max_pending_auth: u32,
+    /// Largest message before authentication, in bytes.
+    pub max_auth_frame_bytes: usize,
+    /// HTTP reads per second per address and per token.
+    pub http_reads_per_sec: u32,
+    /// HTTP reads per second for the admin and service keys, node-wide.
+    pub service_reads_per_sec: u32,
+}
+
+impl Default for AdmissionLimits {
+    fn default() -> Self {
+        Self {
+            max_connections_per_ip: DEFAULT_MAX_CONNECTIONS_PER_IP,
+            max_pending_auth: DEFAULT_MAX_PENDING_AUTH,
+            max_auth_frame_bytes: DEFAULT_MAX_AUTH_FRAME_BYTES,
+            http_reads_per_sec: DEFAULT_HTTP_READS_PER_SEC,
+            service_reads_per_sec: DEFAULT_SERVICE_READS_PER_SEC,
+        }
+    }
+}
+
+impl AdmissionLimits {
+    /// The burst of a read rate: twice the rate, and never less than the
+    /// largest single read (a bulk query of [`MAX_QUERY_USERS`]), which
+    /// would otherwise never pass.
+    pub fn burst(per_sec: u32) -> u32 {
+        per_sec.saturating_mul(2).max(MAX_QUERY_USERS as u32)
+    }
 }
 
 /// Who may join which room (`--room-policy`).
@@ -168,6 +226,7 @@ impl Config {
             trust_proxy: Default::default(),
             static_files: Default::default(),
             rooms: RoomLimits::default(),
+            admission: AdmissionLimits::default(),
         }
     }
 
@@ -193,8 +252,10 @@ impl Config {
     /// Burst of the per-session read bucket: a session may always watch
     /// `max_watches` users at once.
     pub fn user_reads_burst(&self) -> u32 {
-        self.max_user_reads_per_sec
-            .max(u32::try_from(self.max_watches).unwrap_or(u32::MAX))
+        let fills = u32::try_from(self.max_watches)
+            .unwrap_or(u32::MAX)
+            .saturating_mul(2);
+        self.max_user_reads_per_sec.max(fills)
     }
 
     /// Period of the last-seen retention trim.

@@ -19,6 +19,8 @@
 //! - [`metrics`]: counters and gauges for `/metrics`.
 //! - [`logging`]: log lines that name their node.
 //! - [`proxy`]: the client's address behind trusted proxies.
+//! - [`admission`]: what one client may hold and cost: WebSockets per
+//!   address, sockets awaiting auth, the HTTP API's read budget.
 //! - [`config`], [`config_file`]: timings and limits; the TOML file.
 //! - [`protocol`]: the WebSocket frames, parsed and built.
 //! - [`frames`]: WebSocket frame rules beneath the JSON (close codes,
@@ -67,6 +69,7 @@
 //! publishes the same event. A room's events come the same way on the room's
 //! channel, and [`registry`] hands them to the room's local members.
 
+pub mod admission;
 pub mod auth;
 pub mod bucket;
 pub mod clock;

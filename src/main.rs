@@ -98,6 +98,13 @@ fn start(args: Args) -> anyhow::Result<()> {
             (AuthMode::Jwt, _) => config::RoomPolicy::Claim,
         },
     };
+    config.admission = config::AdmissionLimits {
+        max_connections_per_ip: args.max_connections_per_ip,
+        max_pending_auth: args.max_pending_auth,
+        max_auth_frame_bytes: args.max_auth_frame_bytes as usize,
+        http_reads_per_sec: args.http_reads_per_sec,
+        service_reads_per_sec: args.service_reads_per_sec,
+    };
     config.trust_proxy = presence_server::proxy::TrustedProxies::parse(&args.trust_proxy)?;
     config.static_files = match (&args.static_dir, args.no_demo) {
         (Some(dir), _) => StaticFiles::dir(dir)?,

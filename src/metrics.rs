@@ -31,6 +31,10 @@ pub struct Metrics {
     registry: Registry,
     /// WebSocket sessions accepted since start.
     pub sessions_opened: IntCounter,
+    /// WebSocket upgrades refused by a connection cap (per address, pending auth).
+    pub connections_refused: IntCounter,
+    /// HTTP reads refused by the read budget (429).
+    pub http_rate_limited: IntCounter,
     /// Open sessions (from the registry, at scrape time).
     sessions: IntGauge,
     /// Sessions watching at least one user (from the registry).
@@ -264,6 +268,14 @@ impl Metrics {
             sessions_opened: s.counter(
                 "presence_sessions_opened_total",
                 "WebSocket sessions accepted since start.",
+            ),
+            connections_refused: s.counter(
+                "presence_connections_refused_total",
+                "WebSocket upgrades refused by --max-connections-per-ip or --max-pending-auth.",
+            ),
+            http_rate_limited: s.counter(
+                "presence_http_rate_limited_total",
+                "HTTP reads refused with 429 by the read budget.",
             ),
             sessions: s.gauge("presence_sessions", "Open WebSocket sessions."),
             watching_sessions: s.gauge(

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use actix::Addr;
 
+use crate::admission::ConnLimits;
 use crate::config::Config;
 use crate::lease::Refresher;
 use crate::registry::Registry;
@@ -22,4 +23,6 @@ pub struct Node {
     pub registry: Addr<Registry>,
     /// Timings and limits.
     pub config: Arc<Config>,
+    /// Open WebSockets per client address, and sockets awaiting auth.
+    pub conns: Arc<ConnLimits>,
 }

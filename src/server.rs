@@ -91,12 +91,17 @@ pub async fn run(
         refresher,
         registry: registry.clone(),
         config: config.clone(),
+        conns: crate::admission::ConnLimits::new(
+            config.admission.max_connections_per_ip,
+            config.admission.max_pending_auth,
+        ),
     });
     let state = web::Data::new(AppState {
         node,
         next_session: AtomicU64::new(1),
         auth: Arc::new(security.auth),
         origins: security.origins,
+        budgets: budgets(&config),
         admin_key: security.admin_key,
         service_key: security.service_key,
         public_metrics: security.public_metrics,
@@ -310,4 +315,18 @@ async fn shutdown_on_signal(
             server.stop(false).await;
         }
     }
+}
+
+/// The HTTP API's read budgets from `config`.
+fn budgets(config: &Config) -> crate::admission::Budgets {
+    use crate::admission::budget::Rate;
+    use crate::config::AdmissionLimits;
+    let rate = |per_sec| Rate {
+        per_sec,
+        burst: AdmissionLimits::burst(per_sec),
+    };
+    crate::admission::Budgets::new(
+        rate(config.admission.http_reads_per_sec),
+        rate(config.admission.service_reads_per_sec),
+    )
 }

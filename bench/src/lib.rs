@@ -89,6 +89,9 @@ pub enum Scenario {
     /// One user watched by many sessions on one node: transition to each
     /// watcher's receipt.
     Fanout(scenario::fanout::FanoutArgs),
+    /// Devices swapping the users they watch, and a probe's event latency
+    /// meanwhile: node and Redis CPU, sharded channels, accepted changes.
+    Churn(scenario::churn::ChurnArgs),
     /// Many users online, none visible to the viewer: latency of each
     /// `GET /api/online` page while following the cursor.
     Online(scenario::online::OnlineArgs),
@@ -130,6 +133,7 @@ where
         Scenario::Expiry(a) => scenario::expiry::run(c, a).await,
         Scenario::Fanout(a) => scenario::fanout::run(c, a).await,
         Scenario::Online(a) => scenario::online::run(c, a).await,
+        Scenario::Churn(a) => scenario::churn::run(c, a).await,
         Scenario::Fleet(a) => scenario::fleet::run(c, a).await,
         Scenario::Rooms(a) => scenario::rooms::run(c, a).await,
     }

@@ -49,6 +49,8 @@ pub struct AppState {
     pub auth: Arc<Auth>,
     /// Browser origins allowed to open a WebSocket.
     pub origins: Origins,
+    /// The read budgets of the HTTP API.
+    pub budgets: crate::admission::Budgets,
     /// Bearer key of the admin API (contacts); `None` turns it off.
     pub admin_key: Option<String>,
     /// Bearer key of the service view (truthful reads, nothing else);
@@ -68,6 +70,8 @@ pub struct AppState {
 pub struct ApiError {
     status: StatusCode,
     error: ProtocolError,
+    /// When to try again (`Retry-After`, whole seconds, at least 1).
+    retry_after: Option<std::time::Duration>,
 }
 
 impl ApiError {
@@ -75,7 +79,26 @@ impl ApiError {
         Self {
             status,
             error: ProtocolError::new(code, message),
+            retry_after: None,
         }
+    }
+
+    /// The same error, telling the client when to try again.
+    fn retry_after(mut self, wait: std::time::Duration) -> Self {
+        self.retry_after = Some(wait);
+        self
+    }
+}
+
+impl From<crate::admission::Refused> for ApiError {
+    fn from(e: crate::admission::Refused) -> Self {
+        use crate::admission::Refused;
+        crate::metrics::METRICS.connections_refused.inc();
+        let (status, code, wait) = match e {
+            Refused::PerAddress(_) => (StatusCode::TOO_MANY_REQUESTS, ErrorCode::RateLimited, 5),
+            Refused::PendingAuth(_) => (StatusCode::SERVICE_UNAVAILABLE, ErrorCode::Unavailable, 1),
+        };
+        ApiError::new(status, code, e.to_string()).retry_after(std::time::Duration::from_secs(wait))
     }
 }
 
@@ -85,6 +108,7 @@ impl From<ProtocolError> for ApiError {
         Self {
             status: StatusCode::BAD_REQUEST,
             error,
+            retry_after: None,
         }
     }
 }
@@ -122,7 +146,49 @@ impl ResponseError for ApiError {
     }
 
     fn error_response(&self) -> HttpResponse {
-        HttpResponse::build(self.status).json(&self.error)
+        let mut res = HttpResponse::build(self.status);
+        if let Some(wait) = self.retry_after {
+            let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+            res.insert_header(("Retry-After", secs.clamp(1, 3_600).to_string()));
+        }
+        res.json(&self.error)
+    }
+}
+
+impl AppState {
+    /// Charges a read of `cost` users (or rooms) to the budgets of its
+    /// reader: the service keys' shared budget, or the client address's and
+    /// the token's user's. A refusal is `429` with `Retry-After`, and nothing
+    /// of the read is done.
+    pub(crate) fn charge_read(
+        &self,
+        req: &HttpRequest,
+        user: Option<&str>,
+        service: bool,
+        cost: usize,
+    ) -> Result<(), ApiError> {
+        use crate::admission::Charge;
+        let who = if service {
+            Charge::Service
+        } else {
+            let ip = client_addr(req, &self.node.config)
+                .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
+            Charge::Client { ip, user }
+        };
+        let cost = u32::try_from(cost).unwrap_or(u32::MAX);
+        self.budgets.charge(who, cost).map_err(|wait| {
+            crate::metrics::METRICS.http_rate_limited.inc();
+            ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                ErrorCode::RateLimited,
+                format!(
+                    "read budget spent ({} users per second); try again in {} ms",
+                    self.budgets.client_rate().per_sec,
+                    wait.as_millis().max(1)
+                ),
+            )
+            .retry_after(wait)
+        })
     }
 }
 
@@ -148,8 +214,10 @@ pub async fn dev_host_guard(
 /// proxy names ([`crate::proxy`]). The one source of the client's address:
 /// logs use it, and so must any per-IP limit.
 pub fn client_ip(req: &HttpRequest, config: &Config) -> String {
-    config
-        .trust_proxy
-        .client_ip(req.peer_addr(), req.headers())
-        .map_or_else(|| "unknown".to_string(), |ip| ip.to_string())
+    client_addr(req, config).map_or_else(|| "unknown".to_string(), |ip| ip.to_string())
+}
+
+/// [`client_ip`] as an address; `None` when the peer is unknown.
+pub fn client_addr(req: &HttpRequest, config: &Config) -> Option<std::net::IpAddr> {
+    config.trust_proxy.client_ip(req.peer_addr(), req.headers())
 }

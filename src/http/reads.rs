@@ -58,8 +58,15 @@ impl ReadAs {
     }
 }
 
-async fn read_as(req: &HttpRequest, state: &AppState, who: &As) -> Result<ReadAs, ApiError> {
+/// Who reads, once its read of `cost` users is charged to its budget.
+async fn read_as(
+    req: &HttpRequest,
+    state: &AppState,
+    who: &As,
+    cost: usize,
+) -> Result<ReadAs, ApiError> {
     if is_service(req, state) {
+        state.charge_read(req, None, true, cost)?;
         return Ok(ReadAs::Service);
     }
     let viewer = state
@@ -69,6 +76,13 @@ async fn read_as(req: &HttpRequest, state: &AppState, who: &As) -> Result<ReadAs
     if let Some(v) = &viewer {
         ids::validate("user", v)?;
     }
+    // Under development auth `?viewer=` is anyone's to claim: only a
+    // verified token's user has a budget of its own.
+    let user = match *state.auth {
+        crate::auth::Auth::Jwt(_) => viewer.as_deref(),
+        crate::auth::Auth::Dev => None,
+    };
+    state.charge_read(req, user, false, cost)?;
     Ok(ReadAs::Viewer(viewer))
 }
 
@@ -91,7 +105,7 @@ pub(crate) async fn presence(
 ) -> Result<HttpResponse, ApiError> {
     let user = user.into_inner();
     ids::validate("user", &user)?;
-    let reader = read_as(&req, &state, &who).await?;
+    let reader = read_as(&req, &state, &who, 1).await?;
     let record = state
         .node
         .store
@@ -189,7 +203,7 @@ pub(crate) async fn query(
     for user in &users {
         ids::validate("user", user)?;
     }
-    let reader = read_as(&req, &state, &who).await?;
+    let reader = read_as(&req, &state, &who, users.len()).await?;
     let presence = state
         .node
         .store
@@ -248,7 +262,7 @@ pub(crate) async fn online(
             )
         })?),
     };
-    let reader = read_as(&req, &state, &query.who).await?;
+    let reader = read_as(&req, &state, &query.who, limit).await?;
     let page = state
         .node
         .store

@@ -132,14 +132,21 @@ async fn reader(
     viewer: Option<&str>,
     token: Option<&str>,
     rooms: &[String],
+    cost: usize,
 ) -> Result<Reader, ApiError> {
     if is_service(req, state) {
+        state.charge_read(req, None, true, cost)?;
         return Ok(Reader::Service);
     }
     let (user, grants) = state.auth.room_reader(req, token, viewer).await?;
     if let Some(user) = &user {
         ids::validate("user", user)?;
     }
+    let budget_user = match *state.auth {
+        crate::auth::Auth::Jwt(_) => user.as_deref(),
+        crate::auth::Auth::Dev => None,
+    };
+    state.charge_read(req, budget_user, false, cost)?;
     if let Some(grants) = grants {
         if let Some(room) = rooms.iter().find(|r| !allows(&grants, r)) {
             return Err(ApiError::new(
@@ -238,6 +245,7 @@ pub(crate) async fn room(
         query.viewer.as_deref(),
         query.token.as_deref(),
         std::slice::from_ref(&room),
+        limit,
     )
     .await?;
     let snapshot = read(&state, &room, &reader, u32::MAX).await?;
@@ -287,7 +295,7 @@ pub(crate) async fn rooms_query(
     for room in &rooms {
         ids::validate_room(room)?;
     }
-    let reader = reader(&req, &state, who.viewer(), who.token(), &rooms).await?;
+    let reader = reader(&req, &state, who.viewer(), who.token(), &rooms, rooms.len()).await?;
     let reads = rooms.iter().map(|room| read(&state, room, &reader, 0));
     let mut out = Vec::with_capacity(rooms.len());
     for (room, snapshot) in rooms
@@ -321,6 +329,7 @@ pub(crate) async fn user_rooms(
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
     require_service(&req, &state)?;
+    state.charge_read(&req, None, true, 1)?;
     let user = user.into_inner();
     ids::validate("user", &user)?;
     let devices = state

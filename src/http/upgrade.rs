@@ -1,7 +1,10 @@
 //! `GET /ws`: the WebSocket upgrade. Checks the origin and the handshake's
 //! credentials, then starts a [`Session`] actor for the device.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use actix_http::ws::Codec;
 
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse};
@@ -14,7 +17,7 @@ use crate::conn::ConnHandle;
 use crate::ids;
 use crate::model::Status;
 use crate::protocol::{ErrorCode, ProtocolError};
-use crate::session::{Identity, Session, TokenState};
+use crate::session::{Identity, PreAuth, Session, TokenState};
 
 /// Query string of the WebSocket handshake.
 #[derive(Deserialize)]
@@ -60,6 +63,8 @@ impl From<AuthError> for ApiError {
         (status = 400, description = "Missing or invalid ids", body = ProtocolError),
         (status = 401, description = "Missing or invalid token", body = ProtocolError),
         (status = 403, description = "Refused origin or host, or token for another user", body = ProtocolError),
+        (status = 429, description = "The client's address holds the most connections allowed (--max-connections-per-ip)", body = ProtocolError),
+        (status = 503, description = "Too many connections awaiting their auth frame (--max-pending-auth); Retry-After says when to try again", body = ProtocolError),
     ))]
 pub(crate) async fn websocket(
     req: HttpRequest,
@@ -85,6 +90,11 @@ async fn open_session(
 ) -> Result<HttpResponse, actix_web::Error> {
     let req = req.clone();
     state.origins.check(&req).map_err(ApiError::from)?;
+    // Before any work: a refused connection costs nothing.
+    let admitted = match client_addr(&req, &state.node.config) {
+        Some(ip) => Some(state.node.conns.admit(ip).map_err(ApiError::from)?),
+        None => None,
+    };
     let protocol = match *state.auth {
         Auth::Jwt(_) => crate::auth::protocol_token(&req),
         Auth::Dev => None,
@@ -124,6 +134,7 @@ async fn open_session(
             Vec::new(),
         ),
     };
+    let (pre_auth, codec) = pre_auth(token.as_ref(), state)?;
     let status = match query.status.as_deref() {
         None | Some("") => None,
         Some(s) => Some(Status::parse(s).map_err(|e| ApiError::from(ProtocolError::from(e)))?),
@@ -144,6 +155,8 @@ async fn open_session(
         status,
         token: token.map(|t| (state.auth.clone(), t)),
         rooms,
+        admitted,
+        pre_auth,
     };
     let session = Session::new(
         who,
@@ -153,7 +166,27 @@ async fn open_session(
     let answer = protocol.as_ref().map(|p| p.answer.as_str());
     let protocols: Vec<&str> = answer.into_iter().collect();
     ws::WsResponseBuilder::new(session, &req, stream)
-        .frame_size(state.node.config.max_frame_bytes)
+        .codec(codec)
         .protocols(&protocols)
         .start()
+}
+
+/// For a connection that must still send its token (`--auth jwt`, none on
+/// the handshake): its place among the sockets awaiting auth, and a codec
+/// whose frame limit is `--max-auth-frame-bytes` until the session raises
+/// it. Otherwise none, and the codec of `--max-frame-bytes`.
+fn pre_auth(
+    token: Option<&TokenState>,
+    state: &AppState,
+) -> Result<(Option<PreAuth>, Codec), ApiError> {
+    let config = &state.node.config;
+    if !matches!(token, Some(TokenState::Awaited { .. })) {
+        return Ok((None, Codec::new().max_size(config.max_frame_bytes)));
+    }
+    let pre = PreAuth {
+        pending: state.node.conns.await_auth()?,
+        frame_limit: Arc::new(AtomicUsize::new(config.admission.max_auth_frame_bytes)),
+    };
+    let codec = Codec::new().max_size_shared(pre.frame_limit.clone());
+    Ok((Some(pre), codec))
 }

@@ -23,7 +23,7 @@ use crate::rooms::Rooms;
 use close::close;
 pub use close::{CLOSE_REPLACED, CLOSE_TOKEN_EXPIRED, CLOSE_UNAVAILABLE};
 use liveness::FrameLimiter;
-use std::sync::atomic::AtomicI64;
+use std::sync::atomic::{AtomicI64, AtomicUsize};
 use std::sync::Arc;
 use std::time::Instant;
 use watches::{Requests, Watches};
@@ -31,6 +31,7 @@ use watches::{Requests, Watches};
 use actix::prelude::*;
 use actix_web_actors::ws;
 
+use crate::admission::{ConnGuard, PendingGuard};
 use crate::auth::Auth;
 use bytestring::ByteString;
 
@@ -83,6 +84,9 @@ pub struct Session {
     /// The rooms this device is in (boxed, made on the first join: most
     /// sessions are in none).
     rooms: Option<Box<Rooms>>,
+    /// Its place in its client address's count of open WebSockets, given
+    /// back when the session ends.
+    _admitted: Option<ConnGuard>,
 }
 
 /// Where a session stands with its token (JWT auth only).
@@ -111,6 +115,20 @@ struct TokenClock {
     timers: Vec<SpawnHandle>,
     /// The rooms the token's rooms claim lists (`--room-policy claim`).
     rooms: Vec<String>,
+    /// Until the first token is verified: the connection's place among
+    /// those awaiting auth, and its smaller frame limit.
+    pre_auth: Option<PreAuth>,
+}
+
+/// A connection that has not authenticated yet (its handshake carried no
+/// token): it holds a place among the node's sockets awaiting auth, and its
+/// codec refuses frames over `--max-auth-frame-bytes` until the token is
+/// verified, when the limit becomes `--max-frame-bytes`.
+pub struct PreAuth {
+    /// Its place among the sockets awaiting auth (dropped once verified).
+    pub pending: PendingGuard,
+    /// The frame limit its codec reads at every frame.
+    pub frame_limit: Arc<AtomicUsize>,
 }
 
 /// Who a session is: the registry's key, the user and device, and the
@@ -177,6 +195,10 @@ pub struct Identity {
     pub token: Option<(Arc<Auth>, TokenState)>,
     /// The rooms its token's rooms claim lists.
     pub rooms: Vec<String>,
+    /// Its place in its address's count of open WebSockets.
+    pub admitted: Option<ConnGuard>,
+    /// Without a token on the handshake: what it holds until its `auth` frame.
+    pub pre_auth: Option<PreAuth>,
 }
 
 impl Session {
@@ -225,9 +247,11 @@ impl Session {
                     state,
                     timers: Vec::new(),
                     rooms: who.rooms.clone(),
+                    pre_auth: who.pre_auth,
                 })
             }),
             rooms: None,
+            _admitted: who.admitted,
         }
     }
 

@@ -64,7 +64,7 @@ impl StreamHandler<Result<ws::Message, ws::ProtocolError>> for Session {
         let msg = match msg {
             Ok(msg) => msg,
             Err(e) => {
-                let max = self.node.config.max_frame_bytes;
+                let max = self.frame_limit();
                 let (code, reason) = crate::frames::close_for(&e, max);
                 log::debug!(
                     "{}/{}: closing with {code:?}: {e}",
@@ -96,6 +96,13 @@ impl StreamHandler<Result<ws::Message, ws::ProtocolError>> for Session {
                     self.handle_text(&text, ctx);
                 }
             }
+            ws::Message::Continuation(_) if self.pre_auth() => {
+                close(
+                    ctx,
+                    ws::CloseCode::Policy,
+                    "no fragmented messages before the auth frame",
+                );
+            }
             ws::Message::Continuation(item) => {
                 self.touch(ctx);
                 let admitted = self.admit(ctx);
@@ -126,6 +133,16 @@ impl StreamHandler<Result<ws::Message, ws::ProtocolError>> for Session {
 }
 
 impl Session {
+    /// The largest frame accepted now: `--max-auth-frame-bytes` until the
+    /// connection has authenticated, then `--max-frame-bytes`.
+    fn frame_limit(&self) -> usize {
+        if self.pre_auth() {
+            self.node.config.admission.max_auth_frame_bytes
+        } else {
+            self.node.config.max_frame_bytes
+        }
+    }
+
     /// One whole text message (a frame, or assembled fragments).
     pub(super) fn handle_text(&mut self, text: &str, ctx: &mut ws::WebsocketContext<Self>) {
         if self.awaiting_auth() {

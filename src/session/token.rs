@@ -25,6 +25,23 @@ impl Session {
         )
     }
 
+    /// True until the first token is verified (awaited or being verified):
+    /// no fragments, and the small frame limit.
+    pub(super) fn pre_auth(&self) -> bool {
+        self.token.as_ref().is_some_and(|c| c.pre_auth.is_some())
+    }
+
+    /// The first token is verified: the connection leaves the sockets
+    /// awaiting auth, and its frame limit becomes `--max-frame-bytes`.
+    fn authenticated(&mut self) {
+        if let Some(pre) = self.token.as_mut().and_then(|c| c.pre_auth.take()) {
+            pre.frame_limit.store(
+                self.node.config.max_frame_bytes,
+                std::sync::atomic::Ordering::Relaxed,
+            );
+        }
+    }
+
     /// Closes the connection with 1008 unless its `auth` frame is in by
     /// the deadline.
     pub(super) fn await_auth(&mut self, ctx: &mut ws::WebsocketContext<Self>) {
@@ -95,6 +112,7 @@ impl Session {
                 }
                 if first {
                     act.me.user = verified.user;
+                    act.authenticated();
                     act.begin(ctx);
                 } else {
                     log::debug!("{}/{}: token refreshed", act.me.user, act.me.device);

@@ -5,6 +5,7 @@
 
 mod common;
 
+mod admission;
 mod bench_smoke;
 mod chaos;
 mod cluster;

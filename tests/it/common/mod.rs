@@ -272,8 +272,14 @@ impl Node {
         }
         args.extend(extra.iter().map(|s| s.to_string()));
         // The tests scrape `/metrics` without a key (`hostile.rs` checks
-        // that a node without it refuses that).
-        Self::spawn(id, &args, &[("PRESENCE_PUBLIC_METRICS", "true")])
+        // that a node without it refuses that), and read the HTTP API from
+        // one address far faster than a client would (`admission.rs` tests
+        // the read budget with its flag, which beats the environment).
+        let env = [
+            ("PRESENCE_PUBLIC_METRICS", "true"),
+            ("PRESENCE_HTTP_READS_PER_SEC", "10000000"),
+        ];
+        Self::spawn(id, &args, &env)
             .unwrap_or_else(|logs| panic!("node {id} did not start:\n{logs}"))
     }
 

@@ -1,3 +1,8 @@
+use std::sync::{
+    atomic::{AtomicUsize, Ordering},
+    Arc,
+};
+
 use bitflags::bitflags;
 use bytes::{Bytes, BytesMut};
 use bytestring::ByteString;
@@ -70,6 +75,9 @@ pub enum Item {
 pub struct Codec {
     flags: Flags,
     max_size: usize,
+    /// presence-server patch: a limit the owner can change while the codec decodes (a small
+    /// one until the connection authenticates); overrides `max_size` when set.
+    shared_max_size: Option<Arc<AtomicUsize>>,
 }
 
 bitflags! {
@@ -90,7 +98,23 @@ impl Codec {
         Codec {
             max_size: DEFAULT_MAX_FRAME_SIZE,
             flags: Flags::SERVER,
+            shared_max_size: None,
         }
+    }
+
+    /// presence-server patch: the max frame size is read from `limit` at every decode, so
+    /// that whoever holds the other end can raise or lower it on a live connection.
+    #[must_use = "This returns the a new Codec, without modifying the original."]
+    pub fn max_size_shared(mut self, limit: Arc<AtomicUsize>) -> Self {
+        self.shared_max_size = Some(limit);
+        self
+    }
+
+    /// The max frame size in force now.
+    fn current_max_size(&self) -> usize {
+        self.shared_max_size
+            .as_ref()
+            .map_or(self.max_size, |l| l.load(Ordering::Relaxed))
     }
 
     /// Set max frame size.
@@ -223,7 +247,7 @@ impl Decoder for Codec {
 
     fn decode(&mut self, src: &mut BytesMut) -> Result<Option<Self::Item>, Self::Error> {
         let Some((finished, opcode, payload)) =
-            Parser::parse(src, self.flags.contains(Flags::SERVER), self.max_size)?
+            Parser::parse(src, self.flags.contains(Flags::SERVER), self.current_max_size())?
         else {
             return Ok(None);
         };
