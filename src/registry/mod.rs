@@ -50,6 +50,10 @@ const RESYNC_BATCH: usize = 1_000;
 /// watcher left: a watcher that comes back (a page reload, a reconnect)
 /// finds it still in place.
 pub const LINGER: Duration = Duration::from_secs(2);
+/// Most subscriptions a node keeps lingering; beyond it they are all dropped
+/// at once, so that sessions swapping whom they watch cannot hold a channel
+/// per user they ever glanced at (issue 30, item 10).
+pub const MAX_LINGERING: usize = 10_000;
 
 /// One open session of this node.
 struct Joined {
@@ -182,6 +186,9 @@ impl Registry {
                 self.by_user.remove(user);
                 self.lingering
                     .insert(user.to_string(), Instant::now() + LINGER);
+                if self.lingering.len() > MAX_LINGERING {
+                    self.drop_lingering_until(Instant::now() + LINGER);
+                }
             } else if sessions.capacity() > 64 && sessions.len() * 4 < sessions.capacity() {
                 sessions.shrink_to_fit();
             }
@@ -190,11 +197,15 @@ impl Registry {
 
     /// Drops the subscriptions of users unwatched for [`LINGER`].
     fn drop_lingering(&mut self) {
-        let now = Instant::now();
+        self.drop_lingering_until(Instant::now());
+    }
+
+    /// Drops the lingering subscriptions due by `until`.
+    fn drop_lingering_until(&mut self, until: Instant) {
         let due: Vec<String> = self
             .lingering
             .iter()
-            .filter(|(_, at)| **at <= now)
+            .filter(|(_, at)| **at <= until)
             .map(|(u, _)| u.clone())
             .collect();
         if due.is_empty() {

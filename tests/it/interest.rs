@@ -123,3 +123,58 @@ async fn a_lost_subscription_is_renewed_and_what_it_missed_is_reread() {
     a.wait_log("subscribed to the events of 1 watched users")
         .await;
 }
+
+/// Sharded channels on the server now.
+async fn shard_channels(redis: &Redis) -> usize {
+    let mut c = redis.aconn().await;
+    let channels: Vec<String> = redis::cmd("PUBSUB")
+        .arg("SHARDCHANNELS")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    channels.len()
+}
+
+/// A session swapping whom it watches cannot make its node hold a channel
+/// per user it glanced at in the last `LINGER`: beyond `MAX_LINGERING`
+/// unwatched users, the node drops their subscriptions at once (issue 30,
+/// item 10).
+#[tokio::test]
+async fn lingering_subscriptions_are_bounded() {
+    use presence_server::registry::{LINGER, MAX_LINGERING};
+    let redis = Redis::start();
+    let batch = MAX_LINGERING * 6 / 10;
+    let limit = batch.to_string();
+    let node = Node::start_with(
+        &redis,
+        "a",
+        &[
+            "--max-watches",
+            &limit,
+            "--max-user-reads-per-sec",
+            "1000000",
+        ],
+    );
+    let mut c = Client::connect(&node, "swapper", "d").await;
+    let mut unwatched_at = None;
+    for round in ["a", "b"] {
+        let users: Vec<String> = (0..batch).map(|i| format!("{round}{i}")).collect();
+        c.send(json!({"type": "watch", "users": users})).await;
+        c.expect("snapshot").await;
+        c.send(json!({"type": "unwatch", "users": users})).await;
+        unwatched_at.get_or_insert_with(std::time::Instant::now);
+    }
+    // The registry has taken both unwatches once this watch is answered.
+    assert_eq!(c.watch(&["probe"]).await.len(), 1);
+    let quickly = LINGER / 2;
+    // 12,000 unwatched: the first 10,001 were dropped at once, the rest
+    // linger as usual (without the bound all 12,000 would, for LINGER).
+    wait_until("the lingering channels bounded", quickly, || async {
+        shard_channels(&redis).await <= MAX_LINGERING
+    })
+    .await;
+    assert!(
+        unwatched_at.unwrap().elapsed() < LINGER + quickly,
+        "too slow to tell a bound from the linger"
+    );
+}

@@ -30,9 +30,13 @@ pub struct ChurnArgs {
     /// as many fresh ones).
     #[arg(long, default_value_t = 1_000)]
     pub swaps_per_sec: usize,
-    /// Seconds of churn.
+    /// Seconds of churn measured.
     #[arg(long, default_value_t = 10)]
     pub secs: u64,
+    /// Seconds of churn before the measurement, so that the figures are
+    /// those of the sustained rate and not of each session's first burst.
+    #[arg(long, default_value_t = 10)]
+    pub settle_secs: u64,
 }
 
 /// Swaps per churner per second are sent in this many batches.
@@ -48,7 +52,8 @@ struct Probe {
     sent: Mutex<Vec<u64>>,
     quiet: Mutex<Histogram<u64>>,
     churning: Mutex<Histogram<u64>>,
-    during: std::sync::atomic::AtomicBool,
+    /// 0: before the churn, 1: settling (not recorded), 2: measured, 3: after.
+    phase: std::sync::atomic::AtomicU8,
 }
 
 pub async fn run(common: &Common, args: &ChurnArgs) -> anyhow::Result<()> {
@@ -62,7 +67,7 @@ pub async fn run(common: &Common, args: &ChurnArgs) -> anyhow::Result<()> {
         sent: Mutex::new(Vec::new()),
         quiet: Mutex::new(latency_histogram()),
         churning: Mutex::new(latency_histogram()),
-        during: false.into(),
+        phase: 0.into(),
     });
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
 
@@ -81,10 +86,10 @@ pub async fn run(common: &Common, args: &ChurnArgs) -> anyhow::Result<()> {
         let lat = (at.duration_since(base).as_micros() as u64)
             .saturating_sub(sent)
             .max(1);
-        let h = if p.during.load(Ordering::Acquire) {
-            &p.churning
-        } else {
-            &p.quiet
+        let h = match p.phase.load(Ordering::Acquire) {
+            0 => &p.quiet,
+            2 => &p.churning,
+            _ => return,
         };
         h.lock().unwrap().saturating_record(lat);
     });
@@ -135,7 +140,7 @@ pub async fn run(common: &Common, args: &ChurnArgs) -> anyhow::Result<()> {
                 refd.fetch_add(1, Ordering::Relaxed);
             }
         }));
-        let secs = args.secs;
+        let secs = args.settle_secs + args.secs;
         churners.push(tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_millis(1_000 / TICKS_PER_SEC));
             let mut current: Vec<String> = Vec::new();
@@ -151,11 +156,17 @@ pub async fn run(common: &Common, args: &ChurnArgs) -> anyhow::Result<()> {
             }
         }));
     }
+    probe.phase.store(1, Ordering::Release);
     eprintln!(
-        "churn: {} churners swapping {} users/s each for {} s",
-        args.churners, args.swaps_per_sec, args.secs
+        "churn: {} churners swapping {} users/s each for {} s, measured after {} s",
+        args.churners, args.swaps_per_sec, args.secs, args.settle_secs
     );
-    probe.during.store(true, Ordering::Release);
+    tokio::time::sleep(Duration::from_secs(args.settle_secs)).await;
+    let (accepted0, refused0) = (
+        accepted.load(Ordering::Relaxed),
+        refused.load(Ordering::Relaxed),
+    );
+    probe.phase.store(2, Ordering::Release);
     let node_pid = setup.nodes[0].pid();
     let redis_pid = setup.local_redis.as_ref().map(|r| r.pid());
     let cpu = |pid: Option<u32>| pid.and_then(crate::procs::cpu_us);
@@ -171,7 +182,7 @@ pub async fn run(common: &Common, args: &ChurnArgs) -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     let (node1, redis1, took) = (cpu(node_pid), cpu(redis_pid), t0.elapsed());
-    probe.during.store(false, Ordering::Release);
+    probe.phase.store(3, Ordering::Release);
     for c in churners {
         c.await?;
     }
@@ -214,13 +225,13 @@ pub async fn run(common: &Common, args: &ChurnArgs) -> anyhow::Result<()> {
     let secs = took.as_secs_f64();
     report.figure(
         "watches_accepted_per_sec",
-        accepted.load(Ordering::Relaxed) as f64 / secs,
+        (accepted.load(Ordering::Relaxed) - accepted0) as f64 / secs,
         "users/s",
         json!({"asked_per_sec": args.churners * args.swaps_per_sec}),
     );
     report.figure(
         "watch_frames_refused_per_sec",
-        refused.load(Ordering::Relaxed) as f64 / secs,
+        (refused.load(Ordering::Relaxed) - refused0) as f64 / secs,
         "frames/s",
         json!({}),
     );
