@@ -89,6 +89,9 @@ pub enum Scenario {
     /// One user watched by many sessions on one node: transition to each
     /// watcher's receipt.
     Fanout(scenario::fanout::FanoutArgs),
+    /// Sessions watching many users: node RSS per watch at peak, and how
+    /// much comes back after they leave.
+    Watches(scenario::watches::WatchesArgs),
     /// Devices swapping the users they watch, and a probe's event latency
     /// meanwhile: node and Redis CPU, sharded channels, accepted changes.
     Churn(scenario::churn::ChurnArgs),
@@ -134,6 +137,7 @@ where
         Scenario::Fanout(a) => scenario::fanout::run(c, a).await,
         Scenario::Online(a) => scenario::online::run(c, a).await,
         Scenario::Churn(a) => scenario::churn::run(c, a).await,
+        Scenario::Watches(a) => scenario::watches::run(c, a).await,
         Scenario::Fleet(a) => scenario::fleet::run(c, a).await,
         Scenario::Rooms(a) => scenario::rooms::run(c, a).await,
     }

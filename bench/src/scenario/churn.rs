@@ -1,7 +1,7 @@
 //! `churn`: devices that keep swapping the users they watch (issue 30,
 //! item 10), and what it costs everyone else. Each churner unwatches its
 //! batch and watches a fresh one every tick; meanwhile a probe device
-//! changes its status every 100 ms and a probe watcher times each event.
+//! changes its status every 20 ms and a probe watcher times each event.
 //! Reports the probe's latency before and during the churn, the node's and
 //! Redis's CPU during it, the most sharded channels seen, and how many
 //! watch changes the node accepted and refused.
@@ -42,7 +42,7 @@ pub struct ChurnArgs {
 /// Swaps per churner per second are sent in this many batches.
 const TICKS_PER_SEC: u64 = 10;
 /// The probe's status changes this often.
-const PROBE_EVERY: Duration = Duration::from_millis(100);
+const PROBE_EVERY: Duration = Duration::from_millis(20);
 /// Probe latency is measured alone for this long first.
 const BASELINE: Duration = Duration::from_secs(3);
 

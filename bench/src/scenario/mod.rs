@@ -9,6 +9,7 @@ pub mod online;
 pub mod refresh;
 pub mod rooms;
 pub mod transitions;
+pub mod watches;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
