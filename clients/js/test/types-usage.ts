@@ -1,7 +1,7 @@
 // Type-checked (never run) by `npm test` with tsc --noEmit: a small app's use
-// of presence-client.js through static/presence-client.d.ts. types.test.js
+// of presence-client.js through presence-client.d.ts. types.test.js
 // checks that the declarations name exactly what the library has.
-import PresenceClient = require("../../static/presence-client");
+import PresenceClient = require("../presence-client");
 
 const client = new PresenceClient({
   url: ["wss://a.example/ws", "wss://b.example/ws"],
