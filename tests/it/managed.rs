@@ -251,7 +251,7 @@ fn tls_with_the_wrong_ca_is_refused_at_start() {
 }
 
 /// The least-privilege ACL line documented in docs/operations.md, as written there.
-fn readme_acl_line(password: &str) -> Vec<String> {
+fn documented_acl_line(password: &str) -> Vec<String> {
     let readme =
         std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/operations.md"))
             .unwrap();
@@ -278,7 +278,7 @@ async fn runs_as_the_documented_least_privilege_acl_user() {
     {
         let mut c = redis.conn();
         let mut setuser = redis::cmd("ACL");
-        for w in &readme_acl_line("acl-pw-123")[1..] {
+        for w in &documented_acl_line("acl-pw-123")[1..] {
             setuser.arg(w);
         }
         let () = setuser

@@ -73,11 +73,11 @@ function hs256(sub) {
   return `${head}.${crypto.createHmac("sha256", SECRET).update(head).digest("base64url")}`;
 }
 
-/** Runs `source` with plain Node in the app (no global WebSocket); its stdout parsed as JSON. */
-function run(name, source) {
+/** Runs `source` with plain Node in the app (and `flags`); its stdout parsed as JSON. */
+function run(name, source, flags = []) {
   const file = path.join(app, name);
   fs.writeFileSync(file, source);
-  const out = execFileSync(process.execPath, [file], {
+  const out = execFileSync(process.execPath, [...flags, file], {
     cwd: app,
     encoding: "utf8",
     timeout: DEADLINE_MS * 2,
@@ -174,6 +174,19 @@ c.onHello = (h) => { clearTimeout(timer); c.close(); console.log(JSON.stringify(
 c.connect();
 `);
   assert.deepEqual(r, { same: true, user: "carol" });
+});
+
+test("where there is a global WebSocket (Node 22+, or Node 20 with the flag), it is the one used", () => {
+  const major = Number(process.versions.node.split(".")[0]);
+  const flags = major < 22 ? ["--experimental-websocket"] : [];
+  const r = run("global.js", `
+const PresenceClient = require("presence-client");
+const c = new PresenceClient({ url: ${JSON.stringify(dev.ws)}, user: "dave", device: "g1" });
+const timer = setTimeout(() => { c.close(); console.log(JSON.stringify({ timeout: true })); }, ${DEADLINE_MS});
+c.onHello = (h) => { clearTimeout(timer); c.close(); console.log(JSON.stringify({ global: c.WebSocket === globalThis.WebSocket, user: h.user })); };
+c.connect();
+`, flags);
+  assert.deepEqual(r, { global: true, user: "dave" });
 });
 
 test("a refused token stops the reconnects: closed, willRetry false, code 1008 and the reason", () => {

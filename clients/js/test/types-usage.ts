@@ -22,6 +22,12 @@ client.onState = (state: PresenceClient.ConnectionState, info: PresenceClient.St
   if (state === "open" && info.hello) console.log(info.hello.heartbeat_ms);
 };
 client.onError = (e: PresenceClient.PresenceError) => console.log(e.code, e.message, e.status);
+client.onSelf = (me: PresenceClient.PresenceRecord) => console.log(me.status, me.text);
+client.onState = (state: PresenceClient.ConnectionState, info: PresenceClient.StateInfo) => {
+  if (state === "closed" && info.willRetry === false) console.log("stopped:", info.code, info.reason);
+};
+const finalCodes: readonly number[] = PresenceClient.FINAL_CLOSE_CODES;
+console.log(finalCodes.includes(1008));
 client.connect();
 client.watch(["bob", "carol"]);
 client.watch("dave");
