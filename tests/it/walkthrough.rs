@@ -4,7 +4,8 @@
 //! `<!-- terminal: NAME -->` (and a terminal's Ctrl+C with
 //! `<!-- terminal: NAME closes -->`); in a block, `$ ... 'URL'` connects,
 //! `> FRAME` is typed, and `< FRAME` (wscat) or a bare `{...}` line
-//! (websocat) is what the server answers.
+//! (websocat) is what the server answers. In the terminal named `http`,
+//! `$ curl ...` runs with bash and the `{...}` lines after it are its output.
 
 use std::path::Path;
 
@@ -24,6 +25,8 @@ enum Step {
     Expect { term: String, frame: String },
     /// Ctrl+C in that terminal.
     Close { term: String },
+    /// A shell command of the `http` terminal (curl).
+    Shell { command: String },
 }
 
 /// The steps of the marked blocks of `doc`.
@@ -53,7 +56,11 @@ fn steps(doc: &str) -> Vec<Step> {
         let Some(t) = term.clone().filter(|_| in_block) else {
             continue;
         };
-        if let Some(cmd) = trimmed.strip_prefix("$ ") {
+        if let Some(cmd) = trimmed.strip_prefix("$ ").filter(|_| t == "http") {
+            out.push(Step::Shell {
+                command: cmd.into(),
+            });
+        } else if let Some(cmd) = trimmed.strip_prefix("$ ") {
             let url = cmd.split('\'').nth(1).expect("a quoted URL").to_string();
             out.push(Step::Connect { term: t, url });
         } else if let Some(frame) = trimmed.strip_prefix("> ") {
@@ -76,8 +83,8 @@ fn steps(doc: &str) -> Vec<Step> {
     out
 }
 
-/// Times differ from run to run: every number under one of these keys
-/// becomes the same placeholder.
+/// Times (and node ids) differ from run to run: every number under one of
+/// these keys, and every node id, becomes the same placeholder.
 fn without_times(v: &mut Value) {
     const TIMES: [&str; 5] = [
         "last_seen",
@@ -91,6 +98,8 @@ fn without_times(v: &mut Value) {
             for (k, v) in map.iter_mut() {
                 if TIMES.contains(&k.as_str()) && v.is_number() {
                     *v = Value::String("<time>".into());
+                } else if k == "node" && v.is_string() {
+                    *v = Value::String("<node>".into());
                 } else {
                     without_times(v);
                 }
@@ -114,6 +123,7 @@ async fn run(file: &str, min_steps: usize) {
     let node = Node::start_with(&redis, "walkthrough", &["--heartbeat-ms", "15000"]);
     let base = format!("ws://{}", node.http().trim_start_matches("http://"));
     let mut terms: Vec<(String, Client)> = Vec::new();
+    let mut shell_output = std::collections::VecDeque::new();
     for step in steps {
         match step {
             Step::Connect { term, url } => {
@@ -128,11 +138,20 @@ async fn run(file: &str, min_steps: usize) {
                 let c = client(&mut terms, &term, file);
                 c.send_raw(Message::Text(frame.into())).await;
             }
+            Step::Shell { command } => {
+                shell_output.extend(shell(&command, &node, file));
+            }
             Step::Expect { term, frame } => {
-                let c = client(&mut terms, &term, file);
                 let mut want: Value = serde_json::from_str(&frame)
                     .unwrap_or_else(|e| panic!("{file}: printed frame is not JSON: {frame}: {e}"));
-                let mut got = c.recv().await;
+                let mut got = if term == "http" {
+                    let line: String = shell_output.pop_front().unwrap_or_else(|| {
+                        panic!("{file}: no output where the doc prints {frame}")
+                    });
+                    serde_json::from_str(&line).unwrap_or_else(|e| panic!("{file}: {line}: {e}"))
+                } else {
+                    client(&mut terms, &term, file).recv().await
+                };
                 without_times(&mut want);
                 without_times(&mut got);
                 assert_eq!(
@@ -148,11 +167,34 @@ async fn run(file: &str, min_steps: usize) {
         }
     }
     // Nothing more arrived that the doc does not show.
+    assert!(
+        shell_output.is_empty(),
+        "{file}: output the doc does not show: {shell_output:?}"
+    );
     for (term, c) in terms.iter_mut() {
         if let Some(Incoming::Frame(v)) = c.try_next() {
             panic!("{file}: {term} got a frame the doc does not show: {v}");
         }
     }
+}
+
+/// Runs a printed curl command against `node`; its output lines.
+fn shell(command: &str, node: &Node, file: &str) -> Vec<String> {
+    assert!(command.starts_with("curl "), "{file}: {command}");
+    let addr = node.http().trim_start_matches("http://").to_string();
+    let command = command.replace("localhost:8080", &addr);
+    let out = std::process::Command::new("bash")
+        .arg("-c")
+        .arg(&command)
+        .output()
+        .unwrap_or_else(|e| panic!("{file}: {command}: {e}"));
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{file}: {command}: {}\n{text}",
+        out.status
+    );
+    text.lines().map(str::to_string).collect()
 }
 
 fn client<'a>(terms: &'a mut [(String, Client)], term: &str, file: &str) -> &'a mut Client {
@@ -165,7 +207,7 @@ fn client<'a>(terms: &'a mut [(String, Client)], term: &str, file: &str) -> &'a 
 
 #[tokio::test]
 async fn the_readme_wscat_walkthrough_gets_the_printed_answers() {
-    run("README.md", 10).await;
+    run("README.md", 16).await;
 }
 
 #[tokio::test]
