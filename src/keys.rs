@@ -1,4 +1,4 @@
-//! The Redis key schema, in one place (the README's "Key schema" table).
+//! The Redis key schema, in one place (docs/internals.md, "Redis key schema").
 //!
 //! Per-user keys carry the `{<user>}` hash tag so that the atomic per-user
 //! scripts touch a single Redis Cluster slot. The indexes over all users

@@ -1,4 +1,4 @@
-//! The WebSocket protocol: client frames in, server frames out (README, "Protocol").
+//! The WebSocket protocol: client frames in, server frames out (docs/protocol.md).
 //!
 //! Parsing never panics: every input either becomes a [`ClientFrame`] or a
 //! [`ProtocolError`] with a stable `code` for the error frame.

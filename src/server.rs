@@ -21,7 +21,7 @@ use crate::store::Store;
 use crate::webhooks::Webhooks;
 
 /// Longest time an HTTP request may take before it is answered 503: the
-/// README promises REST errors within 2 s when Redis is unreachable or
+/// docs/operations.md promises REST errors within 2 s when Redis is unreachable or
 /// hangs. (A WebSocket's life is its response body, not bounded by this.)
 const REQUEST_DEADLINE: Duration = Duration::from_millis(1_500);
 

@@ -20,7 +20,7 @@
 //! oldest transition (`presence_webhook_dropped_total` counts each event
 //! that will not be sent). Delivery is at least once while the
 //! node lives; what is queued when it dies is lost, and a node stopped with
-//! SIGTERM delivers its queue first (README, "Webhooks").
+//! SIGTERM delivers its queue first (docs/http-api.md, "Webhooks").
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};

@@ -30,12 +30,12 @@ use crate::store::StoreError;
 /// Default page size of `GET /api/online`.
 const ONLINE_DEFAULT_LIMIT: usize = 50;
 /// Largest page size of `GET /api/online`.
-const ONLINE_MAX_LIMIT: usize = 1_000;
+pub const ONLINE_MAX_LIMIT: usize = 1_000;
 /// Most contacts one user may have.
-const MAX_CONTACTS: usize = 1_000;
+pub const MAX_CONTACTS: usize = 1_000;
 /// Largest JSON body accepted by `POST /api/presence/query`: room for
 /// [`MAX_QUERY_USERS`] ids of the longest length, and then some.
-const MAX_QUERY_BODY: usize = 256 * 1024;
+pub const MAX_QUERY_BODY: usize = 256 * 1024;
 
 /// Shared by every HTTP worker.
 pub struct AppState {

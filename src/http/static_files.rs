@@ -19,12 +19,12 @@ const EMBEDDED: &[(&str, &str, &str)] = &[
     (
         "presence-client.js",
         "text/javascript; charset=utf-8",
-        include_str!("../../static/presence-client.js"),
+        include_str!("../../clients/js/presence-client.js"),
     ),
     (
         "presence-client.d.ts",
         "application/typescript; charset=utf-8",
-        include_str!("../../static/presence-client.d.ts"),
+        include_str!("../../clients/js/presence-client.d.ts"),
     ),
 ];
 

@@ -1,5 +1,8 @@
 //! A private `redis-server` for running without `--redis-url`: started from
 //! the bundled redis.conf on its own port, data dir and log, stopped on exit.
+//! Its directory, `presence-redis-<pid>-<port>` under `--local-redis-dir`,
+//! is removed on exit; one left by a server that was killed is removed by
+//! the next start there.
 
 use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
@@ -10,6 +13,9 @@ use std::time::{Duration, Instant};
 /// The bundled configuration (the repository's redis.conf), compiled in so
 /// that the binary runs from anywhere.
 pub const REDIS_CONF: &str = include_str!("../../redis.conf");
+
+/// What every private server's directory name starts with.
+const DIR_PREFIX: &str = "presence-redis-";
 
 /// How long to wait for the private server to answer PING.
 const START_TIMEOUT: Duration = Duration::from_secs(10);
@@ -37,8 +43,9 @@ impl LocalRedis {
     /// Starts redis-server with the bundled config in a fresh directory
     /// under `parent` and waits until it answers.
     pub fn start(parent: &Path) -> Result<Self, LocalRedisError> {
+        remove_stale(parent);
         let port = free_port().map_err(|e| LocalRedisError::Start(e.to_string()))?;
-        let dir = parent.join(format!("presence-redis-{}-{port}", std::process::id()));
+        let dir = parent.join(format!("{DIR_PREFIX}{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir)
             .map_err(|e| LocalRedisError::Start(format!("cannot create {}: {e}", dir.display())))?;
         let conf = dir.join("redis.conf");
@@ -130,6 +137,57 @@ impl Drop for LocalRedis {
         let _ = std::fs::remove_dir_all(&self.dir);
         log::info!("stopped private redis-server");
     }
+}
+
+/// Removes the directories under `parent` that servers killed without a
+/// chance to clean up (SIGKILL, a power cut) left behind: those whose
+/// process is gone and whose Redis no longer answers on its port.
+fn remove_stale(parent: &Path) {
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let Some((pid, port)) = entry.file_name().to_str().and_then(owner) else {
+            continue;
+        };
+        let is_dir = entry.file_type().map(|t| t.is_dir()).unwrap_or(false);
+        if !is_dir || pid == std::process::id() || alive(pid) || listening(port) {
+            continue;
+        }
+        match std::fs::remove_dir_all(entry.path()) {
+            Ok(()) => log::info!(
+                "removed {}, left by a server (pid {pid}) that is gone",
+                entry.path().display()
+            ),
+            Err(e) => log::warn!("cannot remove {}: {e}", entry.path().display()),
+        }
+    }
+}
+
+/// The pid and port a private server's directory name holds.
+fn owner(name: &str) -> Option<(u32, u16)> {
+    let (pid, port) = name.strip_prefix(DIR_PREFIX)?.split_once('-')?;
+    Some((pid.parse().ok()?, port.parse().ok()?))
+}
+
+/// Whether a process with this pid exists (EPERM: it does, another user's).
+fn alive(pid: u32) -> bool {
+    let Ok(pid) = i32::try_from(pid) else {
+        return false;
+    };
+    // SAFETY: signal 0 sends nothing; it only checks that the process exists.
+    let found = unsafe { libc::kill(pid, 0) } == 0;
+    found || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+/// Whether something accepts connections on this loopback port: a server in
+/// another pid namespace sharing the directory would.
+fn listening(port: u16) -> bool {
+    std::net::TcpStream::connect_timeout(
+        &std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+        Duration::from_millis(200),
+    )
+    .is_ok()
 }
 
 /// A port free on loopback right now.

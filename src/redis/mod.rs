@@ -43,7 +43,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// How long one Redis command may take before it fails.
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long start-up may spend reaching Redis before it gives up: the
-/// README promises an exit within 5 s.
+/// docs/operations.md promises an exit within 5 s.
 const START_TIMEOUT: Duration = Duration::from_millis(4_000);
 /// How long asking the sentinels for the primary may take.
 const SENTINEL_TIMEOUT: Duration = Duration::from_secs(2);

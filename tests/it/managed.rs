@@ -250,14 +250,15 @@ fn tls_with_the_wrong_ca_is_refused_at_start() {
     assert!(!err.contains("tls-secret-pw"), "{err}");
 }
 
-/// The least-privilege ACL line documented in the README, as written there.
-fn readme_acl_line(password: &str) -> Vec<String> {
+/// The least-privilege ACL line documented in docs/operations.md, as written there.
+fn documented_acl_line(password: &str) -> Vec<String> {
     let readme =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/operations.md"))
+            .unwrap();
     let line = readme
         .lines()
         .find(|l| l.trim_start().starts_with("ACL SETUSER presence "))
-        .expect("README documents `ACL SETUSER presence ...`");
+        .expect("docs/operations.md documents `ACL SETUSER presence ...`");
     line.split_whitespace()
         .map(|w| {
             if w == ">CHANGE-ME" {
@@ -269,7 +270,7 @@ fn readme_acl_line(password: &str) -> Vec<String> {
         .collect()
 }
 
-/// With exactly the README's ACL user and the default user disabled, the
+/// With exactly the documented ACL user and the default user disabled, the
 /// server starts (no CONFIG) and presence works, including an expired lease.
 #[tokio::test]
 async fn runs_as_the_documented_least_privilege_acl_user() {
@@ -277,12 +278,12 @@ async fn runs_as_the_documented_least_privilege_acl_user() {
     {
         let mut c = redis.conn();
         let mut setuser = redis::cmd("ACL");
-        for w in &readme_acl_line("acl-pw-123")[1..] {
+        for w in &documented_acl_line("acl-pw-123")[1..] {
             setuser.arg(w);
         }
         let () = setuser
             .query(&mut c)
-            .expect("the README's ACL line is valid");
+            .expect("the documented ACL line is valid");
         let () = redis::cmd("ACL")
             .arg("SETUSER")
             .arg("default")

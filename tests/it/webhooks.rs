@@ -152,7 +152,7 @@ async fn serve(
     }
 }
 
-/// The verification recipe of the README: `t=<unix>,v1=<hex>`, HMAC-SHA256
+/// The verification recipe of docs/events.md: `t=<unix>,v1=<hex>`, HMAC-SHA256
 /// over `<unix>.<body>`, compared in constant time, within 5 minutes.
 fn verify(secret: &str, header: &str, body: &[u8]) -> bool {
     let mut t = None;

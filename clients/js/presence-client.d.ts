@@ -5,6 +5,8 @@ declare class PresenceClient {
   constructor(options: PresenceClient.Options);
   /** The statuses setStatus accepts. */
   static readonly STATUSES: readonly PresenceClient.ChosenStatus[];
+  /** Close codes after which the client stops reconnecting (and 4401 without refreshToken). */
+  static readonly FINAL_CLOSE_CODES: readonly number[];
   /** The class of the objects join() returns. */
   static readonly Room: new (client: PresenceClient, id: string, state?: PresenceClient.RoomState) => PresenceClient.Room;
 
@@ -39,7 +41,10 @@ declare class PresenceClient {
 
   onHello: (hello: PresenceClient.Hello) => void;
   onSnapshot: (records: PresenceClient.PresenceRecord[]) => void;
+  /** A watched user's transition; never this user's own record (that is onSelf). */
   onChange: (record: PresenceClient.PresenceRecord) => void;
+  /** This user's own record: the answer to setStatus, and a change made on another of its devices. */
+  onSelf: (record: PresenceClient.PresenceRecord) => void;
   onState: (state: PresenceClient.ConnectionState, info: PresenceClient.StateInfo) => void;
   onError: (error: PresenceClient.PresenceError) => void;
   onAuthExpiring: (info: { in_ms: number }) => void;
@@ -166,7 +171,9 @@ declare namespace PresenceClient {
     /** The WebSocket close code (1006: dropped or refused, 1008: policy, 4401: token expired...). */
     code?: number;
     reason?: string;
-    /** False when the client gave up (close(), 4001, a malformed URL). */
+    /** False when the client gave up: close(), a malformed URL, or a close that retrying cannot
+     * fix (1008: a refused token or another policy; 4001; 4401 without refreshToken). `code`
+     * and `reason` then say why. */
     willRetry?: boolean;
     delayMs?: number;
     attempt?: number;
@@ -189,11 +196,12 @@ declare namespace PresenceClient {
     minBackoffMs?: number;
     /** Largest reconnect delay, ms (default 15000). */
     maxBackoffMs?: number;
-    /** WebSocket class (default: the global one). */
+    /** WebSocket class (default: the global one; in Node 20, the `ws` package if installed). */
     WebSocket?: new (url: string, protocols?: string | string[]) => WebSocket;
     onHello?: (hello: Hello) => void;
     onSnapshot?: (records: PresenceRecord[]) => void;
     onChange?: (record: PresenceRecord) => void;
+    onSelf?: (record: PresenceRecord) => void;
     onState?: (state: ConnectionState, info: StateInfo) => void;
     onError?: (error: PresenceError) => void;
     onAuthExpiring?: (info: { in_ms: number }) => void;

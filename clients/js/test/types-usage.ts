@@ -1,7 +1,7 @@
 // Type-checked (never run) by `npm test` with tsc --noEmit: a small app's use
-// of presence-client.js through static/presence-client.d.ts. types.test.js
+// of presence-client.js through presence-client.d.ts. types.test.js
 // checks that the declarations name exactly what the library has.
-import PresenceClient = require("../../static/presence-client");
+import PresenceClient = require("../presence-client");
 
 const client = new PresenceClient({
   url: ["wss://a.example/ws", "wss://b.example/ws"],
@@ -22,6 +22,12 @@ client.onState = (state: PresenceClient.ConnectionState, info: PresenceClient.St
   if (state === "open" && info.hello) console.log(info.hello.heartbeat_ms);
 };
 client.onError = (e: PresenceClient.PresenceError) => console.log(e.code, e.message, e.status);
+client.onSelf = (me: PresenceClient.PresenceRecord) => console.log(me.status, me.text);
+client.onState = (state: PresenceClient.ConnectionState, info: PresenceClient.StateInfo) => {
+  if (state === "closed" && info.willRetry === false) console.log("stopped:", info.code, info.reason);
+};
+const finalCodes: readonly number[] = PresenceClient.FINAL_CLOSE_CODES;
+console.log(finalCodes.includes(1008));
 client.connect();
 client.watch(["bob", "carol"]);
 client.watch("dave");

@@ -1,13 +1,14 @@
-// Unit tests of static/presence-client.js's own logic (reconnect order,
+// Unit tests of presence-client.js's own logic (reconnect order,
 // re-sent status and watches, refused statuses), with a scripted WebSocket
-// class in place of the network. The real thing, against a real server in a
-// real browser, is demo.test.js.
+// class in place of the network. The real thing: package.test.js (the packed
+// package against a real server in Node) and tests/browser/demo.test.js (the
+// demo page in a real browser).
 "use strict";
 
 const { test } = require("node:test");
 const assert = require("node:assert/strict");
 const path = require("node:path");
-const PresenceClient = require(path.join(__dirname, "..", "..", "static", "presence-client.js"));
+const PresenceClient = require(path.join(__dirname, "..", "presence-client.js"));
 
 /** Records what the client does with its sockets; the test plays the server. */
 class ScriptedSocket {
@@ -31,7 +32,7 @@ class ScriptedSocket {
     this.onmessage({ data: JSON.stringify({ type: "hello", user: "alice", device: "d1", heartbeat_ms: 15000, ttl_ms: 45000 }) });
   }
   frame(f) { this.onmessage({ data: JSON.stringify(f) }); }
-  drop(code = 1006) { this.readyState = 3; this.onclose({ code, reason: "" }); }
+  drop(code = 1006, reason = "") { this.readyState = 3; this.onclose({ code, reason }); }
 }
 
 /** Resolves once `cond()` holds (the client reconnects on a timer). */
@@ -45,13 +46,14 @@ async function until(cond, ms = 2000) {
 
 function client(extra = {}) {
   ScriptedSocket.all = [];
-  const events = { states: [], errors: [], snapshots: [], changes: [] };
+  const events = { states: [], errors: [], snapshots: [], changes: [], selves: [] };
   const c = new PresenceClient({
     url: ["ws://a/ws", "ws://b/ws"], user: "alice", device: "d1", WebSocket: ScriptedSocket, minBackoffMs: 5, maxBackoffMs: 20,
     onState: (s, info) => events.states.push([s, info]),
     onError: (e) => events.errors.push(e),
     onSnapshot: (r) => events.snapshots.push(r),
     onChange: (r) => events.changes.push(r),
+    onSelf: (r) => events.selves.push(r),
     ...extra,
   });
   return { c, events };
@@ -252,7 +254,7 @@ const fs = require("node:fs");
 const net = require("node:net");
 const os = require("node:os");
 
-const ROOT = path.resolve(__dirname, "..", "..");
+const ROOT = path.resolve(__dirname, "..", "..", "..");
 const BIN = process.env.PRESENCE_SERVER_BIN || path.join(ROOT, "target", "debug", "presence-server");
 const DEADLINE_MS = 20_000;
 
@@ -294,7 +296,6 @@ describe("rooms against a real node", () => {
   const clients = [];
 
   before(async () => {
-    if (typeof globalThis.WebSocket !== "function") throw new Error("no global WebSocket: run with node --experimental-websocket (Node 20) or Node 22+");
     if (!fs.existsSync(BIN)) throw new Error(`${BIN} is missing: run \`cargo build\` first (or set PRESENCE_SERVER_BIN)`);
     for (let i = 0; i < 5 && !redis; i++) {
       const port = await freePort();
@@ -497,4 +498,105 @@ describe("rooms against a real node", () => {
     assert.equal(bob.rooms.has("small:1"), false, "a refused room is not one of the client's rooms");
     for (const c of [alice, bob]) c.close();
   });
+});
+
+test("the user's own record goes to onSelf, never to onChange", () => {
+  const { c, events } = client();
+  c.connect();
+  const ws = ScriptedSocket.all[0];
+  ws.hello();
+  c.setStatus("busy", "train");
+  const mine = { user: "alice", status: "busy", devices: 1, last_seen: null, text: "train" };
+  ws.frame({ type: "presence", ...mine });
+  ws.frame({ type: "presence", user: "bob", status: "away", devices: 1, last_seen: null, text: null });
+  assert.deepEqual(events.selves, [mine]);
+  assert.deepEqual(events.changes.map((r) => r.user), ["bob"]);
+  c.close();
+});
+
+test("with a token, the user named by hello is the one whose records go to onSelf", () => {
+  const { c, events } = client({ user: undefined, token: "eyJ.tok.en" });
+  c.connect();
+  const ws = ScriptedSocket.all[0];
+  ws.hello(); // names alice
+  ws.frame({ type: "presence", user: "alice", status: "away", devices: 2, last_seen: null, text: null });
+  assert.equal(events.selves.length, 1);
+  assert.equal(events.changes.length, 0);
+  c.close();
+});
+
+for (const [code, reason] of [
+  [1008, "invalid token: InvalidSignature"],
+  [1008, "too many devices"],
+  [4001, "replaced by a newer connection"],
+  [4401, "token expired"],
+]) {
+  test(`close ${code} (${reason}) without refreshToken stops the reconnects, with willRetry false and the reason`, async () => {
+    const { c, events } = client({ user: undefined, token: "eyJ.tok.en" });
+    c.connect();
+    ScriptedSocket.all[0].hello();
+    ScriptedSocket.all[0].drop(code, reason);
+    assert.equal(c.state, "closed");
+    const [state, info] = events.states.at(-1);
+    assert.equal(state, "closed");
+    assert.deepEqual([info.code, info.reason, info.willRetry], [code, reason, false]);
+    // Nothing comes back later either.
+    await new Promise((r) => setTimeout(r, 60));
+    assert.equal(ScriptedSocket.all.length, 1);
+    assert.ok(!events.states.some(([s]) => s === "reconnecting"), JSON.stringify(events.states));
+  });
+}
+
+test("a token refused before hello (1008) is not sent again and again", async () => {
+  const { c, events } = client({ user: undefined, token: "bad" });
+  c.connect();
+  const ws = ScriptedSocket.all[0];
+  ws.open();
+  await until(() => ws.sent.length === 1);
+  assert.deepEqual(ws.sent, [{ type: "auth", token: "bad" }]);
+  ws.drop(1008, "invalid token: InvalidSignature");
+  await new Promise((r) => setTimeout(r, 60));
+  assert.equal(ScriptedSocket.all.length, 1);
+  assert.equal(c.state, "closed");
+  assert.equal(events.states.at(-1)[1].willRetry, false);
+});
+
+test("4401 with refreshToken reconnects with the fresh token", async () => {
+  const { c, events } = client({ user: undefined, token: "old", refreshToken: () => "fresh" });
+  c.connect();
+  ScriptedSocket.all[0].hello();
+  ScriptedSocket.all[0].drop(4401, "token expired");
+  assert.equal(events.states.at(-1)[0], "reconnecting");
+  assert.equal(events.states.at(-1)[1].willRetry, true);
+  await until(() => ScriptedSocket.all.length === 2);
+  const ws = ScriptedSocket.all[1];
+  ws.open();
+  await until(() => ws.sent.length === 1);
+  assert.deepEqual(ws.sent, [{ type: "auth", token: "fresh" }]);
+  c.close();
+});
+
+test("a dropped connection (1006) and a deploy (1001) are retried", async () => {
+  for (const code of [1006, 1001, 1011, 1013]) {
+    const { c, events } = client();
+    c.connect();
+    ScriptedSocket.all[0].hello();
+    ScriptedSocket.all[0].drop(code);
+    assert.equal(events.states.at(-1)[0], "reconnecting", `code ${code}`);
+    await until(() => ScriptedSocket.all.length === 2);
+    c.close();
+  }
+});
+
+test("without a global WebSocket (Node 20), the ws package is used when installed", () => {
+  // ws is a devDependency, so it is installed beside the library here; the
+  // error without it is checked on the packed package (package.test.js).
+  const saved = globalThis.WebSocket;
+  delete globalThis.WebSocket;
+  try {
+    const c = new PresenceClient({ url: "ws://a/ws", user: "u", device: "d" });
+    assert.equal(c.WebSocket, require("ws"));
+  } finally {
+    if (saved) globalThis.WebSocket = saved;
+  }
 });

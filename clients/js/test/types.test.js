@@ -1,4 +1,4 @@
-// static/presence-client.d.ts must name exactly what presence-client.js has:
+// presence-client.d.ts must name exactly what presence-client.js has:
 // tsc checks types-usage.ts against the declarations (npm test runs it
 // first), and this test checks the declarations against the library itself,
 // so neither can drift from the other silently.
@@ -10,7 +10,7 @@ const fs = require("node:fs");
 const path = require("node:path");
 const ts = require("typescript");
 
-const STATIC = path.resolve(__dirname, "..", "..", "static");
+const STATIC = path.resolve(__dirname, "..");
 const PresenceClient = require(path.join(STATIC, "presence-client.js"));
 
 /** Members of `declare class PresenceClient` in the .d.ts: {instance: Set, statics: Set}. */

@@ -1,6 +1,8 @@
 // presence-client.js: a small, dependency-free client for presence-server.
-// Works in browsers (a plain <script>, or as a CommonJS module) and in Node 22+
-// (global WebSocket) or with any WebSocket class passed as `WebSocket`.
+// Works in browsers (a plain <script>, or as a CommonJS or ES module: the npm
+// package `presence-client`) and in Node 20+: the global WebSocket where there
+// is one (Node 22+), else the `ws` package when it is installed, or any
+// WebSocket class passed as `WebSocket`.
 //
 //   const client = new PresenceClient({ url: "ws://host:8080/ws", user: "alice", device: "tab-1" });
 //   // With JWT auth: the token goes as the first frame, never into the URL,
@@ -8,7 +10,9 @@
 //   const client = new PresenceClient({ url, device: "tab-1", token, refreshToken: async () => fetchToken() });
 //   client.onSnapshot = (records) => ...;       // answer to watch(): current records
 //   client.onChange = (record) => ...;          // live transition of a watched user
+//   client.onSelf = (record) => ...;            // my own record (a status set on any of my devices)
 //   client.onState = (state, info) => ...;      // "connecting" | "open" | "reconnecting" | "closed"
+//                                               // closed for good: info.willRetry false, info.code, info.reason
 //   client.onError = (error) => ...;            // {code, message} error frames (session goes on)
 //   client.connect();
 //   client.watch(["bob", "carol"]);             // may be called before the connection is open
@@ -25,6 +29,25 @@
 // an app only has to keep rendering what onSnapshot and onChange hand it.
 (function (global) {
   "use strict";
+
+  /**
+   * The WebSocket class when the caller passed none: the global one, else (in
+   * Node 20, which has none) the `ws` package if it is installed.
+   */
+  function defaultWebSocket() {
+    if (global.WebSocket) return global.WebSocket;
+    try {
+      // module.require rather than require, so that bundlers for browsers
+      // (which have a global WebSocket) do not pull ws in.
+      if (typeof module !== "undefined" && module && typeof module.require === "function") return module.require("ws");
+    } catch (e) {
+      // ws is not installed: the constructor says what to do.
+    }
+    return null;
+  }
+
+  /** Close codes after which reconnecting cannot help (4401 only without refreshToken). */
+  const FINAL_CLOSE_CODES = [1008, 4001];
 
   /** Statuses a client may choose. `invisible` is refused by servers without privacy support. */
   const STATUSES = ["online", "away", "busy", "invisible"];
@@ -279,7 +302,8 @@
      * @param {string} options.device     this device's id, stable across reconnects
      * @param {number} [options.minBackoffMs=500]    first reconnect delay (upper bound)
      * @param {number} [options.maxBackoffMs=15000]  largest reconnect delay
-     * @param {Function} [options.WebSocket]         WebSocket class (default: the global one)
+     * @param {Function} [options.WebSocket]         WebSocket class (default: the global one, else
+     *                                              the `ws` package in Node 20)
      */
     constructor(options) {
       const o = options || {};
@@ -298,7 +322,13 @@
       this.device = o.device;
       this.minBackoffMs = o.minBackoffMs ?? 500;
       this.maxBackoffMs = o.maxBackoffMs ?? 15000;
-      this.WebSocket = o.WebSocket || global.WebSocket;
+      this.WebSocket = o.WebSocket || defaultWebSocket();
+      if (typeof this.WebSocket !== "function") {
+        throw new TypeError(
+          "PresenceClient: no WebSocket class in this runtime (Node before 22 has no global WebSocket). " +
+            'Install the ws package (npm install ws), or pass a class: new PresenceClient({ ..., WebSocket: require("ws") })',
+        );
+      }
       /** Users watched; re-sent after every reconnect. */
       this.watched = new Set();
       /** The watched users whose device counts were asked for ({devices: true}). */
@@ -320,6 +350,8 @@
       this.onHello = o.onHello || (() => {});
       this.onSnapshot = o.onSnapshot || (() => {});
       this.onChange = o.onChange || (() => {});
+      /** This user's own record: the answer to setStatus, and a status set on another of its devices. */
+      this.onSelf = o.onSelf || (() => {});
       this.onState = o.onState || (() => {});
       this.onError = o.onError || (() => {});
       /** Called with {in_ms} when the server warns that the token expires soon. */
@@ -488,13 +520,13 @@
       ws.onclose = (ev) => {
         if (this._ws !== ws) return; // superseded by close() or a newer connection
         this._ws = null;
-        if (ev.code === 4001) {
-          // The same device connected again elsewhere and the newer
-          // connection won: coming back would only push that one out.
-          this._stopped = true;
-        }
+        // 4001: the same device connected again elsewhere and the newer
+        // connection won; coming back would only push that one out. 1008:
+        // policy (a refused or missing token, too many devices, a flood):
+        // the same again would be refused again. 4401 (token expired):
+        // only a fresh token from refreshToken() can help.
+        if (FINAL_CLOSE_CODES.includes(ev.code) || (ev.code === 4401 && !this.refreshToken)) this._stopped = true;
         this.rooms.forEach((r) => r._disconnected());
-        // The token expired (4401): a reconnect needs a fresh one.
         if (ev.code === 4401) this._tokenStale = true;
         this._scheduleReconnect(ev.code, ev.reason);
       };
@@ -575,7 +607,10 @@
           break;
         case "presence": {
           const { type, ...record } = f;
-          this.onChange(record);
+          // My own record (the answer to setStatus, or a change made on
+          // another of my devices) is not a contact's transition.
+          if (this.user !== null && record.user === this.user) this.onSelf(record);
+          else this.onChange(record);
           break;
         }
         case "room":
@@ -611,6 +646,7 @@
   }
 
   PresenceClient.STATUSES = STATUSES;
+  PresenceClient.FINAL_CLOSE_CODES = FINAL_CLOSE_CODES;
   PresenceClient.Room = Room;
   global.PresenceClient = PresenceClient;
   if (typeof module !== "undefined" && module.exports) module.exports = PresenceClient;
