@@ -1,13 +1,16 @@
 //! The HTTP side of a node: the WebSocket upgrade, the read API, users'
-//! settings and the admin API, operations, the OpenAPI document and the
+//! settings and the admin API, HTTP heartbeat devices and statuses
+//! (`devices/`), operations, the OpenAPI document and the
 //! demo page, each in a file of its own; [`routes`] puts them on the
 //! listeners.
 
+mod devices;
 pub mod openapi;
 mod ops;
 mod reads;
 mod rooms;
 pub mod routes;
+mod seen;
 pub mod static_files;
 mod upgrade;
 mod users;

@@ -41,19 +41,7 @@ pub(crate) async fn set_privacy(
 ) -> Result<HttpResponse, ApiError> {
     let user = user.into_inner();
     ids::validate("user", &user)?;
-    if !is_admin(&req, &state) {
-        let acting = state
-            .auth
-            .viewer(&req, who.token.as_deref(), Some(&user))
-            .await?;
-        if acting.as_deref() != Some(user.as_str()) {
-            return Err(AuthError::Mismatch {
-                token: acting.unwrap_or_default(),
-                asked: user,
-            }
-            .into());
-        }
-    }
+    require_self_or_admin(&req, &state, &user, who.token.as_deref()).await?;
     let (online, last_seen) = parse_privacy(body.online.as_deref(), body.last_seen.as_deref())?;
     state
         .node
@@ -61,6 +49,29 @@ pub(crate) async fn set_privacy(
         .set_privacy(&user, online, last_seen)
         .await?;
     Ok(HttpResponse::NoContent().finish())
+}
+
+/// Checks that the request acts for `user`: the admin key (which acts for
+/// any user), or the user's own token (`query_token` or the bearer; under
+/// development auth, anyone). Another user's token is a 403.
+pub(super) async fn require_self_or_admin(
+    req: &HttpRequest,
+    state: &AppState,
+    user: &str,
+    query_token: Option<&str>,
+) -> Result<(), ApiError> {
+    if is_admin(req, state) {
+        return Ok(());
+    }
+    let acting = state.auth.viewer(req, query_token, Some(user)).await?;
+    if acting.as_deref() != Some(user) {
+        return Err(AuthError::Mismatch {
+            token: acting.unwrap_or_default(),
+            asked: user.to_string(),
+        }
+        .into());
+    }
+    Ok(())
 }
 
 /// Body of `PUT /api/users/{user}/contacts`.
