@@ -116,3 +116,47 @@ async fn recently_seen_follow_the_online_users_paged_and_private() {
         );
     }
 }
+
+/// The recently seen cost no more than the online list per request: a
+/// viewer from whom every last seen is hidden gets short (here empty)
+/// pages with a cursor, at most 4 x `limit` entries examined per request,
+/// until the list is over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recently_seen_work_per_request_is_bounded() {
+    let redis = Redis::start();
+    let node = Node::start(&redis, "n1");
+    let mut c = redis.aconn().await;
+    let seen = now() - 60_000;
+    for i in 0..30 {
+        let user = format!("h{i:02}");
+        let _: () = redis::cmd("HSET")
+            .arg(format!("presence-status:{{{user}}}"))
+            .arg("last_seen")
+            .arg(seen + i)
+            .arg("show_last_seen")
+            .arg("nobody")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        let _: () = redis::cmd("ZADD")
+            .arg(index_key("presence-lastseen", &user))
+            .arg(seen + i)
+            .arg(&user)
+            .query_async(&mut c)
+            .await
+            .unwrap();
+    }
+    let got = pages(&node, "seen_within_ms=600000&limit=2&viewer=x", None).await;
+    assert!(got.iter().all(|p| p.is_empty()), "{got:?}");
+    // 30 entries at most 8 a request: at least 4 requests.
+    assert!(
+        got.len() >= 4,
+        "{} pages: the work was not bounded",
+        got.len()
+    );
+    // Each user sees its own last seen, and only that.
+    let own = pages(&node, "seen_within_ms=600000&limit=50&viewer=h29", None)
+        .await
+        .concat();
+    assert_eq!(own, ["h29"], "only its own last seen is shown to h29");
+}
