@@ -4,6 +4,7 @@
 //! device kinds, and the recently seen; with the privacy of each and bad
 //! input.
 
+mod cluster;
 mod lists;
 mod statuses;
 
