@@ -48,6 +48,10 @@ pub struct Metrics {
     pub expired_events: IntCounter,
     /// Devices removed by the deadline pass.
     pub devices_reaped: IntCounter,
+    /// HTTP heartbeats (devices without a WebSocket) this node answered.
+    pub http_heartbeats: IntCounter,
+    /// Statuses whose `until` came, reset by this node's deadline pass.
+    pub statuses_ended: IntCounter,
     /// Departure steps (Lua) this node ran, by what asked for them: a
     /// clean `close`, an `expired` event, or the deadline `pass`.
     pub departure_steps: IntCounterVec,
@@ -295,6 +299,14 @@ impl Metrics {
                 "presence_devices_reaped_total",
                 "Devices removed by the deadline pass.",
             ),
+            http_heartbeats: s.counter(
+                "presence_http_heartbeats_total",
+                "HTTP heartbeats of devices without a WebSocket answered.",
+            ),
+            statuses_ended: s.counter(
+                "presence_statuses_ended_total",
+                "Statuses reset to online at their until by this node's deadline pass.",
+            ),
             departure_steps: s.counters(
                 "presence_departure_steps_total",
                 "Departure steps run against Redis, by path (close, event, pass).",
@@ -423,6 +435,8 @@ mod tests {
             "presence_transitions_delivered_total",
             "presence_expired_events_total",
             "presence_devices_reaped_total",
+            "presence_http_heartbeats_total",
+            "presence_statuses_ended_total",
             "presence_reconcile_repairs_total",
             "presence_slow_consumers_dropped_total 1",
             "presence_registry_resyncs_total",

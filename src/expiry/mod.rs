@@ -293,6 +293,7 @@ async fn run_bucket(
     // Statuses whose `until` came, under the same lock.
     let ended = store.end_statuses(bucket, REAP_BATCH).await?;
     if ended > 0 {
+        METRICS.statuses_ended.inc_by(ended as u64);
         log::debug!("status-end pass reset {ended} statuses");
     }
     if let Some(retention) = trim {

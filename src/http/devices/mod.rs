@@ -94,6 +94,7 @@ pub(crate) async fn heartbeat(
         .await?;
     match arrival {
         Arrival::Held { .. } => {
+            crate::metrics::METRICS.http_heartbeats.inc();
             let config = &state.node.config;
             Ok(HttpResponse::Ok().json(HeartbeatAnswer {
                 ttl_ms: store.ttl_ms(),

@@ -92,6 +92,11 @@ async fn a_status_ends_once_in_the_fleet_when_its_node_is_killed() {
             panic!("{}: a second announcement: {ev}", w.user);
         }
     }
+    // One node of the fleet ran the reset.
+    let ended = metric(&b, "presence_statuses_ended_total").await
+        + metric(&c, "presence_statuses_ended_total").await;
+    assert_eq!(ended, 1.0);
+    assert!(metric(&b, "presence_http_heartbeats_total").await >= 1.0);
     let mut r = redis.aconn().await;
     let (status, text, left): (Option<String>, Option<String>, Option<String>) =
         redis::cmd("HMGET")
