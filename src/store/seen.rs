@@ -7,6 +7,7 @@
 use std::collections::{HashMap, HashSet};
 
 use super::lists::{Entry, Walk, EXAMINE_PER_LIMIT, MAX_EXAMINED};
+use super::records::view_as;
 use super::{Cursor, OnlinePage, OnlineUser, Reader, Store, StoreResult};
 use crate::keys;
 use crate::model::Record;
@@ -106,7 +107,10 @@ impl Store {
         Ok(OnlinePage { users, next_cursor })
     }
 
-    /// What `reader` may see of the users of `entries`.
+    /// What `reader` may see of the users of `entries`, leaving out the
+    /// users who chose `invisible`, except for themselves and the service:
+    /// their place in the walk is their real departure, which their shown
+    /// last seen (when they went invisible) must not give away.
     async fn seen_records(
         &self,
         entries: &[Entry],
@@ -120,7 +124,21 @@ impl Store {
                 names.push(user.clone());
             }
         }
-        let records = self.records_as(&names, reader, contacts_only).await?;
-        Ok(names.into_iter().zip(records).collect())
+        let viewer = match reader {
+            Reader::Viewer(v) => v,
+            Reader::Service => None,
+        };
+        let observed = self.presences(&names, viewer).await?;
+        Ok(observed
+            .iter()
+            .filter(|o| {
+                let own = match reader {
+                    Reader::Service => true,
+                    Reader::Viewer(v) => v == Some(o.presence.user.as_str()),
+                };
+                own || o.presence.chosen != "invisible"
+            })
+            .map(|o| (o.presence.user.clone(), view_as(o, reader, contacts_only)))
+            .collect())
     }
 }

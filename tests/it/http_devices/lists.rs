@@ -46,6 +46,14 @@ async fn recently_seen_follow_the_online_users_paged_and_private() {
         })
         .await;
     }
+    // `inv` was online before, went invisible, then left: its place in
+    // the walk is its real departure, which nobody else may learn.
+    assert_eq!(heartbeat(&node, "inv", "d", "web").await.0, 200);
+    assert_eq!(leave(&node, "inv", "d", None).await.0, 204);
+    assert_eq!(heartbeat(&node, "inv", "d", "web").await.0, 200);
+    let body = json!({"status": "invisible"});
+    assert_eq!(put_status(&node, "inv", &body, None).await.0, 200);
+    assert_eq!(leave(&node, "inv", "d", None).await.0, 204);
     // u3 hides its last seen; `old` was last seen two hours ago.
     let r = reqwest::Client::new()
         .put(format!("{}/api/users/u3/privacy", node.http()))
@@ -90,10 +98,18 @@ async fn recently_seen_follow_the_online_users_paged_and_private() {
         .await
         .concat();
     assert_eq!(&own[2..], ["u5", "u4", "u3", "u2", "u1"], "{own:?}");
+    let inv: Vec<String> = pages(&node, "seen_within_ms=600000&limit=50&viewer=inv", None)
+        .await
+        .concat();
+    assert_eq!(&inv[2..], ["inv", "u5", "u4", "u2", "u1"], "{inv:?}");
     let all: Vec<String> = pages(&node, "seen_within_ms=86400000&limit=50", Some(ADMIN))
         .await
         .concat();
-    assert_eq!(&all[2..], ["u5", "u4", "u3", "u2", "u1", "old"], "{all:?}");
+    assert_eq!(
+        &all[2..],
+        ["inv", "u5", "u4", "u3", "u2", "u1", "old"],
+        "{all:?}"
+    );
     // Each entry carries its record.
     let (_, body) = get(&format!(
         "{}/api/online?seen_within_ms=600000&limit=10&viewer=x",
