@@ -87,6 +87,12 @@ pub fn last_seen(bucket: u32) -> String {
     format!("presence-lastseen:{{b{bucket:02}}}")
 }
 
+/// Sorted set of one bucket: user -> when the user's chosen status ends
+/// (`until`, epoch ms); the status-end pass resets the due ones.
+pub fn status_until(bucket: u32) -> String {
+    format!("presence-until:{{b{bucket:02}}}")
+}
+
 /// Schemas 2 and 3's sorted set of one bucket: user -> last refresh epoch
 /// ms, for users online now; deleted at start since schema 4.
 pub fn v3_online(bucket: u32) -> String {

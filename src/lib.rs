@@ -36,7 +36,8 @@
 //! - [`lease`]: the node's side of a device lease: batched refreshes,
 //!   release after a close.
 //! - [`expiry`]: the expiry listener: lapsed leases become departures
-//!   (expired events of every primary, the deadline pass, reconciliation).
+//!   (expired events of every primary, the deadline pass, reconciliation);
+//!   statuses whose `until` came are reset by the same pass.
 //! - [`registry`]: which local sessions watch which users; sharded
 //!   subscriptions; fan-out of each event to its watchers.
 //! - [`rooms`]: presence in a place: room events and frames, who may join,
@@ -50,7 +51,8 @@
 //!   alive and routes each client frame to the feature it belongs to (user
 //!   presence in `watches.rs`, rooms in `rooms.rs`).
 //! - [`http`]: the upgrade, the read API, users' settings and the admin
-//!   API, operations, OpenAPI and the demo page.
+//!   API, HTTP heartbeat devices and statuses (`http/devices/`),
+//!   operations, OpenAPI and the demo page.
 //! - [`server`]: starting a node: Redis, the actors, the HTTP servers.
 //!
 //! # Two paths through them

@@ -31,10 +31,8 @@ pub struct Metrics {
     registry: Registry,
     /// WebSocket sessions accepted since start.
     pub sessions_opened: IntCounter,
-    /// WebSocket upgrades refused by a connection cap (per address, pending auth).
-    pub connections_refused: IntCounter,
-    /// HTTP reads refused by the read budget (429).
-    pub http_rate_limited: IntCounter,
+    /// What the admission caps refused.
+    pub admission: AdmissionSeries,
     /// Open sessions (from the registry, at scrape time).
     sessions: IntGauge,
     /// Sessions watching at least one user (from the registry).
@@ -52,6 +50,10 @@ pub struct Metrics {
     pub expired_events: IntCounter,
     /// Devices removed by the deadline pass.
     pub devices_reaped: IntCounter,
+    /// HTTP heartbeats (devices without a WebSocket) this node answered.
+    pub http_heartbeats: IntCounter,
+    /// Statuses whose `until` came, reset by this node's deadline pass.
+    pub statuses_ended: IntCounter,
     /// Departure steps (Lua) this node ran, by what asked for them: a
     /// clean `close`, an `expired` event, or the deadline `pass`.
     pub departure_steps: IntCounterVec,
@@ -217,6 +219,29 @@ impl WebhookSeries {
     }
 }
 
+/// What the admission caps ([`crate::admission`]) refused.
+pub struct AdmissionSeries {
+    /// WebSocket upgrades refused by a connection cap (per address, pending auth).
+    pub connections_refused: IntCounter,
+    /// HTTP reads refused by the read budget (429).
+    pub http_rate_limited: IntCounter,
+}
+
+impl AdmissionSeries {
+    fn new(s: &Series) -> Self {
+        Self {
+            connections_refused: s.counter(
+                "presence_connections_refused_total",
+                "WebSocket upgrades refused by --max-connections-per-ip or --max-pending-auth.",
+            ),
+            http_rate_limited: s.counter(
+                "presence_http_rate_limited_total",
+                "HTTP reads refused with 429 by the read budget.",
+            ),
+        }
+    }
+}
+
 /// What this node's rooms did and hold.
 pub struct RoomSeries {
     /// Room memberships removed by the room deadline pass.
@@ -269,14 +294,7 @@ impl Metrics {
                 "presence_sessions_opened_total",
                 "WebSocket sessions accepted since start.",
             ),
-            connections_refused: s.counter(
-                "presence_connections_refused_total",
-                "WebSocket upgrades refused by --max-connections-per-ip or --max-pending-auth.",
-            ),
-            http_rate_limited: s.counter(
-                "presence_http_rate_limited_total",
-                "HTTP reads refused with 429 by the read budget.",
-            ),
+            admission: AdmissionSeries::new(&s),
             sessions: s.gauge("presence_sessions", "Open WebSocket sessions."),
             watching_sessions: s.gauge(
                 "presence_watching_sessions",
@@ -306,6 +324,14 @@ impl Metrics {
             devices_reaped: s.counter(
                 "presence_devices_reaped_total",
                 "Devices removed by the deadline pass.",
+            ),
+            http_heartbeats: s.counter(
+                "presence_http_heartbeats_total",
+                "HTTP heartbeats of devices without a WebSocket answered.",
+            ),
+            statuses_ended: s.counter(
+                "presence_statuses_ended_total",
+                "Statuses reset to online at their until by this node's deadline pass.",
             ),
             departure_steps: s.counters(
                 "presence_departure_steps_total",
@@ -353,14 +379,19 @@ impl Metrics {
             rooms: RoomSeries::new(&s),
             registry: s.0,
         };
-        // Series that should read 0 rather than be missing before the first event.
+        m.zeroed();
+        m
+    }
+
+    /// Makes the labelled series that should read 0 rather than be missing
+    /// before their first event.
+    fn zeroed(&self) {
         for status in ["online", "away", "busy", "offline"] {
-            m.transitions_published.with_label_values(&[status]);
+            self.transitions_published.with_label_values(&[status]);
         }
         for path in DEPARTURE_PATHS {
-            m.departure_steps.with_label_values(&[path]);
+            self.departure_steps.with_label_values(&[path]);
         }
-        m
     }
 
     /// Everything in the Prometheus text format, with the registry's
@@ -435,6 +466,8 @@ mod tests {
             "presence_transitions_delivered_total",
             "presence_expired_events_total",
             "presence_devices_reaped_total",
+            "presence_http_heartbeats_total",
+            "presence_statuses_ended_total",
             "presence_reconcile_repairs_total",
             "presence_slow_consumers_dropped_total 1",
             "presence_registry_resyncs_total",

@@ -107,6 +107,12 @@ pub struct Presence {
     /// Who may see when the user was last seen.
     #[serde(default)]
     pub show_last_seen: Audience,
+    /// When the chosen status ends (back to `online`, no text), epoch ms.
+    #[serde(default)]
+    pub until: Option<i64>,
+    /// The sorted distinct kinds of the live devices ([`DeviceKind`]).
+    #[serde(default)]
+    pub kinds: Vec<String>,
 }
 
 fn online() -> String {
@@ -127,6 +133,8 @@ pub struct ChosenStatus {
     pub show_online: String,
     /// Who may see the user's last seen ("" when unset).
     pub show_last_seen: String,
+    /// When the status ends, epoch ms (0: it does not).
+    pub until: i64,
 }
 
 /// What a viewer sees of one user.
@@ -145,6 +153,86 @@ pub struct Record {
     pub last_seen: Option<i64>,
     /// Optional status text.
     pub text: Option<String>,
+    /// When the status ends (back to `online`), epoch ms; null when it
+    /// does not, or when the status is not visible.
+    #[serde(default)]
+    pub until: Option<i64>,
+    /// The sorted distinct kinds of the live devices (web, desktop,
+    /// mobile, tablet, bot, other); shown exactly when `devices` is.
+    #[serde(default)]
+    #[schema(example = json!(["mobile", "web"]))]
+    pub kinds: Vec<String>,
+}
+
+/// The kind of a device, given on connect or on an HTTP heartbeat
+/// (`&kind=`): what the "on mobile" mark of chat apps is made of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DeviceKind {
+    /// A browser tab.
+    Web,
+    /// A desktop app.
+    Desktop,
+    /// A phone.
+    Mobile,
+    /// A tablet.
+    Tablet,
+    /// A program acting for the user.
+    Bot,
+    /// Anything else (the default).
+    #[default]
+    Other,
+}
+
+impl DeviceKind {
+    /// Every kind, in wire order.
+    pub const ALL: [DeviceKind; 6] = [
+        DeviceKind::Web,
+        DeviceKind::Desktop,
+        DeviceKind::Mobile,
+        DeviceKind::Tablet,
+        DeviceKind::Bot,
+        DeviceKind::Other,
+    ];
+
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeviceKind::Web => "web",
+            DeviceKind::Desktop => "desktop",
+            DeviceKind::Mobile => "mobile",
+            DeviceKind::Tablet => "tablet",
+            DeviceKind::Bot => "bot",
+            DeviceKind::Other => "other",
+        }
+    }
+
+    /// Parses `kind=`; `None` (absent or empty) is [`DeviceKind::Other`].
+    pub fn parse(s: Option<&str>) -> Result<Self, String> {
+        match s {
+            None | Some("") => Ok(DeviceKind::Other),
+            Some(s) => Self::ALL
+                .into_iter()
+                .find(|k| k.as_str() == s)
+                .ok_or_else(|| {
+                    format!("kind must be web, desktop, mobile, tablet, bot or other, not {s:?}")
+                }),
+        }
+    }
+}
+
+/// Longest a status may be set ahead of time: 30 days.
+pub const MAX_UNTIL_AHEAD_MS: i64 = 30 * 24 * 3_600_000;
+
+/// Why a status's `until` (epoch ms) is refused at `now`, if it is: in the
+/// past, or more than 30 days ahead.
+pub fn until_problem(until: i64, now: i64) -> Option<String> {
+    if until <= now {
+        return Some(format!("until ({until}) is in the past"));
+    }
+    if until - now > MAX_UNTIL_AHEAD_MS {
+        return Some("until is more than 30 days ahead".to_string());
+    }
+    None
 }
 
 /// A transition as published on the `presence-events` channel by the scripts.

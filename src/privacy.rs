@@ -75,6 +75,12 @@ pub fn view(p: &Presence, relation: Relation) -> Record {
             devices: p.devices,
             last_seen: if p.devices > 0 { None } else { p.last_seen },
             text: p.text.clone(),
+            until: p.until,
+            kinds: if p.devices > 0 {
+                p.kinds.clone()
+            } else {
+                Vec::new()
+            },
         };
     }
     let invisible = p.chosen == "invisible";
@@ -85,6 +91,8 @@ pub fn view(p: &Presence, relation: Relation) -> Record {
             devices: p.devices,
             last_seen: None,
             text: p.text.clone(),
+            until: p.until,
+            kinds: p.kinds.clone(),
         };
     }
     let last_seen = if !relation.admits(p.show_last_seen) {
@@ -100,6 +108,8 @@ pub fn view(p: &Presence, relation: Relation) -> Record {
         devices: 0,
         last_seen,
         text: None,
+        until: None,
+        kinds: Vec::new(),
     }
 }
 
@@ -118,6 +128,8 @@ mod tests {
             since: 50,
             show_online: Audience::Everyone,
             show_last_seen: Audience::Everyone,
+            until: Some(900),
+            kinds: vec!["mobile".into()],
         }
     }
 
@@ -128,6 +140,7 @@ mod tests {
         for r in [Relation::Contact, Relation::Other, Relation::Blocked] {
             let v = view(&bob, r);
             assert_eq!((v.status.as_str(), v.devices, v.text), ("offline", 0, None));
+            assert_eq!((v.until, v.kinds.len()), (None, 0));
         }
         assert_eq!(view(&bob, Relation::Other).last_seen, Some(50));
         // Really gone later: still the moment it went invisible.
@@ -143,6 +156,11 @@ mod tests {
         assert_eq!(view(&bob, Relation::Contact).status, "away");
         assert_eq!(view(&bob, Relation::Other).status, "offline");
         assert_eq!(view(&bob, Relation::Other).last_seen, None);
+        // Until and kinds go with the status.
+        assert_eq!(view(&bob, Relation::Contact).until, Some(900));
+        assert_eq!(view(&bob, Relation::Contact).kinds, vec!["mobile"]);
+        assert_eq!(view(&bob, Relation::Other).until, None);
+        assert!(view(&bob, Relation::Other).kinds.is_empty());
         let mut gone = p("offline", 0, "online");
         gone.show_last_seen = Audience::Contacts;
         assert_eq!(view(&gone, Relation::Contact).last_seen, Some(100));

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::MAX_STATUS_TEXT;
 use crate::ids;
-use crate::model::{status_text_problem, Audience, Record, Status, UnknownStatus};
+use crate::model::{status_text_problem, until_problem, Audience, Record, Status, UnknownStatus};
 
 /// A frame sent by a client.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -34,6 +34,9 @@ pub enum ClientFrame {
         /// Optional free text ("in a meeting").
         #[serde(default)]
         text: Option<String>,
+        /// When the status ends (back to `online`, no text), epoch ms.
+        #[serde(default)]
+        until: Option<i64>,
     },
     /// Refresh the lease explicitly.
     Heartbeat,
@@ -257,16 +260,33 @@ pub fn parse_client_frame(text: &str) -> Result<ClientFrame, ProtocolError> {
     if let ClientFrame::Privacy { online, last_seen } = &frame {
         parse_privacy(online.as_deref(), last_seen.as_deref())?;
     }
-    if let ClientFrame::Status { status, text } = &frame {
-        Status::parse(status)?;
-        let problem = text
-            .as_deref()
-            .and_then(|t| status_text_problem(t, MAX_STATUS_TEXT));
-        if let Some(problem) = problem {
-            return Err(ProtocolError::new(ErrorCode::InvalidStatus, problem));
-        }
+    if let ClientFrame::Status {
+        status,
+        text,
+        until,
+    } = &frame
+    {
+        check_status(status, text.as_deref(), *until)?;
     }
     Ok(frame)
+}
+
+/// Checks a status choice (a `status` frame, `PUT /api/users/{user}/status`):
+/// a known status, a text within the limits, an `until` ahead but not by
+/// more than 30 days.
+pub fn check_status(
+    status: &str,
+    text: Option<&str>,
+    until: Option<i64>,
+) -> Result<Status, ProtocolError> {
+    let parsed = Status::parse(status)?;
+    let problem = text
+        .and_then(|t| status_text_problem(t, MAX_STATUS_TEXT))
+        .or_else(|| until.and_then(|u| until_problem(u, crate::clock::now_ms())));
+    if let Some(problem) = problem {
+        return Err(ProtocolError::new(ErrorCode::InvalidStatus, problem));
+    }
+    Ok(parsed)
 }
 
 /// Reads the two privacy settings of a `privacy` frame or HTTP body; at
@@ -412,7 +432,8 @@ mod tests {
             parse_client_frame(r#"{"type":"status","status":"away","text":"lunch"}"#),
             Ok(ClientFrame::Status {
                 status: "away".into(),
-                text: Some("lunch".into())
+                text: Some("lunch".into()),
+                until: None,
             })
         );
         assert_eq!(
@@ -466,6 +487,8 @@ mod tests {
             devices: 2,
             last_seen: None,
             text: None,
+            until: None,
+            kinds: vec!["web".into()],
         };
         let v: serde_json::Value = serde_json::from_str(&presence_frame(&r)).unwrap();
         assert_eq!(v["type"], "presence");
@@ -527,7 +550,7 @@ mod fuzz {
             Ok(ClientFrame::Watch { users, .. }) | Ok(ClientFrame::Unwatch { users }) => {
                 assert!(users.iter().all(|u| ids::validate("user", u).is_ok()))
             }
-            Ok(ClientFrame::Status { status, text }) => {
+            Ok(ClientFrame::Status { status, text, .. }) => {
                 assert!(Status::parse(&status).is_ok());
                 assert!(text.is_none_or(|t| status_text_problem(&t, MAX_STATUS_TEXT).is_none()));
             }

@@ -144,6 +144,12 @@ pub struct WebhookEvent {
     pub text: Option<String>,
     /// When the chosen status was set, epoch ms (0 when never).
     pub since: i64,
+    /// When the chosen status ends (back to `online`), epoch ms; null when
+    /// it does not.
+    pub until: Option<i64>,
+    /// The sorted distinct kinds of the live devices.
+    #[schema(example = json!(["mobile"]))]
+    pub kinds: Vec<String>,
     /// The user's transition sequence number: increases with each
     /// transition of that user, so a receiver can order them.
     pub seq: u64,
@@ -162,6 +168,8 @@ impl WebhookEvent {
             last_seen: p.last_seen,
             text: p.text,
             since: p.since,
+            until: p.until,
+            kinds: p.kinds,
             seq: event.seq,
             user: p.user,
         }

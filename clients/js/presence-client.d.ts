@@ -19,6 +19,8 @@ declare class PresenceClient {
   /** Asked for a fresh token (options.refreshToken). */
   refreshToken: (() => string | Promise<string>) | null;
   device: string;
+  /** The device's kind, sent as `&kind=` (null: the server's default, "other"). */
+  kind: PresenceClient.DeviceKind | null;
   minBackoffMs: number;
   maxBackoffMs: number;
   /** The WebSocket class in use. */
@@ -27,8 +29,8 @@ declare class PresenceClient {
   readonly watched: Set<string>;
   /** Of those, the ones watched with `{devices: true}`. */
   readonly watchedDevices: Set<string>;
-  /** The chosen status and text, re-sent after every reconnect. */
-  status: { status: PresenceClient.ChosenStatus; text: string | null } | null;
+  /** The chosen status, text and end, re-sent after every reconnect (until its end). */
+  status: { status: PresenceClient.ChosenStatus; text: string | null; until?: number } | null;
   state: PresenceClient.ConnectionState;
   /** The last hello frame. */
   hello: PresenceClient.Hello | null;
@@ -59,8 +61,12 @@ declare class PresenceClient {
   unwatch(users: string | string[]): void;
   /** Re-reads every watched user (device counts). */
   refresh(): void;
-  /** Sets the status of all of this user's devices. */
-  setStatus(status: PresenceClient.ChosenStatus, text?: string | null): void;
+  /** Sets the status of all of this user's devices: with text, or with
+   * `{text, until}` (epoch ms or a Date: back to "online" then). */
+  setStatus(
+    status: PresenceClient.ChosenStatus,
+    options?: string | null | { text?: string | null; until?: number | Date | null },
+  ): void;
   /** Refreshes the lease explicitly. */
   heartbeat(): void;
   /** Joins a room now, or once connected, and again after every reconnect with its last state.
@@ -71,6 +77,9 @@ declare class PresenceClient {
 declare namespace PresenceClient {
   /** A status a client may choose; `invisible` shows `offline` to everyone else. */
   export type ChosenStatus = "online" | "away" | "busy" | "invisible";
+
+  /** The kind of a device (`kind` option; records list them as `kinds`). */
+  export type DeviceKind = "web" | "desktop" | "mobile" | "tablet" | "bot" | "other";
 
   /** A status as others see it (`invisible` only in a user's own record). */
   export type Status = "online" | "away" | "busy" | "offline" | "invisible";
@@ -85,6 +94,10 @@ declare namespace PresenceClient {
     last_seen: number | null;
     /** Status text, or null. */
     text: string | null;
+    /** When the status ends (back to online), epoch ms; null when it does not or is hidden. */
+    until?: number | null;
+    /** Sorted distinct kinds of the live devices (empty when offline or hidden). */
+    kinds?: DeviceKind[];
     /** Newer servers may add fields. */
     [field: string]: unknown;
   }
@@ -186,6 +199,8 @@ declare namespace PresenceClient {
     url: string | string[];
     /** This device's id, stable across reconnects. */
     device: string;
+    /** This device's kind (default: the server's, "other"). */
+    kind?: DeviceKind;
     /** User id (development auth). One of `user` and `token` is required. */
     user?: string;
     /** A JWT, sent as the first frame. */

@@ -18,6 +18,7 @@
 //   client.watch(["bob", "carol"]);             // may be called before the connection is open
 //   client.watch(["dave"], { devices: true });  // also onChange when dave's device count changes
 //   client.setStatus("away", "in a meeting");
+//   client.setStatus("busy", { text: "in a call", until: Date.now() + 30 * 60e3 }); // back to online then
 //   const room = client.join("doc:42", { state: { page: 1 } }); // rooms: who is here
 //   room.onSync = room.onJoin = room.onLeave = room.onUpdate = () => render(room.members);
 //   room.onTyping = (users) => ...;             // others typing now, sorted
@@ -320,6 +321,8 @@
       /** The server closed for an expired token: get a fresh one before reconnecting. */
       this._tokenStale = false;
       this.device = o.device;
+      /** The device's kind: "web", "desktop", "mobile", "tablet", "bot" or "other" (null: the server's default, "other"). */
+      this.kind = o.kind || null;
       this.minBackoffMs = o.minBackoffMs ?? 500;
       this.maxBackoffMs = o.maxBackoffMs ?? 15000;
       this.WebSocket = o.WebSocket || defaultWebSocket();
@@ -333,7 +336,7 @@
       this.watched = new Set();
       /** The watched users whose device counts were asked for ({devices: true}). */
       this.watchedDevices = new Set();
-      /** The chosen {status, text}, re-sent after every reconnect (null: the server's default). */
+      /** The chosen {status, text, until?}, re-sent after every reconnect (null: the server's default). */
       this.status = null;
       /** "idle" until connect(), then "connecting" | "open" | "reconnecting" | "closed". */
       this.state = "idle";
@@ -431,16 +434,27 @@
 
     /**
      * Sets the status for all of this user's devices: "online", "away",
-     * "busy" or "invisible", with optional text. If the server refuses it
-     * (error `invalid_status`) the client falls back to the previous choice,
-     * so a reconnect does not send the refused one again, and onError gets
-     * the error with `status` naming the refused choice.
+     * "busy" or "invisible", with optional text: `setStatus("away", "lunch")`
+     * or `setStatus("busy", { text, until })`, where `until` (epoch ms or a
+     * Date, at most 30 days ahead) is when the server turns it back to
+     * "online" and clears the text. If the server refuses it (error
+     * `invalid_status`) the client falls back to the previous choice, so a
+     * reconnect does not send the refused one again, and onError gets the
+     * error with `status` naming the refused choice.
      */
-    setStatus(status, text) {
+    setStatus(status, options) {
       if (!STATUSES.includes(status)) throw new RangeError(`PresenceClient: unknown status ${status}`);
+      const o = options !== null && typeof options === "object" ? options : { text: options };
       this._previousStatus = this.status;
-      this.status = { status, text: text ? String(text) : null };
+      this.status = { status, text: o.text ? String(o.text) : null };
+      if (o.until != null) this.status.until = +o.until;
       this._send({ type: "status", ...this.status });
+    }
+
+    /** The chosen status to re-send, or null once its `until` has passed (the server reset it). */
+    _statusToResend() {
+      if (this.status && this.status.until != null && this.status.until <= Date.now()) this.status = null;
+      return this.status;
     }
 
     /**
@@ -480,7 +494,8 @@
       if (!this.token) params.set("user", this.user);
       // The chosen status travels with the handshake too, so that a device
       // coming back invisible never shows online, even for a moment.
-      if (this.status) params.set("status", this.status.status);
+      if (this._statusToResend()) params.set("status", this.status.status);
+      if (this.kind) params.set("kind", this.kind);
       const sep = this.url.includes("?") ? "&" : "?";
       let ws;
       this._setState(this.attempt ? "reconnecting" : "connecting", { attempt: this.attempt, url: this.url });
@@ -593,7 +608,7 @@
           this.attempt = 0;
           this._setState("open", { hello: f, url: this.url });
           this.onHello(f);
-          if (this.status) this._send({ type: "status", ...this.status });
+          if (this._statusToResend()) this._send({ type: "status", ...this.status });
           this._sendWatches();
           // Back in every room, with its last state (the others see no leave
           // and join when this comes within the membership's deadline).

@@ -34,9 +34,21 @@ pub struct ConnLimits {
     /// Most sockets waiting for their auth frame; 0: no cap.
     max_pending: u32,
     /// Open WebSockets per address key (absent: none).
-    per_address: DashMap<IpAddr, u32>,
+    per_address: DashMap<Key, u32>,
     /// Sockets waiting for their auth frame.
     pending: AtomicU32,
+}
+
+/// An address key as 16 bytes (IPv4 mapped into IPv6): byte-aligned, so
+/// that a guard, which every session holds, is 24 B.
+type Key = [u8; 16];
+
+/// The [`Key`] of `ip`'s address key.
+fn key_of(ip: IpAddr) -> Key {
+    match address_key(ip) {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+        IpAddr::V6(v6) => v6.octets(),
+    }
 }
 
 /// One admitted WebSocket's place in its address's count; dropping it (the
@@ -44,7 +56,7 @@ pub struct ConnLimits {
 #[derive(Debug)]
 pub struct ConnGuard {
     limits: Arc<ConnLimits>,
-    key: IpAddr,
+    key: Key,
 }
 
 /// One socket's place among those waiting to authenticate; dropped once it
@@ -68,7 +80,7 @@ impl ConnLimits {
     /// Counts one more WebSocket from `ip`, unless that address holds the
     /// most allowed.
     pub fn admit(self: &Arc<Self>, ip: IpAddr) -> Result<ConnGuard, Refused> {
-        let key = address_key(ip);
+        let key = key_of(ip);
         let mut count = self.per_address.entry(key).or_insert(0);
         if self.max_per_address > 0 && *count >= self.max_per_address {
             return Err(Refused::PerAddress(self.max_per_address));
@@ -96,7 +108,7 @@ impl ConnLimits {
 
     /// WebSockets open from `ip`'s address key.
     pub fn open_from(&self, ip: IpAddr) -> u32 {
-        self.per_address.get(&address_key(ip)).map_or(0, |c| *c)
+        self.per_address.get(&key_of(ip)).map_or(0, |c| *c)
     }
 
     /// Sockets waiting for their auth frame now.

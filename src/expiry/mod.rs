@@ -185,35 +185,7 @@ impl ExpiryListener {
                     if !held {
                         return Ok::<_, StoreError>((step, false));
                     }
-                    let started = Instant::now();
-                    loop {
-                        let reaped = store.reap_due(bucket, REAP_BATCH).await?;
-                        let (seen, removed) = (reaped.looked_at, reaped.removed);
-                        if removed > 0 {
-                            METRICS.devices_reaped.inc_by(removed as u64);
-                            log::debug!("deadline pass removed {removed} lapsed devices");
-                        }
-                        if seen < REAP_BATCH || started.elapsed() > interval {
-                            break;
-                        }
-                    }
-                    // The rooms of the same bucket under the same lock:
-                    // memberships whose device's node died lapse here.
-                    let (_, left) = store.reap_rooms(bucket, REAP_BATCH).await?;
-                    if left > 0 {
-                        METRICS.rooms.memberships_lapsed.inc_by(left as u64);
-                        log::debug!("room deadline pass removed {left} lapsed memberships");
-                    }
-                    if let Some(retention) = trim {
-                        let forgotten = store
-                            .trim_last_seen_bucket(bucket, retention, TRIM_BATCH)
-                            .await?;
-                        if forgotten > 0 {
-                            log::info!(
-                                "forgot {forgotten} users offline for longer than the retention"
-                            );
-                        }
-                    }
+                    run_bucket(store, bucket, interval, trim).await?;
                     Ok((step, true))
                 }
             });
@@ -288,6 +260,51 @@ impl ExpiryListener {
             }
         }));
     }
+}
+
+/// One tick's work on a bucket whose lock this node holds: the lapsed
+/// leases, the lapsed room memberships, the statuses whose `until` came
+/// and, when due, the last-seen retention.
+async fn run_bucket(
+    store: &Store,
+    bucket: u32,
+    interval: std::time::Duration,
+    trim: Option<std::time::Duration>,
+) -> Result<(), StoreError> {
+    let started = Instant::now();
+    loop {
+        let reaped = store.reap_due(bucket, REAP_BATCH).await?;
+        let (seen, removed) = (reaped.looked_at, reaped.removed);
+        if removed > 0 {
+            METRICS.devices_reaped.inc_by(removed as u64);
+            log::debug!("deadline pass removed {removed} lapsed devices");
+        }
+        if seen < REAP_BATCH || started.elapsed() > interval {
+            break;
+        }
+    }
+    // The rooms of the same bucket under the same lock:
+    // memberships whose device's node died lapse here.
+    let (_, left) = store.reap_rooms(bucket, REAP_BATCH).await?;
+    if left > 0 {
+        METRICS.rooms.memberships_lapsed.inc_by(left as u64);
+        log::debug!("room deadline pass removed {left} lapsed memberships");
+    }
+    // Statuses whose `until` came, under the same lock.
+    let ended = store.end_statuses(bucket, REAP_BATCH).await?;
+    if ended > 0 {
+        METRICS.statuses_ended.inc_by(ended as u64);
+        log::debug!("status-end pass reset {ended} statuses");
+    }
+    if let Some(retention) = trim {
+        let forgotten = store
+            .trim_last_seen_bucket(bucket, retention, TRIM_BATCH)
+            .await?;
+        if forgotten > 0 {
+            log::info!("forgot {forgotten} users offline for longer than the retention");
+        }
+    }
+    Ok(())
 }
 
 impl Actor for ExpiryListener {

@@ -1,13 +1,16 @@
 //! The HTTP side of a node: the WebSocket upgrade, the read API, users'
-//! settings and the admin API, operations, the OpenAPI document and the
+//! settings and the admin API, HTTP heartbeat devices and statuses
+//! (`devices/`), operations, the OpenAPI document and the
 //! demo page, each in a file of its own; [`routes`] puts them on the
 //! listeners.
 
+mod devices;
 pub mod openapi;
 mod ops;
 mod reads;
 mod rooms;
 pub mod routes;
+mod seen;
 pub mod static_files;
 mod upgrade;
 mod users;
@@ -93,7 +96,7 @@ impl ApiError {
 impl From<crate::admission::Refused> for ApiError {
     fn from(e: crate::admission::Refused) -> Self {
         use crate::admission::Refused;
-        crate::metrics::METRICS.connections_refused.inc();
+        crate::metrics::METRICS.admission.connections_refused.inc();
         let (status, code, wait) = match e {
             Refused::PerAddress(_) => (StatusCode::TOO_MANY_REQUESTS, ErrorCode::RateLimited, 5),
             Refused::PendingAuth(_) => (StatusCode::SERVICE_UNAVAILABLE, ErrorCode::Unavailable, 1),
@@ -177,7 +180,7 @@ impl AppState {
         };
         let cost = u32::try_from(cost).unwrap_or(u32::MAX);
         self.budgets.charge(who, cost).map_err(|wait| {
-            crate::metrics::METRICS.http_rate_limited.inc();
+            crate::metrics::METRICS.admission.http_rate_limited.inc();
             ApiError::new(
                 StatusCode::TOO_MANY_REQUESTS,
                 ErrorCode::RateLimited,

@@ -9,6 +9,7 @@ use actix_web::HttpResponse;
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
+use super::devices::{HeartbeatAnswer, StatusBody};
 use super::reads::{OnlineResult, Query, QueryResult, UserPresence};
 use super::rooms::{
     DeviceRooms, Member, MemberDevice, RoomCounts, RoomPage, RoomsQuery, RoomsResult, UserRooms,
@@ -32,6 +33,9 @@ use crate::webhooks::{Kind, RoomKind, RoomWebhookEvent, WebhookBatch, WebhookEve
         super::reads::query,
         super::reads::online,
         super::users::set_privacy,
+        super::devices::set_status,
+        super::devices::heartbeat,
+        super::devices::leave,
         super::users::put_contacts,
         super::users::get_contacts,
         super::ops::healthz,
@@ -44,13 +48,14 @@ use crate::webhooks::{Kind, RoomKind, RoomWebhookEvent, WebhookBatch, WebhookEve
     ),
     components(schemas(
         Record, DeviceInfo, OnlinePage, OnlineUser, UserPresence, QueryResult, OnlineResult,
-        Query, PrivacyBody, Contacts, ProtocolError, ErrorCode, WebhookBatch, WebhookEvent, Kind,
+        Query, PrivacyBody, StatusBody, HeartbeatAnswer, Contacts, ProtocolError, ErrorCode, WebhookBatch, WebhookEvent, Kind,
         RoomWebhookEvent, RoomKind, RoomPage, Member, MemberDevice, RoomsQuery, RoomCounts, RoomsResult, UserRooms, DeviceRooms,
     )),
     modifiers(&BearerKey),
     tags(
         (name = "read", description = "Presence records"),
         (name = "users", description = "A user's own settings"),
+        (name = "devices", description = "Presence without a WebSocket: HTTP heartbeat devices"),
         (name = "rooms", description = "Presence in a place: who is in a room"),
         (name = "admin", description = "The admin API (--admin-key)"),
         (name = "operations", description = "Health and metrics (--internal-listen)"),

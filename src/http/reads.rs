@@ -220,16 +220,23 @@ pub(crate) async fn query(
 pub(crate) struct OnlineQuery {
     limit: Option<usize>,
     cursor: Option<String>,
+    /// Also the users last seen within this many ms, after those online.
+    seen_within_ms: Option<i64>,
     #[serde(flatten)]
     who: As,
 }
 
-/// `GET /api/online?limit=&cursor=`: users the viewer may see online now,
-/// most recently active first.
+/// Longest `seen_within_ms` of `GET /api/online`: 365 days.
+const MAX_SEEN_WITHIN_MS: i64 = 365 * 24 * 3_600_000;
+
+/// `GET /api/online?limit=&cursor=[&seen_within_ms=]`: users the viewer may
+/// see online now, most recently active first; then, with
+/// `seen_within_ms`, those last seen within it.
 #[utoipa::path(get, path = "/api/online", tag = "read",
     params(
         ("limit" = Option<usize>, Query, description = "Page size, 1 to 1000 (default 50)"),
         ("cursor" = Option<String>, Query, description = "next_cursor of the previous page"),
+        ("seen_within_ms" = Option<i64>, Query, description = "After the users online now, the users last seen within this many ms (1 ms to 365 days), most recent first"),
         ("viewer" = Option<String>, Query, description = "Development auth: read as this user"),
         ("token" = Option<String>, Query, description = "JWT auth: the reader's token, instead of Authorization: Bearer")),
     responses(
@@ -262,17 +269,36 @@ pub(crate) async fn online(
             )
         })?),
     };
-    let reader = read_as(&req, &state, &query.who, limit).await?;
-    let page = state
-        .node
-        .store
-        .online_as(
-            limit,
-            cursor.as_ref(),
-            reader.reader(),
-            state.node.config.contacts_only,
-        )
-        .await?;
+    let seen_since = match query.seen_within_ms {
+        None => None,
+        Some(ms) if (1..=MAX_SEEN_WITHIN_MS).contains(&ms) => {
+            Some(crate::clock::now_ms().saturating_sub(ms))
+        }
+        Some(_) => {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                ErrorCode::BadRequest,
+                format!("seen_within_ms must be between 1 and {MAX_SEEN_WITHIN_MS}"),
+            ))
+        }
+    };
+    // Recently seen users are a second list of up to `limit` after the
+    // online ones: charged as such.
+    let cost = if seen_since.is_some() {
+        2 * limit
+    } else {
+        limit
+    };
+    let reader = read_as(&req, &state, &query.who, cost).await?;
+    let page = super::seen::online_page(
+        &state.node.store,
+        limit,
+        cursor.as_ref(),
+        seen_since,
+        reader.reader(),
+        state.node.config.contacts_only,
+    )
+    .await?;
     Ok(HttpResponse::Ok().json(OnlineResult {
         view: reader.view(),
         page,

@@ -61,7 +61,8 @@ pub fn public_routes(cfg: &mut web::ServiceConfig) {
 }
 
 /// The `--internal-listen` listener: metrics, health and the admin API
-/// (contacts, and privacy settings with the admin key).
+/// (contacts, and privacy settings, statuses and HTTP devices with the
+/// admin key).
 pub fn internal_routes(cfg: &mut web::ServiceConfig) {
     cfg.app_data(Internal);
     extractors(cfg);
@@ -70,6 +71,21 @@ pub fn internal_routes(cfg: &mut web::ServiceConfig) {
         Method::PUT,
         "/api/users/{user}/privacy",
         web::route().to(set_privacy),
+    );
+    cfg.add(
+        Method::PUT,
+        "/api/users/{user}/status",
+        web::route().to(super::devices::set_status),
+    );
+    cfg.add(
+        Method::POST,
+        "/api/users/{user}/devices/{device}/heartbeat",
+        web::route().to(super::devices::heartbeat),
+    );
+    cfg.add(
+        Method::DELETE,
+        "/api/users/{user}/devices/{device}",
+        web::route().to(super::devices::leave),
     );
     not_found(cfg);
 }
@@ -112,6 +128,21 @@ fn api(r: &mut impl Router) {
         Method::PUT,
         "/api/users/{user}/privacy",
         web::route().to(set_privacy),
+    );
+    r.add(
+        Method::PUT,
+        "/api/users/{user}/status",
+        web::route().to(super::devices::set_status),
+    );
+    r.add(
+        Method::POST,
+        "/api/users/{user}/devices/{device}/heartbeat",
+        web::route().to(super::devices::heartbeat),
+    );
+    r.add(
+        Method::DELETE,
+        "/api/users/{user}/devices/{device}",
+        web::route().to(super::devices::leave),
     );
     r.add(
         Method::GET,

@@ -15,7 +15,7 @@ use super::*;
 use crate::auth::{Auth, AuthError, Handshake};
 use crate::conn::ConnHandle;
 use crate::ids;
-use crate::model::Status;
+use crate::model::{DeviceKind, Status};
 use crate::protocol::{ErrorCode, ProtocolError};
 use crate::session::{Identity, PreAuth, Session, TokenState};
 
@@ -31,6 +31,8 @@ pub(crate) struct Connect {
     /// The status to arrive with if none is stored yet (e.g. `invisible`,
     /// so that a device never shows online before it can say so).
     status: Option<String>,
+    /// The device's kind: web, desktop, mobile, tablet, bot or other.
+    kind: Option<String>,
 }
 
 impl From<AuthError> for ApiError {
@@ -57,10 +59,11 @@ impl From<AuthError> for ApiError {
         ("user" = Option<String>, Query, description = "Development auth: the user id"),
         ("token" = Option<String>, Query, description = "JWT auth: the token (prefer Sec-WebSocket-Protocol or the first frame)"),
         ("status" = Option<String>, Query, description = "Status to arrive with if none is stored: online, away, busy or invisible"),
+        ("kind" = Option<String>, Query, description = "The device's kind: web, desktop, mobile, tablet, bot or other (default)"),
     ),
     responses(
         (status = 101, description = "Upgraded: the frames are in docs/events.md"),
-        (status = 400, description = "Missing or invalid ids", body = ProtocolError),
+        (status = 400, description = "Missing or invalid ids, or an unknown kind", body = ProtocolError),
         (status = 401, description = "Missing or invalid token", body = ProtocolError),
         (status = 403, description = "Refused origin or host, or token for another user", body = ProtocolError),
         (status = 429, description = "The client's address holds the most connections allowed (--max-connections-per-ip)", body = ProtocolError),
@@ -118,6 +121,8 @@ async fn open_session(
         .into());
     };
     ids::validate("device", &device).map_err(ApiError::from)?;
+    let kind = DeviceKind::parse(query.kind.as_deref())
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::BadRequest, e))?;
     if let Some(user) = &query.user {
         ids::validate("user", user).map_err(ApiError::from)?;
     }
@@ -153,6 +158,7 @@ async fn open_session(
         device,
         owner,
         status,
+        kind,
         token: token.map(|t| (state.auth.clone(), t)),
         rooms,
         admitted,

@@ -41,19 +41,7 @@ pub(crate) async fn set_privacy(
 ) -> Result<HttpResponse, ApiError> {
     let user = user.into_inner();
     ids::validate("user", &user)?;
-    if !is_admin(&req, &state) {
-        let acting = state
-            .auth
-            .viewer(&req, who.token.as_deref(), Some(&user))
-            .await?;
-        if acting.as_deref() != Some(user.as_str()) {
-            return Err(AuthError::Mismatch {
-                token: acting.unwrap_or_default(),
-                asked: user,
-            }
-            .into());
-        }
-    }
+    require_self_or_admin(&req, &state, &user, who.token.as_deref()).await?;
     let (online, last_seen) = parse_privacy(body.online.as_deref(), body.last_seen.as_deref())?;
     state
         .node
@@ -61,6 +49,36 @@ pub(crate) async fn set_privacy(
         .set_privacy(&user, online, last_seen)
         .await?;
     Ok(HttpResponse::NoContent().finish())
+}
+
+/// Checks that the request acts for `user`: the admin key (which acts for
+/// any user), or the user's own token (`query_token` or the bearer; under
+/// development auth, anyone). Another user's token is a 403. The write is
+/// charged to the caller's read budget as one user (a `429` beyond it).
+pub(super) async fn require_self_or_admin(
+    req: &HttpRequest,
+    state: &AppState,
+    user: &str,
+    query_token: Option<&str>,
+) -> Result<(), ApiError> {
+    if is_admin(req, state) {
+        return state.charge_read(req, None, true, 1);
+    }
+    let acting = state.auth.viewer(req, query_token, Some(user)).await?;
+    if acting.as_deref() != Some(user) {
+        return Err(AuthError::Mismatch {
+            token: acting.unwrap_or_default(),
+            asked: user.to_string(),
+        }
+        .into());
+    }
+    // A write is one Redis script: it counts as one user read against the
+    // client's budget (its address's, and its token's user's).
+    let budget_user = match *state.auth {
+        crate::auth::Auth::Jwt(_) => acting.as_deref(),
+        crate::auth::Auth::Dev => None,
+    };
+    state.charge_read(req, budget_user, false, 1)
 }
 
 /// Body of `PUT /api/users/{user}/contacts`.

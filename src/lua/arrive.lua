@@ -23,11 +23,15 @@
 -- ARGV[12] show_online this connection last knew ("" when none)
 -- ARGV[13] show_last_seen this connection last knew ("" when none)
 -- ARGV[14] the run number of this connection's node (presence-run:<run>)
+-- ARGV[15] when the status this connection last knew ends, epoch ms ("0": never)
+-- ARGV[16] the device's kind (web, mobile...), written as k:<device> when
+--          the device is claimed or counted ("": leave it as it is; "other",
+--          the default, is no field)
 --
--- Returns {held, came_online, status, text, since, show_online, show_last_seen},
--- or just {held, came_online} for a refresh that holds the lease and finds
--- status, text, since and privacy exactly as ARGV[8..10, 12, 13] (the common
--- case: the refreshing connection already knows them):
+-- Returns {held, came_online, status, text, since, show_online, show_last_seen,
+-- until}, or just {held, came_online} for a refresh that holds the lease and
+-- finds status, text, since, privacy and until exactly as ARGV[8..10, 12, 13,
+-- 15] (the common case: the refreshing connection already knows them):
 --   held        1 when the lease now belongs to ARGV[1], 0 when another
 --               connection owns it (refresh only: this connection was replaced),
 --               -1 when the user already has ARGV[11] other devices (connect
@@ -39,7 +43,7 @@
 --   show_online, show_last_seen: the user's privacy settings ("" when unset)
 local current = redis.call('GET', KEYS[1])
 if ARGV[5] == 'refresh' and current and current ~= ARGV[1] then
-  return {0, 0, '', '', '0', '', ''}
+  return {0, 0, '', '', '0', '', '', '0'}
 end
 local field = 'd:' .. ARGV[3]
 if ARGV[5] == 'connect' and redis.call('HEXISTS', KEYS[3], field) == 0 then
@@ -50,7 +54,7 @@ if ARGV[5] == 'connect' and redis.call('HEXISTS', KEYS[3], field) == 0 then
     if string.sub(f, 1, 2) == 'd:' then devices = devices + 1 end
   end
   if devices >= tonumber(ARGV[11]) then
-    return {-1, 0, '', '', '0', '', ''}
+    return {-1, 0, '', '', '0', '', '', '0'}
   end
 end
 if current == ARGV[1] then
@@ -60,7 +64,8 @@ else
 end
 -- One read of everything a holder re-asserts: status, text, since, then
 -- the privacy settings.
-local st = redis.call('HMGET', KEYS[3], 'status', 'text', 'since', 'show_online', 'show_last_seen', 'seq')
+local st = redis.call('HMGET', KEYS[3], 'status', 'text', 'since', 'show_online', 'show_last_seen', 'seq',
+  'until')
 -- Redis lost the status (restart without persistence) or holds an older one
 -- re-asserted by another device: restore the newest this connection knew.
 if ARGV[8] ~= '' and (not st[1] or tonumber(st[3] or '0') < tonumber(ARGV[10])) then
@@ -71,6 +76,16 @@ if ARGV[8] ~= '' and (not st[1] or tonumber(st[3] or '0') < tonumber(ARGV[10])) 
   else
     redis.call('HSET', KEYS[3], 'text', ARGV[9])
     st[2] = ARGV[9]
+  end
+  -- The status's end goes with it (the node's deadline pass puts it back
+  -- in the due index).
+  local known_until = ARGV[15] or '0'
+  if known_until == '0' or known_until == '' then
+    redis.call('HDEL', KEYS[3], 'until')
+    st[7] = false
+  else
+    redis.call('HSET', KEYS[3], 'until', known_until)
+    st[7] = known_until
   end
   st[1], st[3] = ARGV[8], ARGV[10]
 end
@@ -93,6 +108,7 @@ if tonumber(st[6] or '0') < tonumber(ARGV[4]) then
 end
 local status, text, since = st[1] or '', st[2] or '', st[3] or '0'
 local show_online, show_last_seen = st[4] or '', st[5] or ''
+local status_until = st[7] or '0'
 local came_online = 0
 -- The device's field names the node run holding it: a new connection
 -- writes it even where the device was already counted (it may have moved
@@ -102,6 +118,14 @@ if ARGV[5] == 'connect' then
   added = redis.call('HSET', KEYS[3], field, ARGV[14])
 else
   added = redis.call('HSETNX', KEYS[3], field, ARGV[14])
+end
+-- `other`, the default, is no field at all: a plain device costs nothing.
+if (added == 1 or ARGV[5] == 'connect') and (ARGV[16] or '') ~= '' then
+  if ARGV[16] == 'other' then
+    redis.call('HDEL', KEYS[3], 'k:' .. ARGV[3])
+  else
+    redis.call('HSET', KEYS[3], 'k:' .. ARGV[3], ARGV[16])
+  end
 end
 if added == 1 then
   local count = redis.call('INCR', KEYS[2])
@@ -113,7 +137,8 @@ if added == 1 then
   end
 end
 if ARGV[5] == 'refresh' and status == ARGV[8] and text == ARGV[9] and since == ARGV[10]
-    and show_online == known_online and show_last_seen == known_last_seen then
+    and show_online == known_online and show_last_seen == known_last_seen
+    and status_until == (ARGV[15] or '0') then
   return {1, came_online}
 end
-return {1, came_online, status, text, since, show_online, show_last_seen}
+return {1, came_online, status, text, since, show_online, show_last_seen, status_until}

@@ -9,7 +9,10 @@
 --                                      device; status, text, since, privacy,
 --                                      last_seen, seq
 -- ARGV[1] lease owner of the closing connection, or "" when the lease lapsed
---         (then the device goes only if no lease exists any more)
+--         (then the device goes only if no lease exists any more), or "*" to
+--         take the device away from whoever holds it (DELETE of an HTTP
+--         device): the lease is kept as a tombstone until its TTL, so that a
+--         socket that held it finds it replaced and closes with 4001
 -- ARGV[2] device id
 -- ARGV[3] now, epoch ms
 -- ARGV[4] user id
@@ -26,14 +29,18 @@
 --   outcome 2  nothing to do: the device was already gone
 local current = redis.call('GET', KEYS[1])
 if current then
-  if ARGV[1] == '' or current ~= ARGV[1] then
+  if ARGV[1] == '*' then
+    redis.call('SET', KEYS[1], '0', 'KEEPTTL')
+  elseif ARGV[1] == '' or current ~= ARGV[1] then
     return {0, 0, redis.call('PTTL', KEYS[1])}
+  else
+    redis.call('DEL', KEYS[1])
   end
-  redis.call('DEL', KEYS[1])
 end
 if redis.call('HDEL', KEYS[3], 'd:' .. ARGV[2]) == 0 then
   return {2, 0, 0}
 end
+redis.call('HDEL', KEYS[3], 'k:' .. ARGV[2])
 local count = redis.call('DECR', KEYS[2])
 if count > 0 then
   publish_event(ARGV[5], KEYS[3], ARGV[4], count, nil, next_seq(KEYS[3], ARGV[3], ARGV[1] == ''), true)

@@ -24,6 +24,31 @@ end
 -- transition is the one that sends its webhook.
 local published = false
 
+-- The sorted distinct kinds of the user's counted devices (`k:<device>`
+-- beside each `d:<device>`; a device without one is `other`).
+local function device_kinds(status_key)
+  local flat = redis.call('HGETALL', status_key)
+  local counted, kind = {}, {}
+  for i = 1, #flat, 2 do
+    local prefix = string.sub(flat[i], 1, 2)
+    if prefix == 'd:' then
+      counted[string.sub(flat[i], 3)] = true
+    elseif prefix == 'k:' then
+      kind[string.sub(flat[i], 3)] = flat[i + 1]
+    end
+  end
+  local seen, out = {}, {}
+  for device in pairs(counted) do
+    local k = kind[device] or 'other'
+    if not seen[k] then
+      seen[k] = true
+      out[#out + 1] = k
+    end
+  end
+  table.sort(out)
+  return out
+end
+
 -- Publishes the user's true record after a transition, with what decides
 -- who may see it (chosen status, privacy settings); each node derives every
 -- viewer's view from it. `devices_only` marks a change of the device count
@@ -31,13 +56,19 @@ local published = false
 -- who asked for device counts.
 local function publish_event(channel, status_key, user, devices, last_seen, seq, devices_only)
   local h = redis.call('HMGET', status_key, 'status', 'text', 'since', 'show_online', 'show_last_seen',
-    'last_seen')
+    'last_seen', 'until')
   -- The stored last seen rides along on every event, as on every read: a
   -- viewer who may not see the user online sees it offline with that last
   -- seen, the same record an event or a snapshot.
   if last_seen == nil then last_seen = tonumber(h[6]) end
   local status = 'offline'
   if devices > 0 then status = h[1] or 'online' end
+  -- An empty table would be encoded as an object: no kinds, no field.
+  local kinds = nil
+  if devices > 0 then
+    kinds = device_kinds(status_key)
+    if #kinds == 0 then kinds = nil end
+  end
   local event = cjson.encode({
     devices_only = devices_only or nil,
     user = user,
@@ -49,6 +80,8 @@ local function publish_event(channel, status_key, user, devices, last_seen, seq,
     since = tonumber(h[3] or '0'),
     show_online = h[4] or 'everyone',
     show_last_seen = h[5] or 'everyone',
+    ['until'] = tonumber(h[7]) or cjson.null,
+    kinds = kinds,
     seq = seq,
   })
   redis.call('SPUBLISH', channel, event)

@@ -8,13 +8,19 @@
 -- ARGV[1] viewer ("" for anonymous)
 --
 -- Returns {count, status, text, seq, last_seen, since, show_online,
--- show_last_seen, viewer_is_contact}; "" for what is not set.
+-- show_last_seen, viewer_is_contact, until, kinds}; "" for what is not set;
+-- kinds are the devices' sorted distinct kinds joined with ",".
 local count = tonumber(redis.call('GET', KEYS[1]) or '0')
 local h = redis.call('HMGET', KEYS[2], 'status', 'text', 'seq', 'last_seen', 'since',
-  'show_online', 'show_last_seen')
+  'show_online', 'show_last_seen', 'until')
 local contact = 0
 if ARGV[1] ~= '' then
   contact = redis.call('SISMEMBER', KEYS[3], ARGV[1])
 end
+-- The same kinds as an event's (event.lua is in front of this script).
+local kinds = ''
+if count > 0 then
+  kinds = table.concat(device_kinds(KEYS[2]), ',')
+end
 return {count, h[1] or '', h[2] or '', h[3] or '0', h[4] or '', h[5] or '0',
-  h[6] or '', h[7] or '', contact}
+  h[6] or '', h[7] or '', contact, h[8] or '', kinds}

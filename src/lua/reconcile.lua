@@ -21,6 +21,7 @@ local removed = 0
 for i = 4, #ARGV do
   local lease = KEYS[i - 1]
   if redis.call('EXISTS', lease) == 0 and redis.call('HDEL', KEYS[2], 'd:' .. ARGV[i]) == 1 then
+    redis.call('HDEL', KEYS[2], 'k:' .. ARGV[i])
     removed = removed + 1
   end
 end

@@ -8,15 +8,24 @@
 -- ARGV[3] now, epoch ms
 -- ARGV[4] user id
 -- ARGV[5] the user's events channel, presence-events:{<user>} (SPUBLISH)
+-- ARGV[6] when the status ends, epoch ms ("" or "0": it does not); the
+--         caller adds it to the due index, presence-until:{b<k>}
 --
 -- Returns {published, since}: 1 when a `presence` event was published, and
 -- when the current status was chosen (a change of text alone keeps it, so
 -- that an invisible user's last seen, which is that moment, never moves).
-local old = redis.call('HMGET', KEYS[1], 'status', 'text', 'since')
+local old = redis.call('HMGET', KEYS[1], 'status', 'text', 'since', 'until')
 local old_status = old[1] or 'online'
 local old_text = old[2] or ''
-if old_status == ARGV[1] and old_text == ARGV[2] then
+local new_until = ARGV[6] or ''
+if new_until == '0' then new_until = '' end
+if old_status == ARGV[1] and old_text == ARGV[2] and (old[4] or '') == new_until then
   return {0, old[3] or ARGV[3]}
+end
+if new_until == '' then
+  redis.call('HDEL', KEYS[1], 'until')
+else
+  redis.call('HSET', KEYS[1], 'until', new_until)
 end
 if old_status ~= ARGV[1] or not old[3] then
   redis.call('HSET', KEYS[1], 'status', ARGV[1], 'since', ARGV[3])

@@ -91,22 +91,25 @@ pub struct Recheck {
     pub user: String,
 }
 
-/// What a watcher can tell apart in a record: its status and text. Device
+/// What a watcher can tell apart in a record: its status, text and until. Device
 /// counts and last-seen times change without a transition.
 pub fn fingerprint(record: &Record) -> u64 {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     record.status.hash(&mut h);
     record.text.hash(&mut h);
+    record.until.hash(&mut h);
     h.finish()
 }
 
 /// What a watcher who asked for device counts can tell apart: status,
-/// text and the number of devices.
+/// text, until, the number of devices and their kinds.
 pub fn devices_fingerprint(record: &Record) -> u64 {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     record.status.hash(&mut h);
     record.text.hash(&mut h);
+    record.until.hash(&mut h);
     record.devices.hash(&mut h);
+    record.kinds.hash(&mut h);
     h.finish()
 }
 

@@ -151,9 +151,10 @@ impl Session {
         let me = &self.me;
         let (user, device, owner) = (me.user.clone(), me.device.clone(), me.owner.clone());
         let known = self.lease.known_status.as_deref().cloned();
+        let kind = Some(me.kind);
         async move {
             store
-                .arrive(&user, &device, &owner, mode, known.as_ref())
+                .arrive(&user, &device, &owner, mode, known.as_ref(), kind)
                 .await
         }
     }
@@ -185,6 +186,7 @@ impl Session {
             owner: self.me.owner.clone(),
             known,
             rooms: self.room_names(),
+            kind: Some(self.me.kind),
         };
         self.node
             .refresher

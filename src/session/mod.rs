@@ -39,7 +39,7 @@ use crate::bucket::TokenBucket;
 use crate::conn::ConnHandle;
 use crate::frames::Fragments;
 use crate::lease::{release, release_with, LeaseState};
-use crate::model::{ChosenStatus, Status};
+use crate::model::{ChosenStatus, DeviceKind, Status};
 use crate::node::Node;
 use crate::protocol::{ErrorCode, ProtocolError};
 use crate::registry::fanout;
@@ -143,6 +143,8 @@ struct Me {
     device: String,
     /// Lease value naming this connection (`<node> <conn> <since>`).
     owner: String,
+    /// The device's kind (`&kind=` on connect).
+    kind: DeviceKind,
 }
 
 /// The lease this connection holds, and what a refresh sends with it.
@@ -191,6 +193,8 @@ pub struct Identity {
     pub owner: String,
     /// The status to arrive with when none is stored yet.
     pub status: Option<Status>,
+    /// The device's kind.
+    pub kind: DeviceKind,
     /// With JWT auth: the verifier, and the token's state at the handshake.
     pub token: Option<(Arc<Auth>, TokenState)>,
     /// The rooms its token's rooms claim lists.
@@ -211,6 +215,7 @@ impl Session {
                 user: who.user,
                 device: who.device,
                 owner: who.owner,
+                kind: who.kind,
             },
             lease: LeaseHold {
                 state: Arc::default(),

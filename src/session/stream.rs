@@ -33,12 +33,23 @@ impl Session {
                     users,
                 });
             }
-            ClientFrame::Status { status, text } => {
+            ClientFrame::Status {
+                status,
+                text,
+                until,
+            } => {
                 // Already validated by the parser.
                 let Ok(status) = Status::parse(&status) else {
                     return;
                 };
-                self.request(Request::Status { status, text }, ctx);
+                self.request(
+                    Request::Status {
+                        status,
+                        text,
+                        until,
+                    },
+                    ctx,
+                );
             }
             ClientFrame::Heartbeat => {}
             ClientFrame::Join { room, state } => self.join_room(room, state, ctx),

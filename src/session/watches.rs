@@ -110,6 +110,8 @@ pub(super) enum Request {
         status: Status,
         /// Its text.
         text: Option<String>,
+        /// When it ends, epoch ms.
+        until: Option<i64>,
     },
     /// Change the user's privacy settings.
     Privacy {
@@ -247,7 +249,11 @@ impl Session {
         self.requests.busy = true;
         match request {
             Request::Watch { new, devices } => self.start_watch(new, devices, ctx),
-            Request::Status { status, text } => self.start_status(status, text, ctx),
+            Request::Status {
+                status,
+                text,
+                until,
+            } => self.start_status(status, text, until, ctx),
             Request::Privacy { online, last_seen } => self.start_privacy(online, last_seen, ctx),
             Request::Recheck { user, attempt } => self.start_recheck(user, attempt, ctx),
             Request::Room(room) => self.start_room(room, ctx),
@@ -363,6 +369,7 @@ impl Session {
         &mut self,
         status: Status,
         text: Option<String>,
+        until: Option<i64>,
         ctx: &mut ws::WebsocketContext<Self>,
     ) {
         // A session watching its own user holds that user's events until the
@@ -385,7 +392,9 @@ impl Session {
         // A change that Redis made is the session's to re-assert from then
         // on, whether or not the read-back works.
         let set = async move {
-            let since = store.set_status(&user, status, text.as_deref()).await?;
+            let since = store
+                .set_status(&user, status, text.as_deref(), until)
+                .await?;
             let own = store
                 .presences(std::slice::from_ref(&user), Some(&user))
                 .await;
@@ -399,6 +408,7 @@ impl Session {
                     known.status = status.as_str().to_string();
                     known.text = chosen_text;
                     known.since = since;
+                    known.until = until.unwrap_or(0);
                     if act.hidden() != was_hidden {
                         act.visibility_changed(ctx);
                     }

@@ -38,6 +38,9 @@ pub struct Lease {
     /// The rooms the connection is in: their memberships' deadlines are
     /// pushed on with the lease's.
     pub rooms: Vec<std::sync::Arc<str>>,
+    /// The device's kind, written when the device is claimed or counted
+    /// (`None`: leave what is stored).
+    pub kind: Option<crate::model::DeviceKind>,
 }
 
 /// Outcome of [`Store::arrive`].
@@ -180,6 +183,7 @@ impl Store {
         owner: &str,
         mode: ArriveMode,
         known: Option<&ChosenStatus>,
+        kind: Option<crate::model::DeviceKind>,
     ) -> StoreResult<Arrival> {
         let lease = Lease {
             user: user.to_string(),
@@ -187,6 +191,7 @@ impl Store {
             owner: owner.to_string(),
             known: known.cloned(),
             rooms: Vec::new(),
+            kind,
         };
         self.arrive_batch(mode, std::slice::from_ref(&lease))
             .await?

@@ -49,22 +49,22 @@ pub struct Cursor {
 /// Entries one request of the online list may examine, as a multiple of
 /// its `limit`: a viewer who may see few of the online users gets a short
 /// page and a cursor rather than an unbounded scan.
-const EXAMINE_PER_LIMIT: usize = 4;
+pub(super) const EXAMINE_PER_LIMIT: usize = 4;
 /// Entries one request may examine at most, whatever its limit.
-const MAX_EXAMINED: usize = 2_000;
+pub(super) const MAX_EXAMINED: usize = 2_000;
 
 /// Where a walk over the merged buckets stands.
-struct Walk {
+pub(super) struct Walk {
     /// Score reached; `None` before the first entry (`+inf`).
-    at: Option<f64>,
+    pub(super) at: Option<f64>,
     /// Per bucket, entries at `at` examined.
-    ties: Vec<u32>,
+    pub(super) ties: Vec<u32>,
 }
 
 impl Walk {
     /// Steps past one entry of `bucket` with `score` (entries come in
     /// descending order).
-    fn pass(&mut self, bucket: usize, score: f64) {
+    pub(super) fn pass(&mut self, bucket: usize, score: f64) {
         if self.at != Some(score) {
             self.at = Some(score);
             self.ties.iter_mut().for_each(|t| *t = 0);
@@ -80,7 +80,7 @@ fn before(a: (f64, &str), b: (f64, &str)) -> bool {
 }
 
 /// One candidate entry of the walk: score, member, bucket.
-type Entry = (f64, String, usize);
+pub(super) type Entry = (f64, String, usize);
 
 impl Walk {
     /// A walk from `cursor`'s position, or from the newest entry.
@@ -192,7 +192,9 @@ impl Store {
             // that score already examined. About twice each bucket's share
             // of what is wanted, so one round trip usually covers it.
             let per = (want.div_ceil(buckets) * 2 + 2).min(want);
-            let (candidates, mut more) = self.next_round(&walk, per, want).await?;
+            let (candidates, mut more) = self
+                .next_round(&walk, per, want, (keys::leases, "-inf"))
+                .await?;
             // Read them in chunks: first what could fill the page, then the
             // rest of the budget at once (a viewer who sees few users).
             let mut rest = candidates.into_iter().peekable();
@@ -267,20 +269,23 @@ impl Store {
     /// after the walk's position (everything up to its score, less the
     /// entries at that score already examined), merged in the walk's order
     /// and cut where an entry not fetched could come first, and at `want`.
-    /// Also whether entries may follow them.
-    async fn next_round(
+    /// Also whether entries may follow them. `(index, min)`: the buckets
+    /// walked (`presence-leases`, or `presence-lastseen` for the recently
+    /// seen) and the lowest score wanted.
+    pub(super) async fn next_round(
         &self,
         walk: &Walk,
         per: usize,
         want: usize,
+        (index, min): (fn(u32) -> String, &str),
     ) -> StoreResult<(Vec<Entry>, bool)> {
         let mut pipe = redis::pipe();
         let max = walk.at.map_or("+inf".to_string(), |s| s.to_string());
         for b in self.buckets.all() {
             pipe.cmd("ZRANGE")
-                .arg(keys::leases(b))
+                .arg(index(b))
                 .arg(&max)
-                .arg("-inf")
+                .arg(min)
                 .arg("BYSCORE")
                 .arg("REV")
                 .arg("LIMIT")

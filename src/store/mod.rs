@@ -4,10 +4,13 @@
 //! - [`scripts`]: the atomic per-user steps (Lua files in `src/lua/`), each
 //!   called through one function, each reply parsed into a named type.
 //! - [`leases`]: a device arriving (connect, batched refresh) and departing.
+//! - `devices`: a device taken away from outside its connection (HTTP).
 //! - [`records`]: reading users: one, a snapshot or a bulk query, and the
 //!   device detail.
 //! - [`lists`]: the online list and the last-seen retention.
+//! - [`seen`]: the recently seen, which the online list goes on with.
 //! - [`status`]: chosen status, privacy settings and contacts.
+//! - `until`: statuses that end (the due index and the status-end pass).
 //! - [`passes`]: the node's periodic passes: deadline (timely expiry),
 //!   reconciliation.
 //! - [`setup`]: the deployment's constants, read (or written) at start.
@@ -20,6 +23,7 @@
 //! silent 0 or empty string.
 
 pub mod cursor;
+mod devices;
 pub mod leases;
 pub mod lists;
 pub mod passes;
@@ -27,8 +31,10 @@ pub mod records;
 mod reply;
 pub mod rooms;
 mod scripts;
+pub mod seen;
 pub mod setup;
 pub mod status;
+mod until;
 
 use std::borrow::Cow;
 use std::sync::Arc;

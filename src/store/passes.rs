@@ -260,6 +260,8 @@ impl Store {
             )
             .await?;
         let found: Vec<&str> = found.iter().map(String::as_str).collect();
+        // Statuses that end, whether or not their user is online.
+        self.reindex_until(&found).await?;
         let mut pipe = redis::pipe();
         for user in &found {
             pipe.hkeys(keys::status(user));

@@ -47,6 +47,9 @@ pub struct DeviceInfo {
     pub connected_at: Option<i64>,
     /// Remaining lease TTL in ms.
     pub expires_in_ms: Option<i64>,
+    /// The device's kind: web, desktop, mobile, tablet, bot or other.
+    #[schema(example = "mobile")]
+    pub kind: String,
 }
 
 /// What `reader` may see of one user read for it: a viewer's view, or for
@@ -133,15 +136,19 @@ impl Store {
     }
 
     /// The devices counted in `user`'s hash, sorted by id, each with the
-    /// run number of the node holding it (0: not known).
-    async fn device_fields(&self, user: &str) -> StoreResult<Vec<(String, u64)>> {
+    /// run number of the node holding it (0: not known) and its kind.
+    async fn device_fields(&self, user: &str) -> StoreResult<Vec<(String, u64, String)>> {
         let mut conn = self.conn();
         let fields: Vec<(String, String)> = redis::cmd("HGETALL")
             .arg(keys::status(user))
             .query_async(&mut conn)
             .await?;
         let key = keys::status(user);
-        let mut out: Vec<(String, u64)> = Vec::with_capacity(fields.len());
+        let kinds: std::collections::HashMap<&str, &str> = fields
+            .iter()
+            .filter_map(|(f, v)| Some((f.strip_prefix("k:")?, v.as_str())))
+            .collect();
+        let mut out: Vec<(String, u64, String)> = Vec::with_capacity(fields.len());
         for (field, value) in &fields {
             let Some(device) = keys::parse_device_field(field) else {
                 continue;
@@ -151,7 +158,8 @@ impl Store {
             let run = value.parse().map_err(|_| {
                 StoreError::reply(&key, format!("{field} is {value:?}, not a run number"))
             })?;
-            out.push((device.to_string(), run));
+            let kind = kinds.get(device).copied().unwrap_or("other").to_string();
+            out.push((device.to_string(), run, kind));
         }
         out.sort();
         Ok(out)
@@ -164,7 +172,7 @@ impl Store {
             return Ok(Vec::new());
         }
         let mut pipe = redis::pipe();
-        for (device, _) in &fields {
+        for (device, _, _) in &fields {
             pipe.get(keys::lease(user, device));
             pipe.pttl(keys::lease(user, device));
         }
@@ -178,7 +186,7 @@ impl Store {
         let mut out = Vec::with_capacity(fields.len());
         // Runs whose node is asked for, each with the devices it holds.
         let mut runs: std::collections::BTreeMap<u64, Vec<usize>> = Default::default();
-        for ((device, run), chunk) in fields.into_iter().zip(reply.chunks(2)) {
+        for ((device, run, kind), chunk) in fields.into_iter().zip(reply.chunks(2)) {
             let owner: Option<String> = redis::from_redis_value_ref(&chunk[0])?;
             let pttl: i64 = redis::from_redis_value_ref(&chunk[1])?;
             let Some(owner) = owner else {
@@ -194,6 +202,7 @@ impl Store {
                 node: lease.node.map(str::to_string),
                 connected_at: lease.connected_at,
                 expires_in_ms: (pttl >= 0).then_some(pttl),
+                kind,
             });
         }
         if !runs.is_empty() {

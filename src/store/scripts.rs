@@ -12,7 +12,7 @@ use super::records::Observed;
 use super::reply::{array, at, int, opt_int, text};
 use super::StoreResult;
 use crate::keys;
-use crate::model::{Audience, ChosenStatus, Presence, Status};
+use crate::model::{Audience, ChosenStatus, DeviceKind, Presence, Status};
 
 /// A script that publishes transitions, with the shared event code
 /// (`lua/event.lua`) in front of it.
@@ -78,6 +78,7 @@ pub(super) struct Scripts {
     forget_offline: Script,
     migrate_devices: Script,
     fold_active: Script,
+    status_end: Script,
     /// The room steps (`room_*.lua`, with `room_common.lua` in front).
     pub(super) room_join: Script,
     pub(super) room_leave: Script,
@@ -132,7 +133,7 @@ impl Scripts {
             arrive: Script::new(reporting!("../lua/arrive.lua")),
             depart: Script::new(reporting!("../lua/depart.lua")),
             status: Script::new(reporting!("../lua/status.lua")),
-            read: Script::new(include_str!("../lua/read.lua")),
+            read: Script::new(with_events!("../lua/read.lua")),
             reconcile: Script::new(reporting!("../lua/reconcile.lua")),
             privacy: Script::new(with_events!("../lua/privacy.lua")),
             zrem_if: Script::new(include_str!("../lua/zrem_if.lua")),
@@ -140,6 +141,7 @@ impl Scripts {
             forget_offline: Script::new(include_str!("../lua/forget_offline.lua")),
             migrate_devices: Script::new(include_str!("../lua/migrate_devices.lua")),
             fold_active: Script::new(include_str!("../lua/fold_active.lua")),
+            status_end: Script::new(reporting!("../lua/status_end.lua")),
             room_join: Script::new(room!("../lua/room_join.lua")),
             room_leave: Script::new(room!("../lua/room_leave.lua")),
             room_state: Script::new(room!("../lua/room_state.lua")),
@@ -150,7 +152,7 @@ impl Scripts {
         scripts
     }
 
-    fn named(&self) -> [(&Script, &'static str); 16] {
+    fn named(&self) -> [(&Script, &'static str); 17] {
         [
             (&self.arrive, "arrive"),
             (&self.depart, "depart"),
@@ -163,6 +165,7 @@ impl Scripts {
             (&self.forget_offline, "forget_offline"),
             (&self.migrate_devices, "migrate_devices"),
             (&self.fold_active, "fold_active"),
+            (&self.status_end, "status_end"),
             (&self.room_join, "room_join"),
             (&self.room_leave, "room_leave"),
             (&self.room_state, "room_state"),
@@ -210,6 +213,8 @@ impl Scripts {
             .arg(&known.show_online)
             .arg(&known.show_last_seen)
             .arg(run)
+            .arg(known.until)
+            .arg(lease.kind.map_or("", DeviceKind::as_str))
     }
 
     /// `depart.lua` for one device; `owner` is "" for a lapsed lease. Parse
@@ -238,6 +243,7 @@ impl Scripts {
         user: &str,
         status: Status,
         text: &str,
+        until: Option<i64>,
         now: i64,
     ) -> &'p mut Pipeline {
         eval(
@@ -247,6 +253,25 @@ impl Scripts {
         )
         .arg(status.as_str())
         .arg(text)
+        .arg(now)
+        .arg(user)
+        .arg(keys::events(user))
+        .arg(until.unwrap_or(0))
+    }
+
+    /// `status_end.lua` for one user whose status's `until` is due; parse
+    /// the reply with [`parse_status_end`].
+    pub(super) fn status_end<'p>(
+        &self,
+        pipe: &'p mut Pipeline,
+        user: &str,
+        now: i64,
+    ) -> &'p mut Pipeline {
+        eval(
+            pipe,
+            &self.status_end,
+            &[&keys::status(user), &keys::count(user)],
+        )
         .arg(now)
         .arg(user)
         .arg(keys::events(user))
@@ -373,12 +398,13 @@ pub(super) fn parse_arrival(value: &Value, user: &str, deadline: i64) -> StoreRe
     let came_online = int(at(v, 1, &key)?, &key)? == 1;
     let status = match v.len() {
         2 => None,
-        7 => Some(ChosenStatus {
+        8 => Some(ChosenStatus {
             status: text(&v[2], &key)?,
             text: text(&v[3], &key)?,
             since: int(&v[4], &key)?,
             show_online: text(&v[5], &key)?,
             show_last_seen: text(&v[6], &key)?,
+            until: int(&v[7], &key)?,
         }),
         n => {
             return Err(super::StoreError::reply(
@@ -444,7 +470,7 @@ pub(super) fn parse_status_set(value: &Value, user: &str) -> StoreResult<StatusS
 pub(super) fn parse_read(value: &Value, user: &str) -> StoreResult<Observed> {
     let key = keys::status(user);
     let v = array(value, &key)?;
-    if v.len() != 9 {
+    if v.len() != 11 {
         return Err(super::StoreError::reply(
             &key,
             format!("read: {} fields", v.len()),
@@ -479,11 +505,44 @@ pub(super) fn parse_read(value: &Value, user: &str) -> StoreResult<Observed> {
         since: int(&v[5], &key)?,
         show_online: audience(6)?,
         show_last_seen: audience(7)?,
+        until: opt_int(&v[9], &key)?,
+        kinds: match text(&v[10], &key)? {
+            k if k.is_empty() => Vec::new(),
+            k => k.split(',').map(str::to_string).collect(),
+        },
     };
     Ok(Observed {
         presence,
         seq: int(&v[3], &key)? as u64,
         is_contact: int(&v[8], &keys::contacts(user))? == 1,
+    })
+}
+
+/// What `status_end.lua` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum StatusEnd {
+    /// No `until` left: the index entry goes.
+    Nothing,
+    /// Ended now.
+    Ended,
+    /// Not due yet: the entry's score becomes this.
+    Later(i64),
+}
+
+/// The reply of `status_end.lua` for `user`.
+pub(super) fn parse_status_end(value: &Value, user: &str) -> StoreResult<StatusEnd> {
+    let key = keys::status(user);
+    let v = array(value, &key)?;
+    Ok(match int(at(v, 0, &key)?, &key)? {
+        0 => StatusEnd::Nothing,
+        1 => StatusEnd::Ended,
+        2 => StatusEnd::Later(int(at(v, 1, &key)?, &key)?),
+        other => {
+            return Err(super::StoreError::reply(
+                &key,
+                format!("status_end: outcome = {other}"),
+            ))
+        }
     })
 }
 

@@ -8,17 +8,25 @@ use crate::keys;
 use crate::model::{Audience, Status};
 
 impl Store {
-    /// Sets a user's status and text; publishes it when the user is online.
-    /// Returns when the status was chosen (a change of text alone keeps it).
+    /// Sets a user's status and text, until `until` (epoch ms) if given;
+    /// publishes it when the user is online. Returns when the status was
+    /// chosen (a change of text alone keeps it).
     pub async fn set_status(
         &self,
         user: &str,
         status: Status,
         text: Option<&str>,
+        until: Option<i64>,
     ) -> StoreResult<i64> {
         let mut pipe = redis::pipe();
         self.scripts
-            .status(&mut pipe, user, status, text.unwrap_or(""), now_ms());
+            .status(&mut pipe, user, status, text.unwrap_or(""), until, now_ms());
+        if let Some(until) = until {
+            // Beside the step, in the same round trip: the status-end pass
+            // finds it there (and the reconciliation puts back one lost).
+            pipe.zadd(keys::status_until(self.buckets.of(user)), user, until)
+                .ignore();
+        }
         let reply = self.query(&pipe).await?;
         let first = reply
             .first()

@@ -337,6 +337,67 @@ test("dots follow other users through online, away, busy and offline", { timeout
   for (const c of [carol, ...dave, alice]) await c.context.close();
 });
 
+test("statuses that end: clear after, busy until 15:00 in the browser's locale, the reset; the phone mark", { timeout: 120_000 }, async () => {
+  const hal = await step("hal watches ivy and jon", () => openAs("hal", "device=laptop&watch=ivy,jon"));
+  const h = hal.page;
+  const ivy = await step("ivy signs in on a phone", () => openAs("ivy", "device=phone&kind=mobile&idle=300"));
+  const jon = await step("jon signs in on a web tab", () => openAs("jon", "device=tab&idle=300"));
+  const i = ivy.page;
+  await step("only ivy, who is only on mobile, has the phone mark", async () => {
+    await expectStatus(h, "ivy", "online");
+    await expectStatus(h, "jon", "online");
+    await h.locator('#contacts li[data-user="ivy"][data-mobile="true"] .mobile').waitFor({ state: "visible", timeout: DEADLINE_MS });
+    await h.locator('#contacts li[data-user="jon"][data-mobile="false"]').waitFor({ timeout: DEADLINE_MS });
+    assert.ok(await h.locator('#contacts li[data-user="jon"] .mobile').isHidden(), "no phone mark for a web tab");
+  });
+  await step("the picker offers 30 min, 1 h, 4 h and today", async () => {
+    const values = await i.locator("#clearAfter option").evaluateAll((os) => os.map((o) => o.value));
+    assert.deepEqual(values, ["", "1800000", "3600000", "14400000", "today"]);
+  });
+  await step("ivy is busy for an hour: hal's card says until when, in the browser's locale", async () => {
+    await i.uncheck("#autoAway");
+    await i.selectOption("#status", "busy");
+    await i.fill("#text", "in a call");
+    await i.selectOption("#clearAfter", "3600000");
+    const asked = Date.now();
+    await i.click("#setStatus");
+    const row = await expectStatus(h, "ivy", "busy");
+    const until = Number(await row.getAttribute("data-until"));
+    assert.ok(Math.abs(until - (asked + 3_600_000)) < 10_000, `until ${until} is an hour after ${asked}`);
+    const shown = await h.evaluate((u) => new Date(u).toLocaleTimeString(undefined, { hour: "2-digit", minute: "2-digit" }), until);
+    await row.locator(".meta-line", { hasText: `Busy until ${shown}` }).waitFor({ timeout: DEADLINE_MS });
+    await i.locator("#my-status", { hasText: `Busy until ${shown}` }).waitFor({ timeout: DEADLINE_MS });
+  });
+  await step("today ends at the end of ivy's day", async () => {
+    const row = h.locator('#contacts li[data-user="ivy"]');
+    const before = await row.getAttribute("data-until");
+    await i.selectOption("#clearAfter", "today");
+    await i.click("#setStatus");
+    await until("ivy's until to move to the end of today", DEADLINE_MS, async () => {
+      const v = await row.getAttribute("data-until");
+      return !!v && v !== before;
+    });
+    const end = Number(await row.getAttribute("data-until"));
+    const [hours, minutes, today] = await i.evaluate((u) => {
+      const d = new Date(u);
+      return [d.getHours(), d.getMinutes(), d.toDateString() === new Date().toDateString()];
+    }, end);
+    // Just before midnight "today" is a minute from now instead.
+    if (end - Date.now() > 120_000) assert.deepEqual([hours, minutes, today], [23, 59, true]);
+  });
+  await step("at until ivy is back online everywhere, text cleared", async () => {
+    await i.evaluate(() => chooseStatus("busy", "short call", Date.now() + 2000));
+    const row = await expectStatus(h, "ivy", "busy");
+    await row.locator(".text", { hasText: "short call" }).waitFor({ timeout: DEADLINE_MS });
+    const back = await expectStatus(h, "ivy", "online");
+    assert.equal(await back.getAttribute("data-until"), "");
+    assert.ok(await back.locator(".text").isHidden(), "the text is cleared");
+    await i.locator('#me[data-status="online"]').waitFor({ timeout: DEADLINE_MS });
+    await until("ivy's picker to follow the reset", DEADLINE_MS, async () => (await i.inputValue("#status")) === "online");
+  });
+  for (const c of [hal, ivy, jon]) await c.context.close();
+});
+
 test("a first visit: no contacts prefilled, the log collapsed, add and remove contacts", { timeout: 120_000 }, async () => {
   const zed = await step("zed signs in with no contacts", () => openAs("zed", "device=first"));
   const z = zed.page;

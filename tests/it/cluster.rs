@@ -246,8 +246,17 @@ async fn a_primary_failover_keeps_presence_right() {
     let promoted = cluster.shard_of(&newcomer).primary;
     assert!(victim.replicas.contains(&promoted), "{promoted} took over");
 
-    // A new arrival on the promoted shard is announced.
-    let _new = Client::connect(&a, &newcomer, "d").await;
+    // A new arrival on the promoted shard is announced. The node may learn
+    // of the promotion a moment after redis-cli does: until then its claim
+    // fails and the device is told `unavailable`, and retries like a client.
+    let deadline = Instant::now() + DEADLINE;
+    let _new = loop {
+        if let Some(c) = Client::try_connect(&a, &newcomer, "d").await {
+            break c;
+        }
+        assert!(Instant::now() < deadline, "{newcomer} never got in");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     watcher.expect_presence(&newcomer, "online").await;
 
     // A device dying silently on the promoted shard: its node is killed.

@@ -16,6 +16,7 @@ mod edge;
 mod fuzz;
 mod hostile;
 mod http_api;
+mod http_devices;
 mod identity;
 mod interest;
 mod layout;

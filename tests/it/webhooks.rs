@@ -670,3 +670,62 @@ async fn flood(c: &mut Client, tag: &str) -> String {
     while c.expect("presence").await["text"] != last.as_str() {}
     last
 }
+
+/// Issue 28: an HTTP heartbeat device's transitions carry its kind, a
+/// status set over HTTP carries its `until`, and when the node that set it
+/// is SIGKILLed the reset at `until` is sent once by the fleet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_devices_kinds_and_a_status_end_are_sent_once() {
+    let redis = Redis::start();
+    let receiver = Receiver::start(0).await;
+    let fast = ["--webhook-batch-ms", "20"];
+    let mut a = node_with_hooks(&redis, "a", &receiver, &fast);
+    let b = node_with_hooks(&redis, "b", &receiver, &fast);
+    let _c = node_with_hooks(&redis, "c", &receiver, &fast);
+    let url = format!(
+        "{}/api/users/alice/devices/hb/heartbeat?kind=mobile",
+        b.http()
+    );
+    let beating = tokio::spawn(async move {
+        loop {
+            assert_eq!(post(&url, &json!({})).await.0, 200);
+            tokio::time::sleep(std::time::Duration::from_millis(HEARTBEAT_MS / 2)).await;
+        }
+    });
+    let online = receiver.wait_for("alice", "online").await;
+    assert_eq!(online["kinds"], json!(["mobile"]), "{online}");
+    let until = presence_server::store::now_ms() + 1_500;
+    let r = reqwest::Client::new()
+        .put(format!("{}/api/users/alice/status", a.http()))
+        .json(&json!({"status": "busy", "text": "call", "until": until}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let status = receiver.wait_for("alice", "status").await;
+    assert_eq!(
+        (status["_node"].as_str(), status["until"].as_i64()),
+        (Some("a"), Some(until))
+    );
+    a.kill();
+    wait_until("the reset's webhook", DEADLINE, || async {
+        receiver.of("alice", "status").len() >= 2
+    })
+    .await;
+    // A lease TTL more for any second announcement to show.
+    tokio::time::sleep(TTL).await;
+    let statuses = receiver.of("alice", "status");
+    assert_eq!(statuses.len(), 2, "{statuses:?}");
+    let reset = &statuses[1];
+    assert_eq!(
+        (
+            reset["status"].as_str(),
+            reset["text"].clone(),
+            reset["until"].clone()
+        ),
+        (Some("online"), Value::Null, Value::Null)
+    );
+    assert_ne!(reset["_node"], "a", "{reset}");
+    assert!(reset["at"].as_i64().unwrap() >= until, "{reset}");
+    beating.abort();
+}

@@ -78,6 +78,31 @@ test("status and watches chosen before the connection opens are sent after hello
   c.close();
 });
 
+test("setStatus takes {text, until}; the kind rides the URL; an ended status is not re-sent", async () => {
+  const { c } = client({ kind: "mobile" });
+  const ends = Date.now() + 150;
+  c.setStatus("busy", { text: "call", until: new Date(ends) });
+  c.connect();
+  let ws = ScriptedSocket.all[0];
+  assert.equal(ws.url, "ws://a/ws?device=d1&user=alice&status=busy&kind=mobile");
+  ws.hello();
+  assert.deepEqual(ws.sent[0], { type: "status", status: "busy", text: "call", until: ends });
+  // The old (text) form still works and clears until.
+  c.setStatus("away", "lunch");
+  assert.deepEqual(ws.sent[1], { type: "status", status: "away", text: "lunch" });
+  c.setStatus("busy", { until: ends });
+  // Past its end the server has reset it: a reconnect sends no status.
+  await until(() => Date.now() > ends);
+  ws.drop();
+  await until(() => ScriptedSocket.all.length === 2);
+  ws = ScriptedSocket.all[1];
+  assert.ok(!ws.url.includes("status="), ws.url);
+  ws.hello();
+  assert.equal(ws.sent.filter((f) => f.type === "status").length, 0);
+  assert.equal(c.status, null);
+  c.close();
+});
+
 test("frames reach the callbacks; presence records lose their type", () => {
   const { c, events } = client();
   c.connect();

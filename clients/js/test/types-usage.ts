@@ -8,7 +8,11 @@ const client = new PresenceClient({
   device: "tab-1",
   user: "alice",
   minBackoffMs: 250,
+  kind: "mobile",
   onChange: (record) => {
+    const kinds: PresenceClient.DeviceKind[] | undefined = record.kinds;
+    const until: number | null | undefined = record.until;
+    console.log(kinds, until);
     const status: PresenceClient.Status = record.status;
     const devices: number = record.devices;
     const text: string | null = record.text;
@@ -37,6 +41,11 @@ console.log(counted.size);
 client.unwatch("bob");
 client.setStatus("busy", "in a meeting");
 client.setStatus("online");
+client.setStatus("busy", { text: "in a call", until: Date.now() + 3_600_000 });
+client.setStatus("away", { until: new Date() });
+const kind: PresenceClient.DeviceKind | null = client.kind;
+const ends: number | null | undefined = client.status?.until;
+console.log(kind, ends);
 client.refresh();
 client.heartbeat();
 const open: boolean = client.connected;
