@@ -85,13 +85,13 @@ impl Handler<Watch> for Registry {
             }
             self.by_user
                 .entry(user.clone())
-                .or_default()
-                .insert(msg.session);
+                .and_modify(|w| w.insert(msg.session))
+                .or_insert(Watching::One(msg.session));
             if msg.devices {
                 self.devices_by_user
                     .entry(user.clone())
-                    .or_default()
-                    .insert(msg.session);
+                    .and_modify(|w| w.insert(msg.session))
+                    .or_insert(Watching::One(msg.session));
             }
             watcher.users.insert(user);
         }

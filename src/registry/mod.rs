@@ -21,6 +21,7 @@ mod handlers;
 mod messages;
 mod rooms;
 mod subscriptions;
+mod watching;
 
 pub use fanout::{Home, SlowWatchers};
 pub use messages::*;
@@ -28,9 +29,11 @@ use messages::{FromSubscriptions, Resynced, CLOSE_TRY_AGAIN};
 pub use rooms::{JoinRoom, LeaveRoom, RoomResync};
 
 use std::collections::{HashMap, HashSet};
+
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use watching::Watching;
 
 use actix::prelude::*;
 use tokio::sync::oneshot;
@@ -100,10 +103,10 @@ pub struct Registry {
     /// Told once the first subscription is in place.
     ready: Option<oneshot::Sender<()>>,
     /// Watched user -> sessions watching it.
-    by_user: HashMap<String, HashSet<SessionId>>,
+    by_user: HashMap<String, Watching>,
     /// Watched user -> the sessions among [`Registry::by_user`] that asked
     /// for its device counts: the only ones a `devices_only` event wakes.
-    devices_by_user: HashMap<String, HashSet<SessionId>>,
+    devices_by_user: HashMap<String, Watching>,
     /// Session -> its re-read address and watched users.
     watchers: HashMap<SessionId, Watcher>,
     /// Every open session of this node: where the shutdown notice goes,
@@ -175,22 +178,18 @@ impl Registry {
 
     fn unwatch(&mut self, session: SessionId, user: &str) {
         if let Some(sessions) = self.devices_by_user.get_mut(user) {
-            sessions.remove(&session);
-            if sessions.is_empty() {
+            if sessions.remove(session) {
                 self.devices_by_user.remove(user);
             }
         }
         if let Some(sessions) = self.by_user.get_mut(user) {
-            sessions.remove(&session);
-            if sessions.is_empty() {
+            if sessions.remove(session) {
                 self.by_user.remove(user);
                 self.lingering
                     .insert(user.to_string(), Instant::now() + LINGER);
                 if self.lingering.len() > MAX_LINGERING {
                     self.drop_lingering_until(Instant::now() + LINGER);
                 }
-            } else if sessions.capacity() > 64 && sessions.len() * 4 < sessions.capacity() {
-                sessions.shrink_to_fit();
             }
         }
     }
@@ -246,9 +245,9 @@ impl Registry {
             return;
         };
         let mut lists: Vec<Vec<SessionId>> = vec![Vec::new(); self.homes.len()];
-        for session in sessions {
-            if let Some(joined) = self.sessions.get(session) {
-                lists[joined.home].push(*session);
+        for session in sessions.iter() {
+            if let Some(joined) = self.sessions.get(&session) {
+                lists[joined.home].push(session);
             }
         }
         for (home, list) in self.homes.iter().zip(lists) {
@@ -290,13 +289,13 @@ impl Registry {
             return;
         };
         let mut slow = Vec::new();
-        for session in sessions {
-            if let Some(w) = self.watchers.get(session) {
+        for session in sessions.iter() {
+            if let Some(w) = self.watchers.get(&session) {
                 let msg = Recheck {
                     user: user.to_string(),
                 };
                 if let Err(SendError::Full(_)) = w.recheck.try_send(msg) {
-                    slow.push(*session);
+                    slow.push(session);
                 }
             }
         }

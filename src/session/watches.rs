@@ -48,7 +48,7 @@ pub(super) struct Seen {
     pub(super) devices: bool,
     /// While this viewer is a contact: what a non-contact would be told of
     /// the user now, to fall back to at once when its contacts change.
-    pub(super) stranger: Option<View>,
+    pub(super) stranger: Option<Box<View>>,
     /// How many contacts changes of the user reached this session: a
     /// re-read that started before the latest one is stale.
     pub(super) marker: u32,
@@ -548,7 +548,7 @@ impl Session {
         seen.marker = seen.marker.wrapping_add(1);
         if seen.relation == Relation::Contact {
             seen.relation = stranger;
-            let view = seen.stranger.take();
+            let view = seen.stranger.take().map(|v| *v);
             if let Some(view) = view
                 .filter(|v| !seen.pending && v.fingerprint_for(seen.devices) != seen.fingerprint)
             {
@@ -573,7 +573,7 @@ impl Session {
             seen.pending = false;
             seen.stranger = (relation == Relation::Contact).then(|| {
                 let stranger = Relation::stranger(self.node.config.contacts_only);
-                View::of(&privacy::view(&o.presence, stranger))
+                Box::new(View::of(&privacy::view(&o.presence, stranger)))
             });
         }
         record
@@ -604,7 +604,7 @@ impl Session {
         seen.seq = seen.seq.max(msg.seq);
         if seen.relation == Relation::Contact {
             let stranger = Relation::stranger(self.node.config.contacts_only);
-            seen.stranger = Some(msg.views[stranger.index()].clone());
+            seen.stranger = Some(Box::new(msg.views[stranger.index()].clone()));
         }
         let view = &msg.views[seen.relation.index()];
         let fingerprint = view.fingerprint_for(seen.devices);

@@ -75,6 +75,36 @@ async fn online() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn churn() {
+    bench(&[
+        "churn",
+        "--churners",
+        "2",
+        "--swaps-per-sec",
+        "100",
+        "--settle-secs",
+        "1",
+        "--secs",
+        "1",
+    ])
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watches() {
+    bench(&[
+        "watches",
+        "--sessions",
+        "20",
+        "--watches",
+        "50",
+        "--give-back-secs",
+        "1",
+    ])
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rooms() {
     bench(&[
         "rooms",

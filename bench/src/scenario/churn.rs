@@ -236,5 +236,13 @@ pub async fn run(common: &Common, args: &ChurnArgs) -> anyhow::Result<()> {
         json!({}),
     );
     report.print_table();
+    let (quiet, churning) = (
+        probe.quiet.lock().unwrap().len(),
+        probe.churning.lock().unwrap().len(),
+    );
+    anyhow::ensure!(
+        quiet > 0 && churning > 0,
+        "the probe's watcher got {quiet} events before and {churning} during the churn"
+    );
     Ok(())
 }
