@@ -47,10 +47,12 @@ pub async fn run(common: &Common, args: &WatchesArgs) -> anyhow::Result<()> {
         .ok_or_else(|| anyhow::anyhow!("needs a node the bench started"))?;
     crate::procs::ensure_fds(args.sessions + 100)?;
     let rss = || rss_bytes(pid).unwrap_or(0);
+    let mut redis = setup.redis_conn().await?;
     let before = rss();
     let names: Vec<String> = (0..args.sessions).map(|i| format!("w{i}")).collect();
     let (sockets, _) = connect_many(node.addr, &setup.sources, names, 50).await?;
     let connected = rss();
+    let redis_connected = crate::redis_used_memory(&mut redis).await?;
     let mut held = Vec::with_capacity(sockets.len());
     let t0 = Instant::now();
     for (i, mut ws) in sockets.into_iter().enumerate() {
@@ -68,6 +70,7 @@ pub async fn run(common: &Common, args: &WatchesArgs) -> anyhow::Result<()> {
     // Let the last snapshot buffers go.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let peak = rss();
+    let redis_peak = crate::redis_used_memory(&mut redis).await?;
     let total = (args.sessions * args.watches) as f64;
     let distinct = if args.shared {
         args.watches
@@ -82,6 +85,12 @@ pub async fn run(common: &Common, args: &WatchesArgs) -> anyhow::Result<()> {
         peak.saturating_sub(connected) as f64 / total,
         "B",
         params.clone(),
+    );
+    report.figure(
+        "redis_memory_per_distinct_user",
+        redis_peak.saturating_sub(redis_connected) as f64 / distinct as f64,
+        "B",
+        json!({"what": "used_memory after the watches less after the connects: one sharded channel per watched user, subscribed by this one node"}),
     );
     report.figure(
         "node_rss_per_session",
