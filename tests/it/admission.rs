@@ -43,7 +43,8 @@ async fn upgrade_from(node: &Node, path: &str, forwarded_for: Option<&str>) -> (
 #[tokio::test]
 async fn before_auth_a_frame_is_small() {
     let redis = Redis::start();
-    let node = jwt(&redis, &["--max-auth-frame-bytes", "4096"]);
+    // The default limit: 4,096 bytes.
+    let node = jwt(&redis, &[]);
 
     let mut raw = unauthenticated(&node).await;
     raw.send(&raw::header(true, TEXT, 5_000)).await;
