@@ -73,14 +73,15 @@ impl Handler<Watch> for Registry {
     type Result = ResponseActFuture<Self, Result<(), String>>;
 
     fn handle(&mut self, msg: Watch, _: &mut Self::Context) -> Self::Result {
+        let users: Vec<Arc<str>> = msg.users.into_iter().map(|u| self.intern(u)).collect();
         let watcher = self.watchers.entry(msg.session).or_insert_with(|| Watcher {
             recheck: msg.recheck,
             users: HashSet::new(),
         });
         let mut unsubscribed = Vec::new();
-        for user in msg.users {
-            self.lingering.remove(&user);
-            if !self.subscribed.contains(&user) {
+        for user in users {
+            self.lingering.remove(&*user);
+            if !self.subscribed.contains(&*user) {
                 unsubscribed.push(user.clone());
             }
             self.by_user
@@ -123,7 +124,7 @@ impl Handler<Unwatch> for Registry {
         }
         if let Some(w) = self.watchers.get_mut(&msg.session) {
             for user in &msg.users {
-                w.users.remove(user);
+                w.users.remove(user.as_str());
             }
             if w.users.is_empty() {
                 self.watchers.remove(&msg.session);
@@ -249,7 +250,10 @@ impl Registry {
                 // whole record, and the others pass it on only if their
                 // view differs).
                 if event.devices_only && !self.reading {
-                    if self.devices_by_user.contains_key(&event.presence.user) {
+                    if self
+                        .devices_by_user
+                        .contains_key(event.presence.user.as_str())
+                    {
                         let mut deliver = Deliver::new(&event.presence, event.seq, false);
                         deliver.devices_only = true;
                         self.deliver(deliver);
@@ -259,7 +263,7 @@ impl Registry {
                 if !event.devices_only {
                     crate::metrics::transition_published(event.presence.status.as_str());
                 }
-                if !self.by_user.contains_key(&event.presence.user) {
+                if !self.by_user.contains_key(event.presence.user.as_str()) {
                     return;
                 }
                 if self.reading {

@@ -76,7 +76,7 @@ struct Watcher {
     /// Where re-read requests go.
     recheck: Recipient<Recheck>,
     /// What it watches, so that a disconnect can be undone in one step.
-    users: HashSet<String>,
+    users: HashSet<Arc<str>>,
 }
 
 /// The registry actor.
@@ -86,10 +86,10 @@ pub struct Registry {
     /// The node's sharded subscriptions (set once started).
     subscriptions: Option<Subscriptions>,
     /// Users whose events channel Redis has confirmed subscribed.
-    subscribed: HashSet<String>,
+    subscribed: HashSet<Arc<str>>,
     /// Users no local session watches any more, with when their
     /// subscription is to be dropped (see [`LINGER`]).
-    lingering: HashMap<String, Instant>,
+    lingering: HashMap<Arc<str>, Instant>,
     /// Reads records for resyncs.
     store: Store,
     /// How long a resync waits for live sessions to re-assert.
@@ -103,10 +103,10 @@ pub struct Registry {
     /// Told once the first subscription is in place.
     ready: Option<oneshot::Sender<()>>,
     /// Watched user -> sessions watching it.
-    by_user: HashMap<String, Watching>,
+    by_user: HashMap<Arc<str>, Watching>,
     /// Watched user -> the sessions among [`Registry::by_user`] that asked
     /// for its device counts: the only ones a `devices_only` event wakes.
-    devices_by_user: HashMap<String, Watching>,
+    devices_by_user: HashMap<Arc<str>, Watching>,
     /// Session -> its re-read address and watched users.
     watchers: HashMap<SessionId, Watcher>,
     /// Every open session of this node: where the shutdown notice goes,
@@ -184,14 +184,25 @@ impl Registry {
         }
         if let Some(sessions) = self.by_user.get_mut(user) {
             if sessions.remove(session) {
-                self.by_user.remove(user);
-                self.lingering
-                    .insert(user.to_string(), Instant::now() + LINGER);
+                let (user, _) = self.by_user.remove_entry(user).expect("just found");
+                self.lingering.insert(user, Instant::now() + LINGER);
                 if self.lingering.len() > MAX_LINGERING {
                     self.drop_lingering_until(Instant::now() + LINGER);
                 }
             }
         }
+    }
+
+    /// The one shared copy of `user`'s id on this node: the registry's maps
+    /// and sets all hold the same `Arc<str>` (issue 29, memory per watch).
+    fn intern(&self, user: String) -> Arc<str> {
+        if let Some((k, _)) = self.by_user.get_key_value(user.as_str()) {
+            return k.clone();
+        }
+        if let Some(k) = self.subscribed.get(user.as_str()) {
+            return k.clone();
+        }
+        Arc::from(user)
     }
 
     /// Drops the subscriptions of users unwatched for [`LINGER`].
@@ -201,7 +212,7 @@ impl Registry {
 
     /// Drops the lingering subscriptions due by `until`.
     fn drop_lingering_until(&mut self, until: Instant) {
-        let due: Vec<String> = self
+        let due: Vec<Arc<str>> = self
             .lingering
             .iter()
             .filter(|(_, at)| **at <= until)
@@ -212,8 +223,8 @@ impl Registry {
         }
         let mut channels = Vec::with_capacity(due.len());
         for user in due {
-            self.lingering.remove(&user);
-            if !self.by_user.contains_key(&user) && self.subscribed.remove(&user) {
+            self.lingering.remove(&*user);
+            if !self.by_user.contains_key(&*user) && self.subscribed.remove(&*user) {
                 channels.push(keys::events(&user));
             }
         }
@@ -340,7 +351,7 @@ impl Registry {
             }
             act.touched.clear();
             act.reading = true;
-            let users: Vec<String> = act.by_user.keys().cloned().collect();
+            let users: Vec<String> = act.by_user.keys().map(|u| u.to_string()).collect();
             let store = act.store.clone();
             let addr = ctx.address();
             actix::spawn(async move {
