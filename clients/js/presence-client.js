@@ -50,6 +50,13 @@
   /** Close codes after which reconnecting cannot help (4401 only without refreshToken). */
   const FINAL_CLOSE_CODES = [1008, 4001];
 
+  /** The wait a 1013 close asks for (`retry_after_ms=<n>` in its reason), at most a minute; 0 when none. */
+  function retryHint(code, reason) {
+    if (code !== 1013) return 0;
+    const m = /retry_after_ms=(\d+)/.exec(reason || "");
+    return m ? Math.min(Number(m[1]), 60000) : 0;
+  }
+
   /** Statuses a client may choose. `invisible` is refused by servers without privacy support. */
   const STATUSES = ["online", "away", "busy", "invisible"];
 
@@ -543,19 +550,21 @@
         if (FINAL_CLOSE_CODES.includes(ev.code) || (ev.code === 4401 && !this.refreshToken)) this._stopped = true;
         this.rooms.forEach((r) => r._disconnected());
         if (ev.code === 4401) this._tokenStale = true;
-        this._scheduleReconnect(ev.code, ev.reason);
+        this._scheduleReconnect(ev.code, ev.reason, retryHint(ev.code, ev.reason));
       };
     }
 
-    _scheduleReconnect(code, reason) {
+    _scheduleReconnect(code, reason, hintMs) {
       if (this._stopped) {
         this._setState("closed", { code, reason, willRetry: false });
         return;
       }
-      // Full jitter: a random delay up to the exponential bound, so that the
-      // clients of a node that went away do not all come back at once.
+      // Full jitter: a random delay between 0 and the exponential bound, so
+      // that the clients of a node that went away do not all come back at
+      // once. A node that shed load (1013) names the shortest wait; the
+      // client waits that plus as much again at random.
       const bound = Math.min(this.maxBackoffMs, this.minBackoffMs * 2 ** Math.min(this.attempt, 16));
-      const delay = Math.round(bound / 2 + (Math.random() * bound) / 2);
+      const delay = hintMs > 0 ? Math.round(hintMs + Math.random() * hintMs) : Math.round(Math.random() * bound);
       this.attempt += 1;
       this._setState("reconnecting", { code, reason, willRetry: true, delayMs: delay, attempt: this.attempt });
       this._timer = setTimeout(() => {

@@ -25,7 +25,7 @@ mod watching;
 
 pub use fanout::{Home, SlowWatchers};
 pub use messages::*;
-use messages::{FromSubscriptions, Resynced, CLOSE_TRY_AGAIN};
+use messages::{FromSubscriptions, Resynced, CLOSE_TRY_AGAIN, TRY_AGAIN_AFTER_MS};
 pub use rooms::{JoinRoom, LeaveRoom, RoomResync};
 
 use std::collections::{HashMap, HashSet};
@@ -327,7 +327,9 @@ impl Registry {
         {
             if conn.unsent() == Some(0) {
                 log::warn!("session {session} is held up on the server: its queue is full, closing with 1013");
-                conn.close(CLOSE_TRY_AGAIN, "server overloaded, reconnect");
+                let reason =
+                    format!("server overloaded, reconnect; retry_after_ms={TRY_AGAIN_AFTER_MS}");
+                conn.close(CLOSE_TRY_AGAIN, &reason);
             } else {
                 log::warn!("session {session} reads too slowly: its queue is full, disconnecting");
                 crate::metrics::slow_consumer_dropped();

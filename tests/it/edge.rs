@@ -649,6 +649,10 @@ async fn a_redis_outage_does_not_cut_reading_clients() {
                         c.user,
                         stopped.elapsed()
                     );
+                    // A 1013 names the shortest wait before coming back.
+                    if let Some((1013, reason)) = &close {
+                        assert!(reason.contains("retry_after_ms=2000"), "{reason}");
+                    }
                     break;
                 }
                 Some(Incoming::Frame(f)) => seen.push(format!("{} got {f}", c.user)),

@@ -157,6 +157,30 @@ test("reconnects move through the endpoints with growing delays, and re-watch", 
   assert.equal(c.state, "closed");
 });
 
+test("a 1013 with retry_after_ms waits at least that long, and spreads the clients out", async () => {
+  const waits = [];
+  for (let i = 0; i < 20; i++) {
+    const { c, events } = client();
+    c.connect();
+    ScriptedSocket.all[0].hello();
+    ScriptedSocket.all[0].drop(1013, "server overloaded, reconnect; retry_after_ms=2000");
+    const [, info] = events.states.find(([s]) => s === "reconnecting");
+    assert.equal(info.willRetry, true);
+    assert.ok(info.delayMs >= 2000 && info.delayMs <= 4000, `delay ${info.delayMs}`);
+    waits.push(info.delayMs);
+    c.close();
+  }
+  assert.ok(new Set(waits).size > 10, `not spread: ${waits}`);
+  // Without a hint (or for another code) the delay is full jitter under the bound.
+  const { c, events } = client({ minBackoffMs: 1000, maxBackoffMs: 1000 });
+  c.connect();
+  ScriptedSocket.all[0].hello();
+  ScriptedSocket.all[0].drop(1011, "retry_after_ms=9000");
+  const [, info] = events.states.find(([s]) => s === "reconnecting");
+  assert.ok(info.delayMs >= 0 && info.delayMs <= 1000, `delay ${info.delayMs}`);
+  c.close();
+});
+
 test("no reconnect after 4001 (the same device connected elsewhere)", () => {
   const { c, events } = client();
   c.connect();
