@@ -123,8 +123,9 @@ pub struct Watch {
     pub session: SessionId,
     /// Where re-read requests go.
     pub recheck: Recipient<Recheck>,
-    /// Users to watch.
-    pub users: Vec<String>,
+    /// Users to watch: the session's own copies of their ids, which the
+    /// registry keeps when it has none yet (one copy per user on the node).
+    pub users: Vec<Arc<str>>,
     /// The session also wants their device-count changes.
     pub devices: bool,
 }

@@ -195,14 +195,14 @@ impl Registry {
 
     /// The one shared copy of `user`'s id on this node: the registry's maps
     /// and sets all hold the same `Arc<str>` (issue 29, memory per watch).
-    fn intern(&self, user: String) -> Arc<str> {
-        if let Some((k, _)) = self.by_user.get_key_value(user.as_str()) {
+    fn intern(&self, user: Arc<str>) -> Arc<str> {
+        if let Some((k, _)) = self.by_user.get_key_value(&*user) {
             return k.clone();
         }
-        if let Some(k) = self.subscribed.get(user.as_str()) {
+        if let Some(k) = self.subscribed.get(&*user) {
             return k.clone();
         }
-        Arc::from(user)
+        user
     }
 
     /// Drops the subscriptions of users unwatched for [`LINGER`].

@@ -21,7 +21,7 @@ use crate::store::Observed;
 #[derive(Default)]
 pub(super) struct Watches {
     /// Watched users -> what this client was last told about them.
-    pub(super) seen: HashMap<String, Seen>,
+    pub(super) seen: HashMap<Arc<str>, Seen>,
     /// Events that arrived for a user whose snapshot read is still in
     /// flight, the newest per user; delivered after the snapshot, which
     /// drops those it already covers. Empty almost always.
@@ -144,7 +144,7 @@ impl Session {
         users.dedup();
         let new: Vec<String> = users
             .iter()
-            .filter(|u| !self.watches.seen.contains_key(*u))
+            .filter(|u| !self.watches.seen.contains_key(u.as_str()))
             .cloned()
             .collect();
         // Users watched before whose device counts are now asked for are
@@ -152,7 +152,14 @@ impl Session {
         // a count that changed meanwhile.
         let upgraded: Vec<String> = users
             .iter()
-            .filter(|u| devices && self.watches.seen.get(*u).is_some_and(|s| !s.devices))
+            .filter(|u| {
+                devices
+                    && self
+                        .watches
+                        .seen
+                        .get(u.as_str())
+                        .is_some_and(|s| !s.devices)
+            })
             .cloned()
             .collect();
         let max = self.node.config.max_watches;
@@ -192,10 +199,10 @@ impl Session {
                 devices,
                 ..Seen::default()
             };
-            self.watches.seen.insert(user.clone(), seen);
+            self.watches.seen.insert(Arc::from(user.as_str()), seen);
         }
         for user in &upgraded {
-            if let Some(seen) = self.watches.seen.get_mut(user) {
+            if let Some(seen) = self.watches.seen.get_mut(user.as_str()) {
                 seen.devices = true;
             }
         }
@@ -281,7 +288,7 @@ impl Session {
         // again, its events held until then like a new one's.
         let new: Vec<String> = new
             .into_iter()
-            .filter(|u| match self.watches.seen.get_mut(u) {
+            .filter(|u| match self.watches.seen.get_mut(u.as_str()) {
                 Some(seen) if seen.pending => true,
                 Some(seen) if devices && seen.devices => {
                     seen.pending = true;
@@ -297,10 +304,18 @@ impl Session {
         let registry = self.node.registry.clone();
         let store = self.node.store.clone();
         let session = self.me.id;
+        // The ids as the session holds them, for the registry to share.
+        let users = new
+            .iter()
+            .map(|u| match self.watches.seen.get_key_value(u.as_str()) {
+                Some((k, _)) => k.clone(),
+                None => Arc::from(u.as_str()),
+            })
+            .collect();
         let watch = registry::Watch {
             session,
             recheck: ctx.address().recipient(),
-            users: new.clone(),
+            users,
             devices,
         };
         let viewer = self.me.user.clone();
@@ -358,8 +373,13 @@ impl Session {
     /// Drops watches that were asked for but never answered.
     pub(super) fn forget_pending(&mut self, users: &[String]) {
         for user in users {
-            if self.watches.seen.get(user).is_some_and(|s| s.pending) {
-                self.watches.seen.remove(user);
+            if self
+                .watches
+                .seen
+                .get(user.as_str())
+                .is_some_and(|s| s.pending)
+            {
+                self.watches.seen.remove(user.as_str());
             }
             self.watches.early.remove(user);
         }
@@ -376,7 +396,7 @@ impl Session {
         // answer is read, like a snapshot: the event of this change is then
         // dropped as already seen, instead of arriving beside the answer.
         // (One already pending waits for its own snapshot instead.)
-        let held = match self.watches.seen.get_mut(&self.me.user) {
+        let held = match self.watches.seen.get_mut(self.me.user.as_str()) {
             Some(seen) if !seen.pending => {
                 seen.pending = true;
                 true
@@ -434,7 +454,7 @@ impl Session {
             }
             if held {
                 let me = act.me.user.clone();
-                if let Some(seen) = act.watches.seen.get_mut(&me) {
+                if let Some(seen) = act.watches.seen.get_mut(me.as_str()) {
                     seen.pending = false;
                 }
                 if let Some(event) = act.watches.early.remove(&me) {
@@ -486,7 +506,7 @@ impl Session {
         attempt: u32,
         ctx: &mut ws::WebsocketContext<Self>,
     ) {
-        let Some(marker) = self.watches.seen.get(&user).map(|s| s.marker) else {
+        let Some(marker) = self.watches.seen.get(user.as_str()).map(|s| s.marker) else {
             return self.request_done(ctx);
         };
         let store = self.node.store.clone();
@@ -494,13 +514,13 @@ impl Session {
         let users = [user.clone()];
         let read = async move { store.presences(&users, Some(&viewer)).await };
         ctx.spawn(read.into_actor(self).map(move |res, act, ctx| {
-            let current = act.watches.seen.get(&user).map(|s| s.marker) == Some(marker);
+            let current = act.watches.seen.get(user.as_str()).map(|s| s.marker) == Some(marker);
             match res {
                 Ok(records) => {
                     for o in records.iter().filter(|_| current) {
-                        let before = act.watches.seen.get(&user).map(|s| s.fingerprint);
+                        let before = act.watches.seen.get(user.as_str()).map(|s| s.fingerprint);
                         let record = act.observe(o);
-                        let after = act.watches.seen.get(&user).map(|s| s.fingerprint);
+                        let after = act.watches.seen.get(user.as_str()).map(|s| s.fingerprint);
                         if after != before {
                             act.send(ctx, protocol::presence_frame(&record));
                         }
@@ -530,7 +550,7 @@ impl Session {
             .queue
             .iter()
             .any(|r| matches!(r, Request::Recheck { user: u, .. } if *u == user));
-        if self.watches.seen.contains_key(&user) && !waiting {
+        if self.watches.seen.contains_key(user.as_str()) && !waiting {
             self.request_always(Request::Recheck { user, attempt }, ctx);
         }
     }
@@ -542,7 +562,7 @@ impl Session {
     /// follows gives back what it may see, if more.
     fn contacts_changed(&mut self, user: String, ctx: &mut ws::WebsocketContext<Self>) {
         let stranger = Relation::stranger(self.node.config.contacts_only);
-        let Some(seen) = self.watches.seen.get_mut(&user) else {
+        let Some(seen) = self.watches.seen.get_mut(user.as_str()) else {
             return;
         };
         seen.marker = seen.marker.wrapping_add(1);
@@ -566,7 +586,7 @@ impl Session {
     pub(super) fn observe(&mut self, o: &Observed) -> Record {
         let relation = o.relation(Some(&self.me.user), self.node.config.contacts_only);
         let record = privacy::view(&o.presence, relation);
-        if let Some(seen) = self.watches.seen.get_mut(&o.presence.user) {
+        if let Some(seen) = self.watches.seen.get_mut(o.presence.user.as_str()) {
             seen.seq = seen.seq.max(o.seq);
             seen.relation = relation;
             seen.fingerprint = seen.fingerprint_of(&record);

@@ -364,7 +364,13 @@ test("statuses that end: clear after, busy until 15:00 in the browser's locale, 
     const row = await expectStatus(h, "ivy", "busy");
     const until = Number(await row.getAttribute("data-until"));
     assert.ok(Math.abs(until - (asked + 3_600_000)) < 10_000, `until ${until} is an hour after ${asked}`);
-    const shown = await h.evaluate((u) => new Date(u).toLocaleTimeString(undefined, { hour: "2-digit", minute: "2-digit" }), until);
+    // The time in the browser's locale, with the date when an hour from now
+    // is another day (the run may start just before midnight).
+    const shown = await h.evaluate((u) => {
+      const d = new Date(u);
+      const time = d.toLocaleTimeString(undefined, { hour: "2-digit", minute: "2-digit" });
+      return d.toDateString() === new Date().toDateString() ? time : `${d.toLocaleDateString()} ${time}`;
+    }, until);
     await row.locator(".meta-line", { hasText: `Busy until ${shown}` }).waitFor({ timeout: DEADLINE_MS });
     await i.locator("#my-status", { hasText: `Busy until ${shown}` }).waitFor({ timeout: DEADLINE_MS });
   });

@@ -53,9 +53,15 @@ pub async fn run(common: &Common, args: &WatchesArgs) -> anyhow::Result<()> {
     let (sockets, _) = connect_many(node.addr, &setup.sources, names, 50).await?;
     let connected = rss();
     let redis_connected = crate::redis_used_memory(&mut redis).await?;
-    let mut held = Vec::with_capacity(sockets.len());
+    // Sockets waiting for their turn to watch keep reading (and so answer
+    // the node's pings): on a loaded box the watches take longer than the
+    // two heartbeats after which a silent client is closed.
+    let parked: Vec<_> = sockets.into_iter().map(park).collect();
+    let mut held = Vec::with_capacity(parked.len());
     let t0 = Instant::now();
-    for (i, mut ws) in sockets.into_iter().enumerate() {
+    for (i, (wake, waiting)) in parked.into_iter().enumerate() {
+        let _ = wake.send(());
+        let mut ws = waiting.await??;
         let list: Vec<String> = (0..args.watches)
             .map(|u| match args.shared {
                 true => format!("u{u}"),
@@ -118,4 +124,27 @@ pub async fn run(common: &Common, args: &WatchesArgs) -> anyhow::Result<()> {
     );
     report.print_table();
     Ok(())
+}
+
+/// Reads `ws` (answering pings) until told to stop, then hands it back.
+fn park(
+    mut ws: client::Ws,
+) -> (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<anyhow::Result<client::Ws>>,
+) {
+    use futures_util::StreamExt;
+    let (tx, mut rx) = tokio::sync::oneshot::channel();
+    let task = tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = &mut rx => return Ok(ws),
+                msg = ws.next() => match msg {
+                    Some(Ok(_)) => {}
+                    other => anyhow::bail!("closed while waiting to watch: {other:?}"),
+                },
+            }
+        }
+    });
+    (tx, task)
 }
