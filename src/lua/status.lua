@@ -27,6 +27,12 @@ if new_until == '' then
 else
   redis.call('HSET', KEYS[1], 'until', new_until)
 end
+local count = tonumber(redis.call('GET', KEYS[2]) or '0')
+if old_status == 'invisible' and ARGV[1] ~= 'invisible' and count <= 0 and old[3] then
+  -- Offline and no longer invisible: others were shown the moment it went
+  -- invisible as its last seen; its real departure must not show now.
+  redis.call('HSET', KEYS[1], 'last_seen', old[3])
+end
 if old_status ~= ARGV[1] or not old[3] then
   redis.call('HSET', KEYS[1], 'status', ARGV[1], 'since', ARGV[3])
 end
@@ -36,7 +42,6 @@ if ARGV[2] == '' then
 else
   redis.call('HSET', KEYS[1], 'text', ARGV[2])
 end
-local count = tonumber(redis.call('GET', KEYS[2]) or '0')
 if count <= 0 then
   return {0, since}
 end

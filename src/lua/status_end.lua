@@ -21,9 +21,15 @@ end
 if tonumber(u) and tonumber(u) > tonumber(ARGV[1]) then
   return {2, tonumber(u)}
 end
+local count = tonumber(redis.call('GET', KEYS[2]) or '0')
+local was = redis.call('HMGET', KEYS[1], 'status', 'since')
+if was[1] == 'invisible' and count <= 0 and was[2] then
+  -- Offline: others were shown the moment it went invisible as its last
+  -- seen; its real departure must not show once the status ends.
+  redis.call('HSET', KEYS[1], 'last_seen', was[2])
+end
 redis.call('HDEL', KEYS[1], 'until', 'text')
 redis.call('HSET', KEYS[1], 'status', 'online', 'since', ARGV[1])
-local count = tonumber(redis.call('GET', KEYS[2]) or '0')
 if count > 0 then
   publish_event(ARGV[3], KEYS[1], ARGV[2], count, nil, next_seq(KEYS[1], ARGV[1], true))
 end

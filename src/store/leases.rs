@@ -202,8 +202,7 @@ impl Store {
     /// The arrival step for many leases at once, in two round trips
     /// whatever their number: one pipeline of `arrive.lua` calls, then, for
     /// the leases still held, per bucket one `ZADD GT` of their deadlines
-    /// into `presence-leases:{b<k>}` (and, for users who came online, a
-    /// `ZREM` from `presence-lastseen:{b<k>}`).
+    /// into `presence-leases:{b<k>}`.
     /// Returns one outcome per lease, in order; `Err` when the first round
     /// trip failed as a whole. A failed second round trip fails the leases
     /// that were held (as one refresh on its own would).
@@ -239,9 +238,10 @@ impl Store {
         // must not stand for the new owner's lease. GT keeps the latest
         // deadline when two writes cross.
         let mut by_bucket: BTreeMap<u32, redis::Cmd> = BTreeMap::new();
-        // Users who came online leave the last-seen index: an online user
-        // is listed by its deadlines already, and goes back into
-        // `presence-lastseen` with its next `offline`.
+        // Users who come online stay in the last-seen index, at the last
+        // seen they had: a viewer they hide from is shown exactly that, so
+        // the recently-seen list must find them there as it finds the
+        // others (their next `offline` raises the entry).
         let mut back = redis::pipe();
         let mut out = Vec::with_capacity(leases.len());
         // (lease, room) of each membership pushed on, in the order of the
@@ -250,11 +250,8 @@ impl Store {
         for (lease, value) in leases.iter().zip(&reply) {
             let lease = lease.borrow();
             let arrival = parse_arrival(&self.report(value, false), &lease.user, deadline);
-            if let Ok(Arrival::Held { came_online, .. }) = arrival {
+            if let Ok(Arrival::Held { .. }) = arrival {
                 let bucket = self.buckets.of(&lease.user);
-                if came_online {
-                    back.zrem(keys::last_seen(bucket), &lease.user).ignore();
-                }
                 let member = keys::lease_member(&lease.user, &lease.device);
                 for room in &lease.rooms {
                     self.push_membership(&mut back, room, &member, deadline);

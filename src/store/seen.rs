@@ -107,10 +107,12 @@ impl Store {
         Ok(OnlinePage { users, next_cursor })
     }
 
-    /// What `reader` may see of the users of `entries`, leaving out the
-    /// users who chose `invisible`, except for themselves and the service:
-    /// their place in the walk is their real departure, which their shown
-    /// last seen (when they went invisible) must not give away.
+    /// What `reader` may see of the users of `entries`. The caller lists
+    /// those shown offline with a last seen in the window: the same record
+    /// `GET /api/presence` gives, so that whether a user is listed tells no
+    /// more than that record (an invisible user is in the index at the
+    /// moment it went invisible, a user online but hidden from the viewer
+    /// at its last departure, the last seen each is shown).
     async fn seen_records(
         &self,
         entries: &[Entry],
@@ -131,13 +133,6 @@ impl Store {
         let observed = self.presences(&names, viewer).await?;
         Ok(observed
             .iter()
-            .filter(|o| {
-                let own = match reader {
-                    Reader::Service => true,
-                    Reader::Viewer(v) => v == Some(o.presence.user.as_str()),
-                };
-                own || o.presence.chosen != "invisible"
-            })
             .map(|o| (o.presence.user.clone(), view_as(o, reader, contacts_only)))
             .collect())
     }

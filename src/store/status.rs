@@ -31,7 +31,23 @@ impl Store {
         let first = reply
             .first()
             .ok_or_else(|| StoreError::reply(&keys::status(user), "status: empty reply"))?;
-        Ok(parse_status_set(&self.report(first, true), user)?.since)
+        let since = parse_status_set(&self.report(first, true), user)?.since;
+        if status == Status::Invisible {
+            // Others are shown the moment it went invisible as its last
+            // seen, on every surface: the recently-seen list finds it there
+            // (`presence-lastseen` holds every user by the last seen others
+            // may be shown; a later departure only raises it, GT).
+            let mut index = redis::pipe();
+            index
+                .cmd("ZADD")
+                .arg(keys::last_seen(self.buckets.of(user)))
+                .arg("GT")
+                .arg(since)
+                .arg(user)
+                .ignore();
+            self.query(&index).await?;
+        }
+        Ok(since)
     }
 
     /// Changes who may see `user` online and its last seen; publishes the

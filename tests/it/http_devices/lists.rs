@@ -46,8 +46,27 @@ async fn recently_seen_follow_the_online_users_paged_and_private() {
         })
         .await;
     }
-    // `inv` was online before, went invisible, then left: its place in
-    // the walk is its real departure, which nobody else may learn.
+    // `ho` left, hides being online from everyone, and is online again:
+    // others are shown it offline, last seen at that departure, and find it
+    // there in the recently seen too (its absence would give it away).
+    assert_eq!(heartbeat(&node, "ho", "d", "web").await.0, 200);
+    assert_eq!(leave(&node, "ho", "d", None).await.0, 204);
+    let r = reqwest::Client::new()
+        .put(format!("{}/api/users/ho/privacy", node.http()))
+        .json(&json!({"online": "nobody"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 204);
+    let before = now();
+    wait_until("the clock moves on", DEADLINE, || async {
+        now() > before + 2
+    })
+    .await;
+    assert_eq!(heartbeat(&node, "ho", "d", "web").await.0, 200);
+    // `inv` was online before, went invisible, then left: others are shown
+    // the moment it went invisible as its last seen, never its departure,
+    // and find it at that moment in the recently seen.
     assert_eq!(heartbeat(&node, "inv", "d", "web").await.0, 200);
     assert_eq!(leave(&node, "inv", "d", None).await.0, 204);
     assert_eq!(heartbeat(&node, "inv", "d", "web").await.0, 200);
@@ -84,11 +103,24 @@ async fn recently_seen_follow_the_online_users_paged_and_private() {
 
     let got = pages(&node, "seen_within_ms=600000&limit=2&viewer=x", None).await;
     let flat: Vec<String> = got.iter().flatten().cloned().collect();
-    assert_eq!(flat.len(), 6, "{got:?}");
+    assert_eq!(flat.len(), 8, "{got:?}");
     let mut online: Vec<&str> = flat[..2].iter().map(String::as_str).collect();
     online.sort();
     assert_eq!(online, ["on1", "on2"], "{got:?}");
-    assert_eq!(&flat[2..], ["u5", "u4", "u2", "u1"], "{got:?}");
+    assert_eq!(&flat[2..], ["inv", "ho", "u5", "u4", "u2", "u1"], "{got:?}");
+    // Listed exactly when GET /api/presence shows the user offline with a
+    // last seen in the window: the list tells no more than the record.
+    let window_start = now() - 600_000;
+    for user in ["inv", "ho", "u1", "u2", "u3", "u4", "u5", "old", "on1"] {
+        let (_, r) = get(&format!("{}/api/presence/{user}?viewer=x", node.http())).await;
+        let shown_recent = r["status"] == "offline"
+            && r["last_seen"].as_i64().is_some_and(|ls| ls >= window_start);
+        assert_eq!(
+            flat[2..].contains(&user.to_string()),
+            shown_recent,
+            "{user}: {r} against {flat:?}"
+        );
+    }
     assert!(got.iter().all(|p| p.len() <= 2), "{got:?}");
     // Without the parameter: only those online.
     let plain: Vec<String> = pages(&node, "limit=2&viewer=x", None).await.concat();
@@ -97,16 +129,24 @@ async fn recently_seen_follow_the_online_users_paged_and_private() {
     let own: Vec<String> = pages(&node, "seen_within_ms=600000&limit=3&viewer=u3", None)
         .await
         .concat();
-    assert_eq!(&own[2..], ["u5", "u4", "u3", "u2", "u1"], "{own:?}");
+    assert_eq!(
+        &own[2..],
+        ["inv", "ho", "u5", "u4", "u3", "u2", "u1"],
+        "{own:?}"
+    );
     let inv: Vec<String> = pages(&node, "seen_within_ms=600000&limit=50&viewer=inv", None)
         .await
         .concat();
-    assert_eq!(&inv[2..], ["inv", "u5", "u4", "u2", "u1"], "{inv:?}");
+    assert_eq!(&inv[2..], ["inv", "ho", "u5", "u4", "u2", "u1"], "{inv:?}");
     let all: Vec<String> = pages(&node, "seen_within_ms=86400000&limit=50", Some(ADMIN))
         .await
         .concat();
+    // The service view sees `ho` online, among the users online now.
+    let mut online: Vec<&str> = all[..3].iter().map(String::as_str).collect();
+    online.sort();
+    assert_eq!(online, ["ho", "on1", "on2"], "{all:?}");
     assert_eq!(
-        &all[2..],
+        &all[3..],
         ["inv", "u5", "u4", "u3", "u2", "u1", "old"],
         "{all:?}"
     );
@@ -116,7 +156,12 @@ async fn recently_seen_follow_the_online_users_paged_and_private() {
         node.http()
     ))
     .await;
-    let u5 = &body["users"][2];
+    let u5 = body["users"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|u| u["user"] == "u5")
+        .unwrap();
     assert_eq!(
         (u5["user"].as_str(), u5["status"].as_str()),
         (Some("u5"), Some("offline"))

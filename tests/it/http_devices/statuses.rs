@@ -274,3 +274,53 @@ async fn until_and_kinds_are_hidden_exactly_when_the_status_is() {
         (json!("invisible"), json!(until), json!(["mobile", "web"]))
     );
 }
+
+/// An invisible user who left keeps, for everyone else, the moment it went
+/// invisible as its last seen: also once its status ends (or is replaced)
+/// while it is offline, which must not reveal when it really left.
+#[tokio::test]
+async fn an_invisible_users_departure_stays_hidden_after_its_status_ends() {
+    let redis = Redis::start();
+    let node = Node::start(&redis, "n1");
+    assert_eq!(heartbeat(&node, "bob", "d", "web").await.0, 200);
+    let until = now() + 1_500;
+    let body = json!({"status": "invisible", "until": until});
+    assert_eq!(put_status(&node, "bob", &body, None).await.0, 200);
+    let went_invisible = presence_as(&node, "bob", "x").await["last_seen"]
+        .as_i64()
+        .expect("shown a last seen while invisible");
+    let later = now();
+    wait_until("the clock moves on", DEADLINE, || async {
+        now() > later + 20
+    })
+    .await;
+    assert_eq!(leave(&node, "bob", "d", None).await.0, 204);
+    assert_eq!(
+        presence_as(&node, "bob", "x").await["last_seen"],
+        went_invisible
+    );
+    // The status ends at `until`, bob offline all along.
+    wait_until("bob's status ended", DEADLINE, || async {
+        presence_as(&node, "bob", "bob").await["until"].is_null()
+    })
+    .await;
+    let seen = presence_as(&node, "bob", "x").await;
+    assert_eq!(seen["last_seen"], went_invisible, "{seen}");
+    // The same for a status replaced while offline.
+    assert_eq!(heartbeat(&node, "eve", "d", "web").await.0, 200);
+    let body = json!({"status": "invisible"});
+    assert_eq!(put_status(&node, "eve", &body, None).await.0, 200);
+    let went_invisible = presence_as(&node, "eve", "x").await["last_seen"].clone();
+    let later = now();
+    wait_until("the clock moves on", DEADLINE, || async {
+        now() > later + 20
+    })
+    .await;
+    assert_eq!(leave(&node, "eve", "d", None).await.0, 204);
+    let body = json!({"status": "away"});
+    assert_eq!(put_status(&node, "eve", &body, None).await.0, 200);
+    assert_eq!(
+        presence_as(&node, "eve", "x").await["last_seen"],
+        went_invisible
+    );
+}
