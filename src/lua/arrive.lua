@@ -120,12 +120,18 @@ else
   added = redis.call('HSETNX', KEYS[3], field, ARGV[14])
 end
 -- `other`, the default, is no field at all: a plain device costs nothing.
+-- A device that comes back as another kind (a takeover, a reconnect) is
+-- news to those who see the kinds.
+local kind_changed = false
 if (added == 1 or ARGV[5] == 'connect') and (ARGV[16] or '') ~= '' then
+  local kind_field = 'k:' .. ARGV[3]
+  local old_kind = redis.call('HGET', KEYS[3], kind_field) or 'other'
   if ARGV[16] == 'other' then
-    redis.call('HDEL', KEYS[3], 'k:' .. ARGV[3])
+    redis.call('HDEL', KEYS[3], kind_field)
   else
-    redis.call('HSET', KEYS[3], 'k:' .. ARGV[3], ARGV[16])
+    redis.call('HSET', KEYS[3], kind_field, ARGV[16])
   end
+  kind_changed = old_kind ~= ARGV[16]
 end
 if added == 1 then
   local count = redis.call('INCR', KEYS[2])
@@ -133,6 +139,11 @@ if added == 1 then
     publish_event(ARGV[7], KEYS[3], ARGV[6], 1, nil, next_seq(KEYS[3], ARGV[4]))
     came_online = 1
   else
+    publish_event(ARGV[7], KEYS[3], ARGV[6], count, nil, next_seq(KEYS[3], ARGV[4]), true)
+  end
+elseif kind_changed then
+  local count = tonumber(redis.call('GET', KEYS[2]) or '0')
+  if count > 0 then
     publish_event(ARGV[7], KEYS[3], ARGV[6], count, nil, next_seq(KEYS[3], ARGV[4]), true)
   end
 end

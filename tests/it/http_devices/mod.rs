@@ -172,13 +172,30 @@ async fn a_heartbeat_takes_over_a_socket_and_delete_leaves_at_once() {
     let b = Node::start(&redis, "b");
     let mut watcher = Client::connect(&b, "watcher", "w").await;
     watcher.watch(&["alice"]).await;
+    // One who sees the kinds (they come with the device counts).
+    let mut counts = Client::connect(&a, "counts", "w").await;
+    counts
+        .send(json!({"type": "watch", "users": ["alice"], "devices": true}))
+        .await;
+    counts.expect("snapshot").await;
     let mut laptop = Client::connect(&a, "alice", "laptop").await;
     watcher.expect_presence("alice", "online").await;
+    assert_eq!(
+        counts.expect_presence("alice", "online").await["kinds"],
+        json!(["other"])
+    );
 
     let (code, _) = heartbeat(&b, "alice", "laptop", "desktop").await;
     assert_eq!(code, 200);
     let closed = laptop.expect_closed().await;
     assert_eq!(closed.map(|c| c.0), Some(4001));
+    // The device came back as another kind: news to who sees the kinds.
+    let ev = counts.expect("presence").await;
+    assert_eq!(
+        (ev["devices"].as_u64(), ev["kinds"].clone()),
+        (Some(1), json!(["desktop"])),
+        "{ev}"
+    );
     // Held by the heartbeat now: still one device, desktop.
     let p = presence_as(&a, "alice", "watcher").await;
     assert_eq!(
