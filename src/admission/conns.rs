@@ -24,7 +24,15 @@ pub enum Refused {
     /// The node holds the most sockets waiting for their auth frame.
     #[error("{0} connections are waiting to authenticate, the most allowed (--max-pending-auth); try again")]
     PendingAuth(u32),
+    /// This address holds the most sockets waiting for their auth frame.
+    #[error("this address has {0} connections waiting to authenticate, the most allowed; authenticate those first")]
+    PendingAuthPerAddress(u32),
 }
+
+/// Most sockets one address (an IPv6 /64) may have waiting for their auth
+/// frame: a few clients behind one NAT connect at once, but one address
+/// must not fill the node's `--max-pending-auth` for everyone else.
+pub const MAX_PENDING_AUTH_PER_ADDRESS: u32 = 64;
 
 /// The node's connection counts and their caps.
 #[derive(Debug, Default)]
@@ -37,6 +45,8 @@ pub struct ConnLimits {
     per_address: DashMap<Key, u32>,
     /// Sockets waiting for their auth frame.
     pending: AtomicU32,
+    /// Sockets waiting for their auth frame, per address key.
+    pending_per_address: DashMap<Key, u32>,
 }
 
 /// An address key as 16 bytes (IPv4 mapped into IPv6): byte-aligned, so
@@ -64,6 +74,7 @@ pub struct ConnGuard {
 #[derive(Debug)]
 pub struct PendingGuard {
     limits: Arc<ConnLimits>,
+    key: Key,
 }
 
 impl ConnLimits {
@@ -92,17 +103,24 @@ impl ConnLimits {
         })
     }
 
-    /// Counts one more socket waiting for its auth frame, unless the node
-    /// holds the most allowed.
-    pub fn await_auth(self: &Arc<Self>) -> Result<PendingGuard, Refused> {
+    /// Counts one more socket from `ip` waiting for its auth frame, unless
+    /// the node, or that address, holds the most allowed.
+    pub fn await_auth(self: &Arc<Self>, ip: IpAddr) -> Result<PendingGuard, Refused> {
+        let key = key_of(ip);
+        let mut mine = self.pending_per_address.entry(key).or_insert(0);
+        if self.max_pending > 0 && *mine >= MAX_PENDING_AUTH_PER_ADDRESS {
+            return Err(Refused::PendingAuthPerAddress(MAX_PENDING_AUTH_PER_ADDRESS));
+        }
         let max = self.max_pending;
         self.pending
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
                 (max == 0 || n < max).then_some(n + 1)
             })
             .map_err(|_| Refused::PendingAuth(max))?;
+        *mine += 1;
         Ok(PendingGuard {
             limits: self.clone(),
+            key,
         })
     }
 
@@ -136,6 +154,12 @@ impl Drop for ConnGuard {
 impl Drop for PendingGuard {
     fn drop(&mut self) {
         self.limits.pending.fetch_sub(1, Ordering::AcqRel);
+        if let Entry::Occupied(mut e) = self.limits.pending_per_address.entry(self.key) {
+            *e.get_mut() = e.get().saturating_sub(1);
+            if *e.get() == 0 {
+                e.remove();
+            }
+        }
     }
 }
 
@@ -168,12 +192,25 @@ mod tests {
     #[test]
     fn caps_pending_auth() {
         let limits = ConnLimits::new(0, 2);
-        let p1 = limits.await_auth().unwrap();
-        let _p2 = limits.await_auth().unwrap();
-        assert_eq!(limits.await_auth().unwrap_err(), Refused::PendingAuth(2));
+        let ip: IpAddr = "10.0.0.1".parse().unwrap();
+        let p1 = limits.await_auth(ip).unwrap();
+        let _p2 = limits.await_auth("10.0.0.2".parse().unwrap()).unwrap();
+        assert_eq!(limits.await_auth(ip).unwrap_err(), Refused::PendingAuth(2));
         drop(p1);
         assert_eq!(limits.pending(), 1);
-        let _p3 = limits.await_auth().unwrap();
+        let _p3 = limits.await_auth(ip).unwrap();
+        // One address cannot take every place.
+        let wide = ConnLimits::new(0, 1_000);
+        let mine: Vec<_> = (0..MAX_PENDING_AUTH_PER_ADDRESS)
+            .map(|_| wide.await_auth(ip).unwrap())
+            .collect();
+        assert_eq!(
+            wide.await_auth(ip).unwrap_err(),
+            Refused::PendingAuthPerAddress(MAX_PENDING_AUTH_PER_ADDRESS)
+        );
+        assert!(wide.await_auth("10.0.0.3".parse().unwrap()).is_ok());
+        drop(mine);
+        assert!(wide.await_auth(ip).is_ok());
         let unlimited = ConnLimits::new(0, 0);
         let held: Vec<_> = (0..10_000)
             .map(|_| unlimited.admit("10.0.0.1".parse().unwrap()).unwrap())

@@ -15,7 +15,7 @@ pub mod conns;
 use std::net::IpAddr;
 
 pub use budget::{Budgets, Charge};
-pub use conns::{ConnGuard, ConnLimits, PendingGuard, Refused};
+pub use conns::{ConnGuard, ConnLimits, PendingGuard, Refused, MAX_PENDING_AUTH_PER_ADDRESS};
 
 /// What limits count a client by: an IPv4 address, or the /64 holding an
 /// IPv6 one (IPv4-mapped IPv6 addresses count as IPv4).

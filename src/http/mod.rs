@@ -39,6 +39,8 @@ pub const MAX_CONTACTS: usize = 1_000;
 /// Largest JSON body accepted by `POST /api/presence/query`: room for
 /// [`MAX_QUERY_USERS`] ids of the longest length, and then some.
 pub const MAX_QUERY_BODY: usize = 256 * 1024;
+/// Longest `seen_within_ms` of `GET /api/online`: 365 days.
+pub const MAX_SEEN_WITHIN_MS: i64 = 365 * 24 * 3_600_000;
 
 /// Shared by every HTTP worker.
 pub struct AppState {
@@ -100,6 +102,9 @@ impl From<crate::admission::Refused> for ApiError {
         let (status, code, wait) = match e {
             Refused::PerAddress(_) => (StatusCode::TOO_MANY_REQUESTS, ErrorCode::RateLimited, 5),
             Refused::PendingAuth(_) => (StatusCode::SERVICE_UNAVAILABLE, ErrorCode::Unavailable, 1),
+            Refused::PendingAuthPerAddress(_) => {
+                (StatusCode::TOO_MANY_REQUESTS, ErrorCode::RateLimited, 1)
+            }
         };
         ApiError::new(status, code, e.to_string()).retry_after(std::time::Duration::from_secs(wait))
     }

@@ -226,9 +226,6 @@ pub(crate) struct OnlineQuery {
     who: As,
 }
 
-/// Longest `seen_within_ms` of `GET /api/online`: 365 days.
-const MAX_SEEN_WITHIN_MS: i64 = 365 * 24 * 3_600_000;
-
 /// `GET /api/online?limit=&cursor=[&seen_within_ms=]`: users the viewer may
 /// see online now, most recently active first; then, with
 /// `seen_within_ms`, those last seen within it.

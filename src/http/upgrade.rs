@@ -139,7 +139,7 @@ async fn open_session(
             Vec::new(),
         ),
     };
-    let (pre_auth, codec) = pre_auth(token.as_ref(), state)?;
+    let (pre_auth, codec) = pre_auth(token.as_ref(), state, client_addr(&req, &state.node.config))?;
     let status = match query.status.as_deref() {
         None | Some("") => None,
         Some(s) => Some(Status::parse(s).map_err(|e| ApiError::from(ProtocolError::from(e)))?),
@@ -184,13 +184,17 @@ async fn open_session(
 fn pre_auth(
     token: Option<&TokenState>,
     state: &AppState,
+    ip: Option<std::net::IpAddr>,
 ) -> Result<(Option<PreAuth>, Codec), ApiError> {
     let config = &state.node.config;
     if !matches!(token, Some(TokenState::Awaited { .. })) {
         return Ok((None, Codec::new().max_size(config.max_frame_bytes)));
     }
     let pre = PreAuth {
-        pending: state.node.conns.await_auth()?,
+        pending: state
+            .node
+            .conns
+            .await_auth(ip.unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED)))?,
         frame_limit: Arc::new(AtomicUsize::new(config.admission.max_auth_frame_bytes)),
     };
     let codec = Codec::new().max_size_shared(pre.frame_limit.clone());

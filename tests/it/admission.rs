@@ -208,7 +208,12 @@ async fn connections_per_address_are_capped() {
 async fn sockets_that_never_authenticate_are_cheap() {
     raise_fd_limit();
     let redis = Redis::start();
-    let node = jwt(&redis, &["--auth-timeout-ms", "60000"]);
+    // Each socket from its own address, as a trusted proxy would say: one
+    // address may hold only 64 sockets awaiting auth.
+    let node = jwt(
+        &redis,
+        &["--auth-timeout-ms", "60000", "--trust-proxy", "127.0.0.1"],
+    );
     let pid = node.pid();
     // Warm the node's allocator with a few sockets first.
     let mut warm = Vec::new();
@@ -226,8 +231,10 @@ async fn sockets_that_never_authenticate_are_cheap() {
         "PREAUTH_BYTES",
         presence_server::config::DEFAULT_MAX_AUTH_FRAME_BYTES as u64,
     ) as usize;
-    for _ in 0..n {
-        let mut raw = unauthenticated(&node).await;
+    for i in 0..n {
+        let from = format!("10.1.{}.{}", i / 250, i % 250 + 1);
+        let mut raw =
+            Raw::connect_with(node.addr, "/ws?device=d", &[("X-Forwarded-For", &from)]).await;
         raw.send(&raw::header(true, TEXT, limit as u64)).await;
         raw.send(&raw::mask(&vec![b'x'; limit - 1], 0)).await;
         held.push(raw);
@@ -307,4 +314,40 @@ async fn http_reads_have_a_budget() {
     tokio::time::sleep(Duration::from_secs(retry)).await;
     let r = query(token_for("ann", 600), "198.51.100.3").await;
     assert_eq!(r.status(), 200, "after Retry-After");
+}
+
+/// One address cannot take every place among the sockets awaiting auth:
+/// beyond 64 of its own it gets `429`, while another address still gets in.
+#[tokio::test]
+async fn one_address_cannot_fill_the_pending_auth_places() {
+    use presence_server::admission::MAX_PENDING_AUTH_PER_ADDRESS;
+    let redis = Redis::start();
+    let node = jwt(&redis, &["--trust-proxy", "127.0.0.1"]);
+    let mut held = Vec::new();
+    for _ in 0..MAX_PENDING_AUTH_PER_ADDRESS {
+        let (status, _, stream, _) = handshake(
+            node.addr,
+            "/ws?device=d",
+            &[("X-Forwarded-For", "198.51.100.9")],
+        )
+        .await;
+        assert_eq!(status, 101);
+        held.push(stream);
+    }
+    let (status, retry) = upgrade_from(&node, "/ws?device=d", Some("198.51.100.9")).await;
+    assert_eq!((status, retry), (429, Some(1)));
+    assert_eq!(
+        upgrade_from(&node, "/ws?device=d", Some("198.51.100.10"))
+            .await
+            .0,
+        101
+    );
+    drop(held);
+    wait_until("the address's places back", DEADLINE, || async {
+        upgrade_from(&node, "/ws?device=d", Some("198.51.100.9"))
+            .await
+            .0
+            == 101
+    })
+    .await;
 }

@@ -226,6 +226,46 @@ fn the_fixed_limits_in_the_docs_are_the_code_constants() {
         config::DEFAULT_MAX_ROOM_MESSAGES_PER_SEC as usize,
     );
     assert_quotes("silence", config::DEFAULT_HEARTBEAT.as_millis() as usize);
+    assert_quotes(
+        "WebSockets per client address",
+        config::DEFAULT_MAX_CONNECTIONS_PER_IP as usize,
+    );
+    assert_quotes(
+        "sockets awaiting their `auth` frame (JWT)",
+        config::DEFAULT_MAX_PENDING_AUTH as usize,
+    );
+    assert_quotes(
+        "sockets awaiting their `auth` frame from one address (JWT)",
+        presence_server::admission::MAX_PENDING_AUTH_PER_ADDRESS as usize,
+    );
+    assert_quotes(
+        "a message before auth (JWT)",
+        config::DEFAULT_MAX_AUTH_FRAME_BYTES,
+    );
+    assert_quotes(
+        "HTTP reads per client",
+        config::DEFAULT_HTTP_READS_PER_SEC as usize,
+    );
+    assert_quotes(
+        "HTTP reads with the admin or service key",
+        config::DEFAULT_SERVICE_READS_PER_SEC as usize,
+    );
+    assert_quotes(
+        "users added to a session's watches per second",
+        config::DEFAULT_MAX_USER_READS_PER_SEC as usize,
+    );
+    assert_quotes(
+        "lingering subscriptions",
+        presence_server::registry::MAX_LINGERING,
+    );
+    assert_quotes(
+        "a status's `until`",
+        (presence_server::model::MAX_UNTIL_AHEAD_MS / 86_400_000) as usize,
+    );
+    assert_quotes(
+        "the recently-seen window (`seen_within_ms`)",
+        (http::MAX_SEEN_WITHIN_MS / 86_400_000) as usize,
+    );
 }
 
 /// GitHub's anchor of a heading.

@@ -169,7 +169,12 @@ impl Raw {
     /// Connects to `path` (e.g. `/ws?user=a&device=d`) and completes the
     /// handshake; panics unless the server switches protocols.
     pub async fn connect(addr: SocketAddr, path: &str) -> Self {
-        let (status, head, stream, rest) = handshake(addr, path, &[]).await;
+        Self::connect_with(addr, path, &[]).await
+    }
+
+    /// [`Raw::connect`] with extra request `headers`.
+    pub async fn connect_with(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Self {
+        let (status, head, stream, rest) = handshake(addr, path, headers).await;
         assert_eq!(status, 101, "handshake refused: {head}");
         let (half, writer) = stream.into_split();
         Self {
