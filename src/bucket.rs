@@ -69,6 +69,16 @@ impl TokenBucket {
         probe.take_at(n, now).err().unwrap_or_default()
     }
 
+    /// Takes `n` units as of `now` even when they are not all there: the
+    /// bucket goes below zero and the next takes wait until it refills. For
+    /// work whose cost is known only once it is done.
+    pub fn debit_at(&mut self, n: u32, now: Instant) {
+        let elapsed = now.saturating_duration_since(self.refilled).as_secs_f64();
+        self.refilled = now;
+        self.tokens = (self.tokens + elapsed * f64::from(self.rate)).min(f64::from(self.burst));
+        self.tokens -= f64::from(n);
+    }
+
     /// True when the bucket has refilled to its burst by `now` (it then
     /// holds nothing a fresh bucket would not).
     pub fn full_at(&self, now: Instant) -> bool {

@@ -66,7 +66,9 @@ pub const DEFAULT_MAX_CONNECTIONS_PER_IP: u32 = 1_000;
 /// Default most sockets a node holds that still wait for their `auth` frame.
 pub const DEFAULT_MAX_PENDING_AUTH: u32 = 2_000;
 /// Default largest message a socket may send before it has authenticated,
-/// in bytes: an `auth` frame with its token needs no more.
+/// in bytes: an `auth` frame with a typical token needs far less. A token
+/// with a long rooms claim or an identity provider's group claims may need
+/// `--max-auth-frame-bytes` raised (or go in `Sec-WebSocket-Protocol`).
 pub const DEFAULT_MAX_AUTH_FRAME_BYTES: usize = 4 * 1024;
 /// Default users (or rooms) the HTTP API reads per second for one client
 /// address or one token (a burst of twice as many passes).

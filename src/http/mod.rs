@@ -200,6 +200,29 @@ impl AppState {
     }
 }
 
+impl AppState {
+    /// Charges `extra` more users (or devices) to a read's budgets once
+    /// its real size is known (a room read whole); the next reads wait.
+    pub(crate) fn debit_read(
+        &self,
+        req: &HttpRequest,
+        user: Option<&str>,
+        service: bool,
+        extra: usize,
+    ) {
+        use crate::admission::Charge;
+        let who = if service {
+            Charge::Service
+        } else {
+            let ip = client_addr(req, &self.node.config)
+                .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
+            Charge::Client { ip, user }
+        };
+        self.budgets
+            .debit(who, u32::try_from(extra).unwrap_or(u32::MAX));
+    }
+}
+
 /// Middleware: with development auth, `/ws` and `/api/*` answer 403 to a
 /// `Host` that is not loopback or allowed (DNS rebinding, issue 12).
 pub async fn dev_host_guard(

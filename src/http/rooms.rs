@@ -250,6 +250,19 @@ pub(crate) async fn room(
     .await?;
     let snapshot = read(&state, &room, &reader, u32::MAX).await?;
     let (users, devices, mut members) = members_of(snapshot);
+    // The room was read whole (paging happens here): what it held beyond
+    // the page charged up front is charged now, and the next reads wait.
+    let read_whole = usize::try_from(devices).unwrap_or(usize::MAX);
+    match &reader {
+        Reader::Service => state.debit_read(&req, None, true, read_whole.saturating_sub(limit)),
+        Reader::Member(user) => {
+            let budget_user = match *state.auth {
+                crate::auth::Auth::Jwt(_) => user.as_deref(),
+                crate::auth::Auth::Dev => None,
+            };
+            state.debit_read(&req, budget_user, false, read_whole.saturating_sub(limit));
+        }
+    }
     if let Some(after) = &query.cursor {
         members.retain(|m| m.user.as_str() > after.as_str());
     }

@@ -76,7 +76,11 @@ impl StreamHandler<Result<ws::Message, ws::ProtocolError>> for Session {
             Ok(msg) => msg,
             Err(e) => {
                 let max = self.frame_limit();
-                let (code, reason) = crate::frames::close_for(&e, max);
+                let (code, mut reason) = crate::frames::close_for(&e, max);
+                if self.pre_auth() && matches!(e, ws::ProtocolError::Overflow) {
+                    // A token larger than that: say which setting decides.
+                    reason.push_str(" before auth (--max-auth-frame-bytes)");
+                }
                 log::debug!(
                     "{}/{}: closing with {code:?}: {e}",
                     self.me.user,
