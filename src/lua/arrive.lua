@@ -66,6 +66,7 @@ end
 -- the privacy settings.
 local st = redis.call('HMGET', KEYS[3], 'status', 'text', 'since', 'show_online', 'show_last_seen', 'seq',
   'until')
+local restored_until = false
 -- Redis lost the status (restart without persistence) or holds an older one
 -- re-asserted by another device: restore the newest this connection knew.
 if ARGV[8] ~= '' and (not st[1] or tonumber(st[3] or '0') < tonumber(ARGV[10])) then
@@ -77,8 +78,8 @@ if ARGV[8] ~= '' and (not st[1] or tonumber(st[3] or '0') < tonumber(ARGV[10])) 
     redis.call('HSET', KEYS[3], 'text', ARGV[9])
     st[2] = ARGV[9]
   end
-  -- The status's end goes with it (the node's deadline pass puts it back
-  -- in the due index).
+  -- The status's end goes with it (and the caller puts it back in the due
+  -- index, presence-until:{b<k>}).
   local known_until = ARGV[15] or '0'
   if known_until == '0' or known_until == '' then
     redis.call('HDEL', KEYS[3], 'until')
@@ -86,6 +87,8 @@ if ARGV[8] ~= '' and (not st[1] or tonumber(st[3] or '0') < tonumber(ARGV[10])) 
   else
     redis.call('HSET', KEYS[3], 'until', known_until)
     st[7] = known_until
+    -- The caller puts the due-index entry back: answer in full.
+    restored_until = true
   end
   st[1], st[3] = ARGV[8], ARGV[10]
 end
@@ -149,7 +152,7 @@ elseif kind_changed then
 end
 if ARGV[5] == 'refresh' and status == ARGV[8] and text == ARGV[9] and since == ARGV[10]
     and show_online == known_online and show_last_seen == known_last_seen
-    and status_until == (ARGV[15] or '0') then
+    and status_until == (ARGV[15] or '0') and not restored_until then
   return {1, came_online}
 end
 return {1, came_online, status, text, since, show_online, show_last_seen, status_until}

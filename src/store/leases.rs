@@ -250,8 +250,19 @@ impl Store {
         for (lease, value) in leases.iter().zip(&reply) {
             let lease = lease.borrow();
             let arrival = parse_arrival(&self.report(value, false), &lease.user, deadline);
-            if let Ok(Arrival::Held { .. }) = arrival {
+            if let Ok(Arrival::Held { status, .. }) = &arrival {
                 let bucket = self.buckets.of(&lease.user);
+                // A status that ends is in the due index: an arrival that
+                // put it back (Redis lost it) puts its entry back at once,
+                // not at the next reconciliation. NX: a later one stays.
+                if let Some(until) = status.as_ref().map(|s| s.until).filter(|u| *u > 0) {
+                    back.cmd("ZADD")
+                        .arg(keys::status_until(bucket))
+                        .arg("NX")
+                        .arg(until)
+                        .arg(&lease.user)
+                        .ignore();
+                }
                 let member = keys::lease_member(&lease.user, &lease.device);
                 for room in &lease.rooms {
                     self.push_membership(&mut back, room, &member, deadline);
