@@ -439,6 +439,19 @@ fn storm_figures(
         .filter_map(|v| v.as_u64())
         .collect();
     let sum = |k: &str| ends.iter().map(|e| e[k].as_u64().unwrap_or(0)).sum::<u64>();
+    let mut kinds = serde_json::Map::new();
+    for e in ends {
+        for (k, v) in e["error_kinds"].as_object().into_iter().flatten() {
+            let n = kinds.get(k).and_then(Value::as_u64).unwrap_or(0) + v.as_u64().unwrap_or(0);
+            kinds.insert(k.clone(), json!(n));
+        }
+    }
+    report.figure(
+        "storm_failed_attempts",
+        t.errors as f64,
+        "attempts",
+        json!({"kinds": kinds}),
+    );
     let spurious = offline.iter().filter(|u| !late.contains(u)).count() as u64
         + sum("offline_count").saturating_sub(offline.len() as u64);
     report.figure(

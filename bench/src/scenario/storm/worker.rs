@@ -135,8 +135,9 @@ struct State {
     last_back_us: AtomicU64,
     /// Per device: when it was back, epoch µs (0: never lost or not back).
     back_at: Vec<AtomicU64>,
-    /// Failed connection attempts.
+    /// Failed connection attempts, and how many of each kind.
     errors: AtomicUsize,
+    error_kinds: Mutex<std::collections::BTreeMap<&'static str, u64>>,
     /// From the `storm` command on.
     storming: AtomicBool,
     /// Probe event latencies, µs.
@@ -239,7 +240,25 @@ fn end_line(spec: &Spec, s: &State, kill_us: u64, ttl_us: u64) -> Value {
     line["offline_count"] = json!(s.offline_count.load(Ordering::Relaxed));
     line["online_victim"] = json!(s.online_victim.load(Ordering::Relaxed));
     line["late"] = json!(late);
+    line["error_kinds"] = json!(*s.error_kinds.lock().unwrap());
     line
+}
+
+/// What kind of failure a connection attempt met, for the summary.
+fn kind(e: &anyhow::Error) -> &'static str {
+    let text = format!("{e:#}");
+    [
+        ("timed out", "timeout"),
+        ("no snapshot", "no snapshot"),
+        ("refused", "refused"),
+        ("1013", "closed 1013"),
+        ("closed by the server", "closed by the server"),
+        ("reset", "reset"),
+        ("Too many open files", "too many open files"),
+    ]
+    .iter()
+    .find(|(needle, _)| text.contains(needle))
+    .map_or("other", |(_, k)| k)
 }
 
 /// A small xorshift for the jitter (no rand dependency in the bench).
@@ -297,8 +316,14 @@ async fn device(
                 }
                 lost = true;
             }
-            Err(_) => {
+            Err(e) => {
                 state.errors.fetch_add(1, Ordering::Relaxed);
+                *state
+                    .error_kinds
+                    .lock()
+                    .unwrap()
+                    .entry(kind(&e))
+                    .or_default() += 1;
             }
         }
         // Elsewhere after a loss: any node but the one that failed.
