@@ -137,7 +137,7 @@ struct State {
     back_at: Vec<AtomicU64>,
     /// Failed connection attempts, and how many of each kind.
     errors: AtomicUsize,
-    error_kinds: Mutex<std::collections::BTreeMap<&'static str, u64>>,
+    error_kinds: Mutex<std::collections::BTreeMap<String, u64>>,
     /// From the `storm` command on.
     storming: AtomicBool,
     /// Probe event latencies, µs.
@@ -244,21 +244,18 @@ fn end_line(spec: &Spec, s: &State, kill_us: u64, ttl_us: u64) -> Value {
     line
 }
 
-/// What kind of failure a connection attempt met, for the summary.
-fn kind(e: &anyhow::Error) -> &'static str {
+/// What kind of failure a connection attempt met, for the summary: its
+/// root cause (e.g. `connection refused`, `no snapshot`, an HTTP status),
+/// or `timeout`.
+fn kind(e: &anyhow::Error) -> String {
     let text = format!("{e:#}");
-    [
-        ("timed out", "timeout"),
-        ("no snapshot", "no snapshot"),
-        ("refused", "refused"),
-        ("1013", "closed 1013"),
-        ("closed by the server", "closed by the server"),
-        ("reset", "reset"),
-        ("Too many open files", "too many open files"),
-    ]
-    .iter()
-    .find(|(needle, _)| text.contains(needle))
-    .map_or("other", |(_, k)| k)
+    if text.contains("timed out") {
+        return "timeout".into();
+    }
+    if text.contains("no snapshot") {
+        return "no snapshot".into();
+    }
+    e.root_cause().to_string().chars().take(60).collect()
 }
 
 /// A small xorshift for the jitter (no rand dependency in the bench).
@@ -326,10 +323,11 @@ async fn device(
                     .or_default() += 1;
             }
         }
-        // Elsewhere after a loss: any node but the one that failed.
+        // Elsewhere after a loss: any node but the dead one (a load
+        // balancer whose health check dropped it).
         if lost && spec.nodes.len() > 1 {
             let other = 1 + jitter(&mut seed, (spec.nodes.len() - 2) as u64).as_millis() as usize;
-            node = (node + other) % spec.nodes.len();
+            node = (spec.victim + other) % spec.nodes.len();
         }
         let bound = BACKOFF_CAP_MS.min(BACKOFF_BASE_MS << attempt.min(16));
         attempt += 1;
