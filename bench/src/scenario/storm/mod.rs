@@ -433,10 +433,22 @@ fn storm_figures(
         .flat_map(|e| e["late"].as_array().cloned().unwrap_or_default())
         .filter_map(|v| v.as_u64())
         .collect();
-    let offline: Vec<u64> = ends
+    // (user, ms after the kill) per offline event.
+    let offline: Vec<(u64, i64)> = ends
         .iter()
         .flat_map(|e| e["offline"].as_array().cloned().unwrap_or_default())
-        .filter_map(|v| v.as_u64())
+        .filter_map(|v| Some((v[0].as_u64()?, v[1].as_i64()?)))
+        .collect();
+    let spurious_at: Vec<i64> = offline
+        .iter()
+        .filter(|(u, _)| !late.contains(u))
+        .map(|&(_, ms)| ms)
+        .collect();
+    let (first_ms, last_ms) = (spurious_at.iter().min(), spurious_at.iter().max());
+    let users: HashSet<u64> = offline
+        .iter()
+        .filter(|(u, _)| !late.contains(u))
+        .map(|&(u, _)| u)
         .collect();
     let sum = |k: &str| ends.iter().map(|e| e[k].as_u64().unwrap_or(0)).sum::<u64>();
     let mut kinds = serde_json::Map::new();
@@ -452,15 +464,17 @@ fn storm_figures(
         "attempts",
         json!({"kinds": kinds}),
     );
-    let spurious = offline.iter().filter(|u| !late.contains(u)).count() as u64
-        + sum("offline_count").saturating_sub(offline.len() as u64);
+    let spurious =
+        spurious_at.len() as u64 + sum("offline_count").saturating_sub(offline.len() as u64);
     report.figure(
         "storm_spurious_offline",
         spurious as f64,
         "events",
         json!({"target_max": 0, "offline_events": sum("offline_count"),
                "online_events_for_those_users": sum("online_victim"),
-               "devices_back_after_ttl": late.len(), "ttl_ms": ttl.as_millis() as u64}),
+               "devices_back_after_ttl": late.len(), "ttl_ms": ttl.as_millis() as u64,
+               "spurious_users": users.len(), "first_ms_after_kill": first_ms,
+               "last_ms_after_kill": last_ms}),
     );
     let mut h = latency_histogram();
     for e in ends {

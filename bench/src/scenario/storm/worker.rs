@@ -29,6 +29,8 @@ const BACKOFF_BASE_MS: u64 = 500;
 const BACKOFF_CAP_MS: u64 = 15_000;
 /// How often a probe changes its status while the storm runs.
 const PROBE_EVERY: Duration = Duration::from_millis(500);
+/// How long a connected device waits for its watch snapshot.
+const SNAPSHOT_PATIENCE: Duration = Duration::from_secs(600);
 /// Most offline events listed in the summary (the rest are counted).
 const MAX_LISTED: usize = 100_000;
 
@@ -143,7 +145,7 @@ struct State {
     /// Probe event latencies, µs.
     latency: Mutex<Vec<u64>>,
     /// Offline and online events for the victim node's users.
-    offline: Mutex<Vec<u32>>,
+    offline: Mutex<Vec<(u32, u64)>>,
     offline_count: AtomicUsize,
     online_victim: AtomicUsize,
 }
@@ -236,7 +238,15 @@ fn end_line(spec: &Spec, s: &State, kill_us: u64, ttl_us: u64) -> Value {
     let mut line = stat_line(s);
     line["t"] = json!("end");
     line["latency_us"] = json!(*s.latency.lock().unwrap());
-    line["offline"] = json!(*s.offline.lock().unwrap());
+    // [user, ms after the kill] per event.
+    let offline: Vec<(u32, i64)> = s
+        .offline
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|&(u, at)| (u, (at as i64 - kill_us as i64) / 1000))
+        .collect();
+    line["offline"] = json!(offline);
     line["offline_count"] = json!(s.offline_count.load(Ordering::Relaxed));
     line["online_victim"] = json!(s.online_victim.load(Ordering::Relaxed));
     line["late"] = json!(late);
@@ -346,8 +356,22 @@ async fn connect_and_watch(
     list: &[String],
 ) -> anyhow::Result<(Ws, usize)> {
     let mut ws = client::connect(node, src, name, "d").await?;
-    let snap = client::watch(&mut ws, list).await?;
-    Ok((ws, snap.len()))
+    // Once `hello` came the device is online: waits for the snapshot as
+    // the JS client does, however slow (giving up would close the socket,
+    // and its watchers would see a real offline).
+    let frame = json!({"type": "watch", "users": list});
+    ws.send(Message::Text(frame.to_string().into())).await?;
+    let snap = tokio::time::timeout(SNAPSHOT_PATIENCE, async {
+        loop {
+            let v = client::next_json(&mut ws).await?;
+            if v["type"] == "snapshot" {
+                return anyhow::Ok(v["presence"].as_array().map_or(0, Vec::len));
+            }
+        }
+    })
+    .await
+    .context("no snapshot")??;
+    Ok((ws, snap))
 }
 
 /// Reads the socket (answering pings) until it ends or `stop` fires (then
@@ -420,7 +444,7 @@ fn on_frame(text: &str, spec: &Spec, state: &State) {
             if spec.home(u) == spec.victim
                 && state.offline_count.fetch_add(1, Ordering::Relaxed) < MAX_LISTED =>
         {
-            state.offline.lock().unwrap().push(u as u32);
+            state.offline.lock().unwrap().push((u as u32, now_us()));
         }
         Some("online") if spec.home(u) == spec.victim => {
             state.online_victim.fetch_add(1, Ordering::Relaxed);
