@@ -367,6 +367,10 @@ async fn connect_and_watch(
             if v["type"] == "snapshot" {
                 return anyhow::Ok(v["presence"].as_array().map_or(0, Vec::len));
             }
+            // The watch refused (e.g. `unavailable`): this attempt failed.
+            if v["type"] == "error" {
+                anyhow::bail!("watch answered {}", v["code"]);
+            }
         }
     })
     .await
