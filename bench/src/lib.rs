@@ -106,6 +106,14 @@ pub enum Scenario {
     /// raw-write floor, join/leave churn to the members, Redis memory per
     /// membership.
     Rooms(scenario::rooms::RoomsArgs),
+    /// A fleet on one box (issue 29): N nodes on a Redis Cluster, devices
+    /// spread over worker processes, one node SIGKILLed: memory per device,
+    /// time until its devices are back, spurious offline events, watcher
+    /// latency and Redis's peak ops meanwhile.
+    Storm(scenario::storm::StormArgs),
+    /// One worker process of `storm` (started by it).
+    #[command(hide = true)]
+    StormWorker(scenario::storm::WorkerArgs),
 }
 
 /// Parses `args` (the first one is the program name) and runs the scenario.
@@ -124,7 +132,9 @@ where
         Err(e) => anyhow::bail!("{e}"),
     };
     let fds = procs::raise_fd_limit();
-    eprintln!("presence-bench: open-file limit {fds}");
+    if !matches!(cli.scenario, Scenario::StormWorker(_)) {
+        eprintln!("presence-bench: open-file limit {fds}");
+    }
     if let Some(dir) = &cli.common.svg {
         std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
     }
@@ -140,6 +150,8 @@ where
         Scenario::Watches(a) => scenario::watches::run(c, a).await,
         Scenario::Fleet(a) => scenario::fleet::run(c, a).await,
         Scenario::Rooms(a) => scenario::rooms::run(c, a).await,
+        Scenario::Storm(a) => scenario::storm::run(c, a).await,
+        Scenario::StormWorker(a) => scenario::storm::run_worker(a).await,
     }
 }
 

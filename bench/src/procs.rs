@@ -185,26 +185,36 @@ pub fn cluster_server(
     )
 }
 
-/// A Redis Cluster of `n` primaries (no replicas) on random loopback
-/// ports, with the repository's redis.conf, joined by `redis-cli --cluster
-/// create`; killed on drop.
+/// A Redis Cluster of `n` primaries, each with `replicas` replicas (none
+/// by default), on random loopback ports, with the repository's
+/// redis.conf, joined by `redis-cli --cluster create`; killed on drop.
 pub struct LocalCluster {
     /// The servers (their temp dirs go with them).
     servers: Vec<(Child, tempfile::TempDir)>,
     /// `redis://127.0.0.1:<port>` of each primary.
     pub urls: Vec<String>,
+    /// `redis://127.0.0.1:<port>` of each replica.
+    pub replica_urls: Vec<String>,
 }
 
 impl LocalCluster {
     /// Starts `n` (at least 3, as Redis Cluster wants) primaries and waits
     /// until each says `cluster_state:ok`.
     pub fn start(n: usize) -> anyhow::Result<Self> {
+        Self::start_with_replicas(n, 0)
+    }
+
+    /// Like [`LocalCluster::start`], with `replicas` replicas per primary
+    /// (`--cluster-replicas`); [`LocalCluster::urls`] are then the servers
+    /// that say `ROLE` master once the cluster is up.
+    pub fn start_with_replicas(n: usize, replicas: usize) -> anyhow::Result<Self> {
         anyhow::ensure!(n >= 3, "a Redis Cluster needs at least 3 primaries");
         let mut cluster = Self {
             servers: Vec::new(),
             urls: Vec::new(),
+            replica_urls: Vec::new(),
         };
-        while cluster.servers.len() < n {
+        while cluster.servers.len() < n * (1 + replicas) {
             let (port, bus) = (free_port()?, free_port()?);
             if port == bus {
                 continue;
@@ -234,7 +244,7 @@ impl LocalCluster {
         let out = Command::new("redis-cli")
             .args(["--cluster", "create"])
             .args(&addrs)
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .stdin(Stdio::null())
             .output()
             .context("cannot run redis-cli (apt-get install -y redis-tools)")?;
@@ -253,7 +263,28 @@ impl LocalCluster {
             })?;
             anyhow::ensure!(ok, "{url} left the cluster");
         }
+        if replicas > 0 {
+            cluster.split_roles()?;
+        }
         Ok(cluster)
+    }
+
+    /// Moves the servers that are replicas from [`LocalCluster::urls`] to
+    /// [`LocalCluster::replica_urls`], by their `ROLE`.
+    fn split_roles(&mut self) -> anyhow::Result<()> {
+        let mut primaries = Vec::new();
+        for url in std::mem::take(&mut self.urls) {
+            let mut c = redis::Client::open(url.as_str())?.get_connection()?;
+            let role: Vec<redis::Value> = redis::cmd("ROLE").query(&mut c)?;
+            match role.first() {
+                Some(redis::Value::BulkString(b)) if b.as_slice() == b"master" => {
+                    primaries.push(url)
+                }
+                _ => self.replica_urls.push(url),
+            }
+        }
+        self.urls = primaries;
+        Ok(())
     }
 
     /// Waits until `ready` holds on `url`; false when the newest server

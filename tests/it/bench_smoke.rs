@@ -155,6 +155,30 @@ async fn fleet_on_one_redis() {
     fleet(&["--primaries", "0", "--nodes", "2"]).await;
 }
 
+/// The storm tiny: 2 nodes on one Redis, 200 devices in two workers (tasks
+/// of this process: the test binary cannot run itself as the bench), one
+/// node killed; a 3 s TTL keeps the wait for late offline events short.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn storm() {
+    bench(&[
+        "storm",
+        "--nodes",
+        "2",
+        "--primaries",
+        "0",
+        "--devices",
+        "200",
+        "--per-worker",
+        "100",
+        "--in-process",
+        "--hold-secs",
+        "1",
+        "--heartbeat-ms",
+        "1000",
+    ])
+    .await;
+}
+
 #[test]
 fn the_bench_places_users_in_the_servers_buckets() {
     let buckets = presence_server::keys::Buckets::default();

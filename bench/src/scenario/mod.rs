@@ -8,6 +8,7 @@ pub mod fleet;
 pub mod online;
 pub mod refresh;
 pub mod rooms;
+pub mod storm;
 pub mod transitions;
 pub mod watches;
 
