@@ -163,63 +163,67 @@ impl ResponseError for ApiError {
     }
 }
 
-impl AppState {
-    /// Charges a read of `cost` users (or rooms) to the budgets of its
-    /// reader: the service keys' shared budget, or the client address's and
-    /// the token's user's. A refusal is `429` with `Retry-After`, and nothing
-    /// of the read is done.
-    pub(crate) fn charge_read(
-        &self,
-        req: &HttpRequest,
-        user: Option<&str>,
-        service: bool,
-        cost: usize,
-    ) -> Result<(), ApiError> {
-        use crate::admission::Charge;
-        let who = if service {
-            Charge::Service
-        } else {
-            let ip = client_addr(req, &self.node.config)
-                .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
-            Charge::Client { ip, user }
-        };
-        let cost = u32::try_from(cost).unwrap_or(u32::MAX);
-        self.budgets.charge(who, cost).map_err(|wait| {
-            crate::metrics::METRICS.admission.http_rate_limited.inc();
-            ApiError::new(
-                StatusCode::TOO_MANY_REQUESTS,
-                ErrorCode::RateLimited,
-                format!(
-                    "read budget spent ({} users per second); try again in {} ms",
-                    self.budgets.client_rate().per_sec,
-                    wait.as_millis().max(1)
-                ),
-            )
-            .retry_after(wait)
-        })
-    }
+/// Who pays for an HTTP read.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Payer<'a> {
+    /// The admin or service key: their shared budget.
+    Service,
+    /// A client: its address, and the user it reads as.
+    Client(Option<&'a str>),
 }
 
 impl AppState {
-    /// Charges `extra` more users (or devices) to a read's budgets once
-    /// its real size is known (a room read whole); the next reads wait.
-    pub(crate) fn debit_read(
+    /// The budgets `payer` is charged to on `req`: the keys' shared one, or
+    /// the client address's and, under JWT, its token's user's (under
+    /// development auth `?viewer=` is anyone's to claim, so it has none).
+    fn charge_of<'a>(&self, req: &HttpRequest, payer: Payer<'a>) -> crate::admission::Charge<'a> {
+        use crate::admission::Charge;
+        match payer {
+            Payer::Service => Charge::Service,
+            Payer::Client(user) => Charge::Client {
+                ip: client_addr(req, &self.node.config)
+                    .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED)),
+                user: match *self.auth {
+                    crate::auth::Auth::Jwt(_) => user,
+                    crate::auth::Auth::Dev => None,
+                },
+            },
+        }
+    }
+
+    /// Charges a read of `cost` users (or rooms) to `payer`'s budgets. A
+    /// refusal is `429` with `Retry-After`, and nothing of the read is done.
+    pub(crate) fn charge_read(
         &self,
         req: &HttpRequest,
-        user: Option<&str>,
-        service: bool,
-        extra: usize,
-    ) {
-        use crate::admission::Charge;
-        let who = if service {
-            Charge::Service
-        } else {
-            let ip = client_addr(req, &self.node.config)
-                .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
-            Charge::Client { ip, user }
-        };
+        payer: Payer<'_>,
+        cost: usize,
+    ) -> Result<(), ApiError> {
+        let cost = u32::try_from(cost).unwrap_or(u32::MAX);
         self.budgets
-            .debit(who, u32::try_from(extra).unwrap_or(u32::MAX));
+            .charge(self.charge_of(req, payer), cost)
+            .map_err(|wait| {
+                crate::metrics::METRICS.admission.http_rate_limited.inc();
+                ApiError::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    ErrorCode::RateLimited,
+                    format!(
+                        "read budget spent ({} users per second); try again in {} ms",
+                        self.budgets.client_rate().per_sec,
+                        wait.as_millis().max(1)
+                    ),
+                )
+                .retry_after(wait)
+            })
+    }
+
+    /// Charges `extra` more users (or devices) to `payer`'s budgets once a
+    /// read's real size is known (a room read whole); the next reads wait.
+    pub(crate) fn debit_read(&self, req: &HttpRequest, payer: Payer<'_>, extra: usize) {
+        self.budgets.debit(
+            self.charge_of(req, payer),
+            u32::try_from(extra).unwrap_or(u32::MAX),
+        );
     }
 }
 

@@ -66,7 +66,7 @@ async fn read_as(
     cost: usize,
 ) -> Result<ReadAs, ApiError> {
     if is_service(req, state) {
-        state.charge_read(req, None, true, cost)?;
+        state.charge_read(req, Payer::Service, cost)?;
         return Ok(ReadAs::Service);
     }
     let viewer = state
@@ -76,13 +76,7 @@ async fn read_as(
     if let Some(v) = &viewer {
         ids::validate("user", v)?;
     }
-    // Under development auth `?viewer=` is anyone's to claim: only a
-    // verified token's user has a budget of its own.
-    let user = match *state.auth {
-        crate::auth::Auth::Jwt(_) => viewer.as_deref(),
-        crate::auth::Auth::Dev => None,
-    };
-    state.charge_read(req, user, false, cost)?;
+    state.charge_read(req, Payer::Client(viewer.as_deref()), cost)?;
     Ok(ReadAs::Viewer(viewer))
 }
 

@@ -8,7 +8,7 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use serde::{Deserialize, Serialize};
 
 use super::users::{is_service, require_service};
-use super::{ApiError, AppState};
+use super::{ApiError, AppState, Payer};
 use crate::ids;
 use crate::protocol::{ErrorCode, ProtocolError};
 use crate::rooms::allows;
@@ -135,18 +135,14 @@ async fn reader(
     cost: usize,
 ) -> Result<Reader, ApiError> {
     if is_service(req, state) {
-        state.charge_read(req, None, true, cost)?;
+        state.charge_read(req, Payer::Service, cost)?;
         return Ok(Reader::Service);
     }
     let (user, grants) = state.auth.room_reader(req, token, viewer).await?;
     if let Some(user) = &user {
         ids::validate("user", user)?;
     }
-    let budget_user = match *state.auth {
-        crate::auth::Auth::Jwt(_) => user.as_deref(),
-        crate::auth::Auth::Dev => None,
-    };
-    state.charge_read(req, budget_user, false, cost)?;
+    state.charge_read(req, Payer::Client(user.as_deref()), cost)?;
     if let Some(grants) = grants {
         if let Some(room) = rooms.iter().find(|r| !allows(&grants, r)) {
             return Err(ApiError::new(
@@ -253,16 +249,11 @@ pub(crate) async fn room(
     // The room was read whole (paging happens here): what it held beyond
     // the page charged up front is charged now, and the next reads wait.
     let read_whole = usize::try_from(devices).unwrap_or(usize::MAX);
-    match &reader {
-        Reader::Service => state.debit_read(&req, None, true, read_whole.saturating_sub(limit)),
-        Reader::Member(user) => {
-            let budget_user = match *state.auth {
-                crate::auth::Auth::Jwt(_) => user.as_deref(),
-                crate::auth::Auth::Dev => None,
-            };
-            state.debit_read(&req, budget_user, false, read_whole.saturating_sub(limit));
-        }
-    }
+    let payer = match &reader {
+        Reader::Service => Payer::Service,
+        Reader::Member(user) => Payer::Client(user.as_deref()),
+    };
+    state.debit_read(&req, payer, read_whole.saturating_sub(limit));
     if let Some(after) = &query.cursor {
         members.retain(|m| m.user.as_str() > after.as_str());
     }
@@ -342,7 +333,7 @@ pub(crate) async fn user_rooms(
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
     require_service(&req, &state)?;
-    state.charge_read(&req, None, true, 1)?;
+    state.charge_read(&req, Payer::Service, 1)?;
     let user = user.into_inner();
     ids::validate("user", &user)?;
     let devices = state

@@ -62,7 +62,7 @@ pub(super) async fn require_self_or_admin(
     query_token: Option<&str>,
 ) -> Result<(), ApiError> {
     if is_admin(req, state) {
-        return state.charge_read(req, None, true, 1);
+        return state.charge_read(req, Payer::Service, 1);
     }
     let acting = state.auth.viewer(req, query_token, Some(user)).await?;
     if acting.as_deref() != Some(user) {
@@ -74,11 +74,7 @@ pub(super) async fn require_self_or_admin(
     }
     // A write is one Redis script: it counts as one user read against the
     // client's budget (its address's, and its token's user's).
-    let budget_user = match *state.auth {
-        crate::auth::Auth::Jwt(_) => acting.as_deref(),
-        crate::auth::Auth::Dev => None,
-    };
-    state.charge_read(req, budget_user, false, 1)
+    state.charge_read(req, Payer::Client(acting.as_deref()), 1)
 }
 
 /// Body of `PUT /api/users/{user}/contacts`.

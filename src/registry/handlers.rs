@@ -1,7 +1,7 @@
 //! The registry's handlers: notices from the subscriptions, resyncs,
 //! watches and unwatches, joins and leaves, and each published event.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 
 use actix::prelude::*;
 
@@ -200,17 +200,10 @@ impl Handler<Disconnect> for Registry {
         }
         // Maps keep their largest size: give it back once they are mostly
         // empty, so that memory taken by a crowd that left is returned.
-        shrink(&mut self.sessions);
-        shrink(&mut self.watchers);
-        shrink(&mut self.by_user);
-        shrink(&mut self.devices_by_user);
-    }
-}
-
-/// Shrinks a map that holds less than a quarter of its capacity.
-fn shrink<K: std::hash::Hash + Eq, V>(map: &mut HashMap<K, V>) {
-    if map.capacity() > 64 && map.len() * 4 < map.capacity() {
-        map.shrink_to_fit();
+        shrink_if_sparse(&mut self.sessions, 64);
+        shrink_if_sparse(&mut self.watchers, 64);
+        shrink_if_sparse(&mut self.by_user, 64);
+        shrink_if_sparse(&mut self.devices_by_user, 64);
     }
 }
 

@@ -418,3 +418,46 @@ impl Actor for Registry {
         }
     }
 }
+
+/// A hash set or map whose table can be given back.
+pub(crate) trait Sparse {
+    /// Slots the table holds.
+    fn capacity(&self) -> usize;
+    /// Entries in it.
+    fn len(&self) -> usize;
+    /// Gives the spare slots back.
+    fn shrink(&mut self);
+}
+
+impl<T: std::hash::Hash + Eq> Sparse for HashSet<T> {
+    fn capacity(&self) -> usize {
+        HashSet::capacity(self)
+    }
+    fn len(&self) -> usize {
+        HashSet::len(self)
+    }
+    fn shrink(&mut self) {
+        self.shrink_to_fit();
+    }
+}
+
+impl<K: std::hash::Hash + Eq, V> Sparse for HashMap<K, V> {
+    fn capacity(&self) -> usize {
+        HashMap::capacity(self)
+    }
+    fn len(&self) -> usize {
+        HashMap::len(self)
+    }
+    fn shrink(&mut self) {
+        self.shrink_to_fit();
+    }
+}
+
+/// Shrinks a table of more than `min_capacity` slots that holds less than
+/// a quarter of them: tables keep their largest size otherwise, so memory
+/// taken by a crowd that left would stay resident.
+pub(crate) fn shrink_if_sparse(table: &mut impl Sparse, min_capacity: usize) {
+    if table.capacity() > min_capacity && table.len() * 4 < table.capacity() {
+        table.shrink();
+    }
+}

@@ -34,7 +34,11 @@ use redis::cluster_routing::Slot;
 use redis::{AsyncConnectionConfig, ProtocolVersion, PushInfo, PushKind, RedisResult, Value};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::redis::cluster::Source;
+use super::{shrink_if_sparse, Source};
+
+/// The channel sets are shrunk only above this capacity: a million
+/// channels' worth of slots stayed resident after a crowd of watchers left.
+const SPARSE_CHANNELS_MIN: usize = 1024;
 
 /// First wait before reconnecting after the connection broke.
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
@@ -374,7 +378,7 @@ async fn pushed(
                 *n -= 1;
                 if *n == 0 {
                     channels.leaving.remove(&channel);
-                    shrink_if_sparse(&mut channels.leaving);
+                    shrink_if_sparse(&mut channels.leaving, SPARSE_CHANNELS_MIN);
                 }
                 return Flow::Continue;
             }
@@ -452,45 +456,12 @@ async fn leave(
     channels: Vec<String>,
 ) {
     let channels: Vec<String> = channels.into_iter().filter(|c| wanted.remove(c)).collect();
-    shrink_if_sparse(wanted);
+    shrink_if_sparse(wanted, SPARSE_CHANNELS_MIN);
     for channel in &channels {
         *leaving.entry(channel.clone()).or_default() += 1;
     }
     if let Err(e) = conn.send_all("SUNSUBSCRIBE", &channels).await {
         // The connection is going; a new one subscribes only to `wanted`.
         log::debug!("unsubscribe failed: {e}");
-    }
-}
-
-/// Gives back the table of a set or map that holds under a quarter of its
-/// capacity: after a crowd of watchers left, a million channels' worth of
-/// slots would otherwise stay resident for the node's life.
-trait Sparse {
-    fn sparse(&self) -> bool;
-    fn shrink(&mut self);
-}
-
-impl<T: std::hash::Hash + Eq> Sparse for HashSet<T> {
-    fn sparse(&self) -> bool {
-        self.capacity() > 1024 && self.len() * 4 < self.capacity()
-    }
-    fn shrink(&mut self) {
-        self.shrink_to_fit();
-    }
-}
-
-impl<K: std::hash::Hash + Eq, V> Sparse for HashMap<K, V> {
-    fn sparse(&self) -> bool {
-        self.capacity() > 1024 && self.len() * 4 < self.capacity()
-    }
-    fn shrink(&mut self) {
-        self.shrink_to_fit();
-    }
-}
-
-/// Shrinks `table` when it is [`Sparse::sparse`].
-fn shrink_if_sparse(table: &mut impl Sparse) {
-    if table.sparse() {
-        table.shrink();
     }
 }
