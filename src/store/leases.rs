@@ -366,22 +366,7 @@ impl Store {
         device: &str,
         (owner, deadline): (&str, i64),
     ) -> StoreResult<Departure> {
-        let mut pipe = redis::pipe();
-        self.scripts
-            .depart(&mut pipe, user, device, owner, now_ms());
-        crate::metrics::departure_steps("close", 1);
-        let reply = self.query(&pipe).await?;
-        let first = reply
-            .first()
-            .ok_or_else(|| StoreError::reply(&keys::count(user), "depart: empty reply"))?;
-        let departure = parse_departure(&self.report(first, false), user)?;
-        let mut follow = redis::pipe();
-        if let Departure::Removed {
-            last_seen: Some(ts),
-        } = departure
-        {
-            record_offline(&mut follow, self.buckets, user, ts);
-        }
+        let (departure, mut follow) = self.depart_step(user, device, owner).await?;
         if !matches!(departure, Departure::Leased { .. }) {
             // Our own deadline only: a newer connection's entry stays.
             self.scripts
@@ -401,6 +386,37 @@ impl Store {
             }
         }
         Ok(departure)
+    }
+}
+
+impl Store {
+    /// The departure step of a close (`owner`: the lease value it must
+    /// find, `*` for any): the script, then the last-seen index update of a
+    /// user who went offline, in a pipeline the caller completes with its
+    /// own index removal and sends.
+    pub(super) async fn depart_step(
+        &self,
+        user: &str,
+        device: &str,
+        owner: &str,
+    ) -> StoreResult<(Departure, Pipeline)> {
+        let mut pipe = redis::pipe();
+        self.scripts
+            .depart(&mut pipe, user, device, owner, now_ms());
+        crate::metrics::departure_steps("close", 1);
+        let reply = self.query(&pipe).await?;
+        let first = reply
+            .first()
+            .ok_or_else(|| StoreError::reply(&keys::count(user), "depart: empty reply"))?;
+        let departure = parse_departure(&self.report(first, false), user)?;
+        let mut follow = redis::pipe();
+        if let Departure::Removed {
+            last_seen: Some(ts),
+        } = departure
+        {
+            record_offline(&mut follow, self.buckets, user, ts);
+        }
+        Ok((departure, follow))
     }
 }
 
