@@ -3,11 +3,12 @@
 //! full-jitter backoff, and reports over a small line protocol.
 //!
 //! Commands in (one a line): `storm` (probes start changing status, events
-//! count from now), `end <kill_us> <ttl_us>` (close everything, send the
-//! summary, return). End of input ends the worker too.
+//! count from now), `calm` (events stop counting; answered `{"t":"calm"}`),
+//! `end <kill_us> <ttl_us>` (close everything, send the summary, return).
+//! End of input ends the worker too.
 //!
-//! Lines out (JSON): `{"t":"stat",...}` once a second, `{"t":"end",...}`
-//! once. Times are epoch µs, comparable across the processes of one box.
+//! Lines out (JSON): `{"t":"stat",...}` once a second, `{"t":"calm"}` when
+//! told, `{"t":"end",...}` once. Times are epoch µs, comparable across the processes of one box.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -191,6 +192,14 @@ where
                 Some(mut words) => match words.next() {
                     Some("storm") => {
                         state.storming.store(true, Ordering::SeqCst);
+                        continue;
+                    }
+                    // Stops counting before any worker closes its devices:
+                    // their goodbyes are real offlines, not the storm's.
+                    Some("calm") => {
+                        state.storming.store(false, Ordering::SeqCst);
+                        output.write_all(b"{\"t\":\"calm\"}\n").await?;
+                        output.flush().await?;
                         continue;
                     }
                     Some("end") => {

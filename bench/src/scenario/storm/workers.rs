@@ -5,6 +5,7 @@
 
 use std::pin::Pin;
 use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use anyhow::Context;
@@ -28,8 +29,9 @@ pub struct Totals {
 /// One worker, as the coordinator sees it.
 struct Handle {
     input: Pin<Box<dyn AsyncWrite + Send>>,
-    /// Its last `stat` line and its `end` line.
+    /// Its last `stat` line, whether it said `calm`, and its `end` line.
     last: Arc<Mutex<Option<Value>>>,
+    calm: Arc<AtomicBool>,
     end: Arc<Mutex<Option<Value>>>,
     reader: JoinHandle<()>,
     /// The subprocess (killed on drop) or the task.
@@ -49,6 +51,7 @@ impl Workers {
         let mut handles = Vec::new();
         for spec in specs {
             let (last, end) = (Arc::new(Mutex::new(None)), Arc::new(Mutex::new(None)));
+            let calm = Arc::new(AtomicBool::new(false));
             let handle = if in_process {
                 let (ours, theirs) = tokio::io::duplex(1 << 16);
                 let (their_in, their_out) = tokio::io::split(theirs);
@@ -56,8 +59,9 @@ impl Workers {
                 let task = tokio::spawn(worker::serve(spec, their_in, their_out));
                 Handle {
                     input: Box::pin(our_in),
-                    reader: read_lines(our_out, last.clone(), end.clone()),
+                    reader: read_lines(our_out, last.clone(), calm.clone(), end.clone()),
                     last,
+                    calm,
                     end,
                     _child: None,
                     task: Some(task),
@@ -76,8 +80,9 @@ impl Workers {
                 let stdout = child.stdout.take().context("worker stdout")?;
                 Handle {
                     input: Box::pin(stdin),
-                    reader: read_lines(stdout, last.clone(), end.clone()),
+                    reader: read_lines(stdout, last.clone(), calm.clone(), end.clone()),
                     last,
+                    calm,
                     end,
                     _child: Some(child),
                     task: None,
@@ -114,8 +119,20 @@ impl Workers {
         Ok(())
     }
 
-    /// Sends `end` and waits for every worker's summary.
+    /// Sends `calm` and waits until every worker has stopped counting
+    /// events (so that no worker counts the offlines of another's devices
+    /// closing at the end), then sends `end` and waits for every worker's
+    /// summary.
     pub async fn end(mut self, kill_us: u64, ttl_us: u64) -> anyhow::Result<Vec<Value>> {
+        self.send("calm").await?;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while !self.handles.iter().all(|h| h.calm.load(Ordering::SeqCst)) {
+            anyhow::ensure!(
+                std::time::Instant::now() < deadline,
+                "a worker did not stop counting within 30 s"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
         self.send(&format!("end {kill_us} {ttl_us}")).await?;
         let mut out = Vec::new();
         for h in self.handles {
@@ -130,10 +147,12 @@ impl Workers {
     }
 }
 
-/// Reads a worker's lines: `stat` into `last`, `end` into `end`.
+/// Reads a worker's lines: `stat` into `last`, `calm` into `calm`, `end`
+/// into `end`.
 fn read_lines<R>(
     out: R,
     last: Arc<Mutex<Option<Value>>>,
+    calm: Arc<AtomicBool>,
     end: Arc<Mutex<Option<Value>>>,
 ) -> JoinHandle<()>
 where
@@ -150,6 +169,7 @@ where
                     *end.lock().unwrap() = Some(v);
                     return;
                 }
+                Some("calm") => calm.store(true, Ordering::SeqCst),
                 _ => *last.lock().unwrap() = Some(v),
             }
         }
