@@ -17,6 +17,15 @@ use crate::protocol::{self, ErrorCode, ProtocolError};
 use crate::registry::{self, Deliver, Recheck, View};
 use crate::store::Observed;
 
+/// The waits before a watch's subscription and snapshot read are tried
+/// again, after Redis failed or did not answer in time; after the last
+/// try the watch is refused with `unavailable`.
+const SNAPSHOT_RETRIES: [Duration; 3] = [
+    Duration::from_millis(250),
+    Duration::from_secs(1),
+    Duration::from_secs(3),
+];
+
 /// The users this client watches.
 #[derive(Default)]
 pub(super) struct Watches {
@@ -305,48 +314,51 @@ impl Session {
         let store = self.node.store.clone();
         let session = self.me.id;
         // The ids as the session holds them, for the registry to share.
-        let users = new
+        let users: Vec<Arc<str>> = new
             .iter()
             .map(|u| match self.watches.seen.get_key_value(u.as_str()) {
                 Some((k, _)) => k.clone(),
                 None => Arc::from(u.as_str()),
             })
             .collect();
-        let watch = registry::Watch {
-            session,
-            recheck: ctx.address().recipient(),
-            users,
-            devices,
-        };
+        let recheck = ctx.address().recipient();
         let viewer = self.me.user.clone();
         let fut = async move {
-            match registry.send(watch).await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => {
-                    log::warn!("cannot subscribe to watched users' events: {e}");
-                    registry.do_send(registry::Unwatch {
-                        session,
-                        users: new.clone(),
-                    });
-                    return Err(new);
-                }
-                Err(e) => {
-                    log::error!("registry unreachable: {e}");
-                    return Err(new);
-                }
+            // A subscription or read Redis did not answer in time (the node
+            // is behind in a reconnect storm, a shard fails over) is tried
+            // again, later each time, before the watch is refused: the
+            // client asked once, and waits for its snapshot.
+            for wait in SNAPSHOT_RETRIES.iter().map(Some).chain([None]) {
+                let watch = registry::Watch {
+                    session,
+                    recheck: recheck.clone(),
+                    users: users.clone(),
+                    devices,
+                };
+                let failed = match registry.send(watch).await {
+                    Ok(Ok(())) => match store.presences(&new, Some(&viewer)).await {
+                        Ok(records) => return Ok(records),
+                        Err(e) => format!("snapshot failed: {e}"),
+                    },
+                    Ok(Err(e)) => format!("cannot subscribe to watched users' events: {e}"),
+                    Err(e) => {
+                        log::error!("registry unreachable: {e}");
+                        return Err(new);
+                    }
+                };
+                let Some(wait) = wait else {
+                    log::warn!("{failed}");
+                    break;
+                };
+                log::debug!("{failed}; trying again in {wait:?}");
+                tokio::time::sleep(*wait).await;
             }
-            match store.presences(&new, Some(&viewer)).await {
-                Ok(records) => Ok(records),
-                Err(e) => {
-                    log::warn!("snapshot failed: {e}");
-                    // Undo what this frame added; earlier watches stay.
-                    registry.do_send(registry::Unwatch {
-                        session,
-                        users: new.clone(),
-                    });
-                    Err(new)
-                }
-            }
+            // Undo what this frame added; earlier watches stay.
+            registry.do_send(registry::Unwatch {
+                session,
+                users: new.clone(),
+            });
+            Err(new)
         };
         ctx.spawn(fut.into_actor(self).map(|res, act, ctx| {
             match res {

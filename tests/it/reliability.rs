@@ -243,3 +243,52 @@ async fn hidden_users_stay_hidden_when_redis_comes_back_empty() {
         "{rec}"
     );
 }
+
+/// A watch whose subscription or snapshot Redis does not answer in time
+/// (here: every command held for 6 s, past the node's 5 s response
+/// timeout) is tried again by the node, not refused: the client gets its
+/// snapshot once Redis goes on, and no `unavailable`.
+#[tokio::test]
+async fn a_snapshot_redis_was_too_slow_for_is_tried_again() {
+    let redis = Redis::start();
+    let node = Node::start(&redis, "a");
+    let _bob = Client::connect(&node, "bob", "b").await;
+    let mut alice = Client::connect(&node, "alice", "a").await;
+    let mut c = redis.aconn().await;
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(6_000)
+        .arg("ALL")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let asked = Instant::now();
+    alice.send(json!({"type": "watch", "users": ["bob"]})).await;
+    let deadline = Duration::from_secs(15);
+    loop {
+        let frame = match alice
+            .next_within(deadline.saturating_sub(asked.elapsed()))
+            .await
+        {
+            Some(Incoming::Frame(f)) => f,
+            other => panic!(
+                "no snapshot within {deadline:?}: {other:?}\n{}",
+                node.logs()
+            ),
+        };
+        assert_ne!(frame["type"], "error", "{frame}");
+        if frame["type"] == "snapshot" {
+            assert_eq!(frame["presence"][0]["status"], "online", "{frame}");
+            break;
+        }
+    }
+    assert!(
+        asked.elapsed() >= Duration::from_secs(5),
+        "Redis was paused"
+    );
+    assert!(
+        node.logs().contains("timed out; trying again in 250ms"),
+        "the first try timed out: {}",
+        node.logs()
+    );
+}
