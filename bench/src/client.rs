@@ -88,11 +88,18 @@ pub async fn connect(
         let url = format!("ws://{node}/ws?user={user}&device={device}");
         let (mut ws, _) =
             tokio_tungstenite::client_async_with_config(url, tcp, Some(ws_config())).await?;
-        let hello = next_json(&mut ws).await?;
-        if hello["type"] != "hello" {
-            bail!("expected hello, got {hello}");
+        // An error frame (e.g. `unavailable`) comes before the close that
+        // says what to do next: read on to it.
+        loop {
+            let frame = next_json(&mut ws)
+                .await
+                .context("no hello from the server")?;
+            match frame["type"].as_str() {
+                Some("hello") => return anyhow::Ok(ws),
+                Some("error") => continue,
+                _ => bail!("expected hello, got {frame}"),
+            }
         }
-        anyhow::Ok(ws)
     };
     tokio::time::timeout(HANDSHAKE_TIMEOUT, fut)
         .await
@@ -105,7 +112,10 @@ pub async fn next_json(ws: &mut Ws) -> anyhow::Result<Value> {
     loop {
         match ws.next().await {
             Some(Ok(Message::Text(t))) => return Ok(serde_json::from_str(&t)?),
-            Some(Ok(Message::Close(f))) => bail!("closed by the server: {f:?}"),
+            Some(Ok(Message::Close(Some(f)))) => {
+                bail!("closed by the server: {} {}", u16::from(f.code), f.reason)
+            }
+            Some(Ok(Message::Close(None))) => bail!("closed by the server: no close code"),
             Some(Ok(_)) => continue,
             Some(Err(e)) => return Err(e.into()),
             None => bail!("connection dropped"),

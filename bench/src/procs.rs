@@ -377,6 +377,10 @@ impl Node {
             .with_context(|| format!("cannot run {}", bin.display()))?;
         let stderr = child.stderr.take().context("node stderr")?;
         let logs = Arc::new(Mutex::new(VecDeque::new()));
+        // PRESENCE_BENCH_NODE_LOGS=<dir>: each node's whole log in
+        // <dir>/<node id>.log, to see why a run went as it did.
+        let mut keep = std::env::var_os("PRESENCE_BENCH_NODE_LOGS")
+            .and_then(|dir| std::fs::File::create(Path::new(&dir).join(format!("{id}.log"))).ok());
         let (tx, rx) = std::sync::mpsc::channel();
         {
             let logs = logs.clone();
@@ -384,6 +388,10 @@ impl Node {
             // blocks on a full pipe.
             std::thread::spawn(move || {
                 for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                    if let Some(file) = keep.as_mut() {
+                        use std::io::Write;
+                        let _ = writeln!(file, "{line}");
+                    }
                     if let Some(rest) = line.split("listening on http://").nth(1) {
                         let addr = rest.split_whitespace().next().unwrap_or("").to_string();
                         let _ = tx.send(addr);

@@ -268,6 +268,11 @@ fn end_line(spec: &Spec, s: &State, kill_us: u64, ttl_us: u64) -> Value {
 /// or `timeout`.
 fn kind(e: &anyhow::Error) -> String {
     let text = format!("{e:#}");
+    // "1013 server busy", "1011 presence store unavailable"...
+    if let Some(at) = text.find("closed by the server: ") {
+        let close = &text[at + "closed by the server: ".len()..];
+        return close.split(',').next().unwrap_or(close).to_string();
+    }
     if text.contains("timed out") {
         return "timeout".into();
     }
@@ -275,6 +280,18 @@ fn kind(e: &anyhow::Error) -> String {
         return "no snapshot".into();
     }
     e.root_cause().to_string().chars().take(60).collect()
+}
+
+/// The wait a node that shed the attempt asked for: `retry_after_ms=<n>`
+/// in its 1013 close's reason (at most a minute, as the JS client).
+fn retry_hint(e: &anyhow::Error) -> Option<u64> {
+    let text = format!("{e:#}");
+    let at = text.find("retry_after_ms=")? + "retry_after_ms=".len();
+    let digits: String = text[at..]
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    digits.parse::<u64>().ok().map(|ms| ms.min(60_000))
 }
 
 /// A small xorshift for the jitter (no rand dependency in the bench).
@@ -301,6 +318,7 @@ async fn device(
     let mut node = spec.home(i);
     let (mut attempt, mut lost) = (0u32, false);
     loop {
+        let mut hint_ms = None;
         let permit = match lost {
             false => sem.clone().acquire_owned().await.ok(),
             true => None,
@@ -333,6 +351,7 @@ async fn device(
                 lost = true;
             }
             Err(e) => {
+                hint_ms = retry_hint(&e);
                 state.errors.fetch_add(1, Ordering::Relaxed);
                 *state
                     .error_kinds
@@ -348,10 +367,16 @@ async fn device(
             let other = 1 + jitter(&mut seed, (spec.nodes.len() - 2) as u64).as_millis() as usize;
             node = (spec.victim + other) % spec.nodes.len();
         }
+        // As the JS client: full jitter, or, after a 1013 that names its
+        // wait, that wait plus as much again at random.
         let bound = BACKOFF_CAP_MS.min(BACKOFF_BASE_MS << attempt.min(16));
         attempt += 1;
+        let wait = match hint_ms {
+            Some(hint) => Duration::from_millis(hint) + jitter(&mut seed, hint),
+            None => jitter(&mut seed, bound),
+        };
         tokio::select! {
-            _ = tokio::time::sleep(jitter(&mut seed, bound)) => {}
+            _ = tokio::time::sleep(wait) => {}
             _ = stop.changed() => return,
         }
     }
