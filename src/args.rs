@@ -248,6 +248,13 @@ pub struct Args {
     #[arg(long, env = "PRESENCE_MAX_PENDING_AUTH", default_value_t = config::DEFAULT_MAX_PENDING_AUTH)]
     pub max_pending_auth: u32,
 
+    /// Most lease claims (new sessions) this node may have queued or in
+    /// Redis at once; one more is closed with 1013 and a retry hint before
+    /// any Redis work, so that a reconnect storm is shed, not answered late.
+    /// 0: no cap.
+    #[arg(long, env = "PRESENCE_MAX_PENDING_CLAIMS", default_value_t = config::DEFAULT_MAX_PENDING_CLAIMS)]
+    pub max_pending_claims: u32,
+
     /// With --auth jwt, largest message a socket may send before it has
     /// authenticated, in bytes (no fragments either); larger is closed with
     /// 1009.

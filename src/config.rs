@@ -65,6 +65,10 @@ pub const DEFAULT_ROOM_OCCUPANCY: Duration = Duration::from_millis(2_000);
 pub const DEFAULT_MAX_CONNECTIONS_PER_IP: u32 = 1_000;
 /// Default most sockets a node holds that still wait for their `auth` frame.
 pub const DEFAULT_MAX_PENDING_AUTH: u32 = 2_000;
+/// Default most lease claims a node may have queued or in Redis at once; a
+/// session beyond it is closed with `1013` and a retry hint before any
+/// Redis work (a reconnect storm is shed, not answered late).
+pub const DEFAULT_MAX_PENDING_CLAIMS: u32 = 1_000;
 /// Default largest message a socket may send before it has authenticated,
 /// in bytes: an `auth` frame with a typical token needs far less. A token
 /// with a long rooms claim or an identity provider's group claims may need
@@ -133,6 +137,8 @@ pub struct AdmissionLimits {
     pub max_connections_per_ip: u32,
     /// Most sockets waiting for their `auth` frame; 0: no cap.
     pub max_pending_auth: u32,
+    /// Most lease claims queued or in Redis at once; 0: no cap.
+    pub max_pending_claims: u32,
     /// Largest message before authentication, in bytes.
     pub max_auth_frame_bytes: usize,
     /// HTTP reads per second per address and per token.
@@ -146,6 +152,7 @@ impl Default for AdmissionLimits {
         Self {
             max_connections_per_ip: DEFAULT_MAX_CONNECTIONS_PER_IP,
             max_pending_auth: DEFAULT_MAX_PENDING_AUTH,
+            max_pending_claims: DEFAULT_MAX_PENDING_CLAIMS,
             max_auth_frame_bytes: DEFAULT_MAX_AUTH_FRAME_BYTES,
             http_reads_per_sec: DEFAULT_HTTP_READS_PER_SEC,
             service_reads_per_sec: DEFAULT_SERVICE_READS_PER_SEC,

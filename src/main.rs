@@ -101,6 +101,7 @@ fn start(args: Args) -> anyhow::Result<()> {
     config.admission = config::AdmissionLimits {
         max_connections_per_ip: args.max_connections_per_ip,
         max_pending_auth: args.max_pending_auth,
+        max_pending_claims: args.max_pending_claims,
         max_auth_frame_bytes: args.max_auth_frame_bytes as usize,
         http_reads_per_sec: args.http_reads_per_sec,
         service_reads_per_sec: args.service_reads_per_sec,

@@ -225,6 +225,8 @@ pub struct AdmissionSeries {
     pub connections_refused: IntCounter,
     /// HTTP reads refused by the read budget (429).
     pub http_rate_limited: IntCounter,
+    /// Sessions closed with 1013 before their claim (--max-pending-claims).
+    pub connections_shed: IntCounter,
 }
 
 impl AdmissionSeries {
@@ -237,6 +239,10 @@ impl AdmissionSeries {
             http_rate_limited: s.counter(
                 "presence_http_rate_limited_total",
                 "HTTP reads refused with 429 by the read budget.",
+            ),
+            connections_shed: s.counter(
+                "presence_connections_shed_total",
+                "Sessions closed with 1013 and a retry hint before their lease claim: the node had --max-pending-claims claims out.",
             ),
         }
     }

@@ -9,7 +9,7 @@ use actix::Addr;
 
 use crate::admission::ConnLimits;
 use crate::config::Config;
-use crate::lease::Refresher;
+use crate::lease::{Claimer, Refresher};
 use crate::registry::Registry;
 use crate::store::Store;
 
@@ -17,6 +17,8 @@ use crate::store::Store;
 pub struct Node {
     /// Redis state.
     pub store: Store,
+    /// Batches and bounds this node's lease claims.
+    pub claimer: Claimer,
     /// Batches this node's lease refreshes.
     pub refresher: Refresher,
     /// This node's registry.

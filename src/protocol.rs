@@ -99,6 +99,20 @@ impl std::fmt::Debug for Token {
 }
 
 /// The frame types a client may send; anything else is `unknown_type`.
+/// Close code for a session the node gives up on, or sheds, while its
+/// client is fine: 1013, try again later.
+pub const CLOSE_TRY_AGAIN: u16 = 1013;
+/// The shortest wait a 1013 close asks for, in its reason
+/// (`retry_after_ms=<n>`): the JS client waits that long, plus as much
+/// again at random, before it reconnects, so that a node shedding load is
+/// not met by every client at once.
+pub const TRY_AGAIN_AFTER_MS: u64 = 2_000;
+
+/// The reason of a 1013 close: why, then the wait it asks for.
+pub fn try_again_reason(why: &str) -> String {
+    format!("{why}, reconnect; retry_after_ms={TRY_AGAIN_AFTER_MS}")
+}
+
 const CLIENT_TYPES: [&str; 10] = [
     "watch",
     "unwatch",

@@ -14,7 +14,7 @@ use crate::auth::{Auth, Origins};
 use crate::config::Config;
 use crate::expiry::ExpiryListener;
 use crate::http::{self, AppState};
-use crate::lease::Refresher;
+use crate::lease::{Claimer, Refresher};
 use crate::redis::RedisOptions;
 use crate::registry::{Registry, Shutdown};
 use crate::store::Store;
@@ -81,6 +81,9 @@ pub async fn run(
     // Every session's lease refreshes go through one refresher task, which
     // sends them to Redis in batches.
     let refresher = Refresher::spawn(store.clone());
+    // And every new session's claim through one claimer task, which batches
+    // them too and sheds those beyond --max-pending-claims.
+    let claimer = Claimer::spawn(store.clone(), config.admission.max_pending_claims);
 
     let registry = start_actors(&client, &store, &config).await?;
 
@@ -88,6 +91,7 @@ pub async fn run(
         .then(|| crate::auth::DevHosts::new(security.allowed_hosts.iter().cloned()));
     let node = Arc::new(crate::node::Node {
         store,
+        claimer,
         refresher,
         registry: registry.clone(),
         config: config.clone(),

@@ -1,10 +1,12 @@
-//! A device's lease in Redis, from the node's side: refreshing every
+//! A device's lease in Redis, from the node's side: claiming it when a
+//! session connects, in bounded batches ([`claim`]), refreshing every
 //! session's lease in batches ([`refresh`]) and releasing a device whose
-//! connection closed ([`release`]). Claiming is the session's first
-//! refresh ([`crate::store::ArriveMode`]).
+//! connection closed ([`release`]).
 
+pub mod claim;
 pub mod refresh;
 pub mod release;
 
+pub use claim::{Busy, Claimer};
 pub use refresh::{LeaseState, Refreshed, Refresher};
 pub use release::{release, release_with};

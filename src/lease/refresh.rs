@@ -205,7 +205,7 @@ async fn run(store: Store, mut rx: mpsc::UnboundedReceiver<Request>) {
 
 /// Waits for at least one request, then takes what else is queued, up to
 /// [`MAX_BATCH`]. `None` once every sender is gone.
-async fn take_batch(rx: &mut mpsc::UnboundedReceiver<Request>) -> Option<Vec<Request>> {
+pub(super) async fn take_batch<T>(rx: &mut mpsc::UnboundedReceiver<T>) -> Option<Vec<T>> {
     let mut batch = Vec::new();
     match rx.recv_many(&mut batch, MAX_BATCH).await {
         0 => None,

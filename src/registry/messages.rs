@@ -211,15 +211,6 @@ pub struct RegistryStats {
     pub room_memberships: usize,
 }
 
-/// Close code for a session the node gives up on while its client is
-/// fine: 1013, try again later.
-pub(super) const CLOSE_TRY_AGAIN: u16 = 1013;
-/// The shortest wait a 1013 close asks for, in its reason
-/// (`retry_after_ms=<n>`): the JS client waits that long, plus as much
-/// again at random, before it reconnects, so that a node shedding load is
-/// not met by every client at once.
-pub(super) const TRY_AGAIN_AFTER_MS: u64 = 2_000;
-
 impl From<RegistryStats> for crate::metrics::NodeGauges {
     fn from(s: RegistryStats) -> Self {
         Self {

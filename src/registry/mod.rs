@@ -23,9 +23,10 @@ mod rooms;
 mod subscriptions;
 mod watching;
 
+use crate::protocol::{try_again_reason, CLOSE_TRY_AGAIN};
 pub use fanout::{Home, SlowWatchers};
 pub use messages::*;
-use messages::{FromSubscriptions, Resynced, CLOSE_TRY_AGAIN, TRY_AGAIN_AFTER_MS};
+use messages::{FromSubscriptions, Resynced};
 pub use rooms::{JoinRoom, LeaveRoom, RoomResync};
 
 use std::collections::{HashMap, HashSet};
@@ -327,9 +328,7 @@ impl Registry {
         {
             if conn.unsent() == Some(0) {
                 log::warn!("session {session} is held up on the server: its queue is full, closing with 1013");
-                let reason =
-                    format!("server overloaded, reconnect; retry_after_ms={TRY_AGAIN_AFTER_MS}");
-                conn.close(CLOSE_TRY_AGAIN, &reason);
+                conn.close(CLOSE_TRY_AGAIN, &try_again_reason("server overloaded"));
             } else {
                 log::warn!("session {session} reads too slowly: its queue is full, disconnecting");
                 crate::metrics::slow_consumer_dropped();

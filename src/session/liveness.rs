@@ -10,9 +10,9 @@ use actix::prelude::*;
 use actix_web_actors::ws;
 
 use super::*;
-use crate::lease::Refreshed;
+use crate::lease::{Busy, Refreshed};
 use crate::protocol::{self, ErrorCode, ProtocolError};
-use crate::store::{now_ms, Arrival, ArriveMode, Lease, StoreResult};
+use crate::store::{now_ms, Arrival, Lease, StoreError, StoreResult};
 
 /// The budget of client frames: a [`TokenBucket`] of `rate` frames per
 /// second with bursts of twice that, and the run of refusals that tells a
@@ -142,21 +142,20 @@ impl Session {
         });
     }
 
-    /// The arrival step for this connection, as a future.
-    pub(super) fn arrive(
+    /// This connection's claim of its lease, through the node's claimer,
+    /// as a future; [`Busy`] when the node has its most claims out.
+    pub(super) fn claim(
         &self,
-        mode: ArriveMode,
-    ) -> impl Future<Output = StoreResult<Arrival>> + 'static {
-        let store = self.node.store.clone();
+    ) -> Result<impl Future<Output = StoreResult<Arrival>> + 'static, Busy> {
         let me = &self.me;
-        let (user, device, owner) = (me.user.clone(), me.device.clone(), me.owner.clone());
-        let known = self.lease.known_status.as_deref().cloned();
-        let kind = Some(me.kind);
-        async move {
-            store
-                .arrive(&user, &device, &owner, mode, known.as_ref(), kind)
-                .await
-        }
+        self.node.claimer.claim(Lease {
+            user: me.user.clone(),
+            device: me.device.clone(),
+            owner: me.owner.clone(),
+            known: self.lease.known_status.as_deref().cloned(),
+            rooms: Vec::new(),
+            kind: Some(me.kind),
+        })
     }
 
     /// The client is alive: note it and refresh the lease if due. A refresh
@@ -281,6 +280,17 @@ impl Session {
                     ),
                 );
                 close(ctx, ws::CloseCode::Policy, "too many devices");
+            }
+            // Redis answered too late: the node is behind, and its clients
+            // come back after the wait the close names, spread out.
+            Err(StoreError::Redis(e)) if e.is_timeout() => {
+                log::warn!("{user}/{device}: cannot claim lease: {e}");
+                self.send_error(ctx, &unavailable());
+                close(
+                    ctx,
+                    ws::CloseCode::Other(CLOSE_TRY_AGAIN),
+                    &try_again_reason("presence store slow"),
+                );
             }
             other => {
                 log::warn!("{user}/{device}: cannot claim lease: {other:?}");

@@ -41,10 +41,10 @@ use crate::frames::Fragments;
 use crate::lease::{release, release_with, LeaseState};
 use crate::model::{ChosenStatus, DeviceKind, Status};
 use crate::node::Node;
-use crate::protocol::{ErrorCode, ProtocolError};
+use crate::protocol::{try_again_reason, ErrorCode, ProtocolError, CLOSE_TRY_AGAIN};
 use crate::registry::fanout;
 use crate::registry::{self, GoingAway, SessionId};
-use crate::store::{now_ms, Arrival, ArriveMode, StoreResult};
+use crate::store::{now_ms, Arrival, StoreResult};
 
 /// Sustained flooding this many times the allowed rate, within one refill
 /// of the bucket, closes the session instead of refusing frame by frame.
@@ -296,6 +296,21 @@ impl Session {
     /// The session proper, once the user is known: join the registry,
     /// ping, claim the lease (then greet, and watch the token's expiry).
     fn begin(&mut self, ctx: &mut ws::WebsocketContext<Self>) {
+        // A node with its most claims out sheds the session before any
+        // Redis work: it comes back after the wait the close names.
+        let Ok(claim) = self.claim() else {
+            crate::metrics::METRICS.admission.connections_shed.inc();
+            let Me { user, device, .. } = &self.me;
+            log::debug!(
+                "{user}/{device}: shed, the node has its most claims out (--max-pending-claims)"
+            );
+            close(
+                ctx,
+                ws::CloseCode::Other(CLOSE_TRY_AGAIN),
+                &try_again_reason("server busy"),
+            );
+            return;
+        };
         // Events come through this worker's delivery lists.
         fanout::register(self.me.id, ctx.address().recipient());
         self.node.registry.do_send(registry::Join {
@@ -312,7 +327,6 @@ impl Session {
         // is in Redis has the lease the claim took released after it, not
         // left online for a TTL. (Unless the node is going away: leases
         // then lapse, see [`GoingAway`].)
-        let claim = self.arrive(ArriveMode::Connect);
         let addr = ctx.address();
         let store = self.node.store.clone();
         let state = self.lease.state.clone();

@@ -408,19 +408,55 @@ async fn a_device_closing_while_its_claim_is_in_redis_is_released_after_it() {
 
 /// A claim the node gave up on (Redis held it past the response timeout)
 /// still takes the lease once Redis goes on, and announces the device: the
-/// session, closed with 1011 meanwhile, holds no lease to release, so the
-/// claim's task releases it after the claim, as for a session that closed.
+/// session, closed with 1013 meanwhile (Redis is slow: come back later),
+/// holds no lease to release, so the claim's task releases it after the
+/// claim, as for a session that closed.
 /// Otherwise the device stays online for a TTL with no connection at all.
 #[tokio::test]
 async fn a_claim_that_timed_out_is_released_after_it() {
     // Writes are held for 10 s: past the node's response timeout (5 s).
     let (redis, node, mut watcher, mut c, mut alice) = alice_connects_with_writes_paused().await;
     let close = alice.expect_closed().await;
-    assert_eq!(close.map(|(code, _)| code), Some(1011), "{}", node.logs());
+    assert_eq!(close.map(|(code, _)| code), Some(1013), "{}", node.logs());
     unpause(&mut c).await;
 
     // The claim took the lease when Redis went on, then the release.
     watcher.expect_presence("alice", "online").await;
     watcher.expect_presence("alice", "offline").await;
     assert_released(&redis, &mut c).await;
+}
+
+/// A node with `--max-pending-claims` claims out sheds the next session at
+/// once, before any Redis work: `1013` with the wait it asks for, and no
+/// lease. The claim that waited is answered once Redis goes on, and then
+/// the shed device gets in.
+#[tokio::test]
+async fn a_node_with_its_most_claims_out_sheds_the_next_with_1013() {
+    let redis = Redis::start();
+    let node = Node::start_with(&redis, "a", &["--max-pending-claims", "1"]);
+    let mut c = redis.aconn().await;
+    pause_writes(&mut c).await;
+    let mut alice = Client::connect_raw(&node.ws_url("alice", "a"), "alice", "a")
+        .await
+        .unwrap();
+    node.wait_log("alice/a: claiming the lease").await;
+
+    let mut bob = Client::connect_raw(&node.ws_url("bob", "b"), "bob", "b")
+        .await
+        .unwrap();
+    let (code, reason) = bob.expect_closed().await.expect("a close frame");
+    assert_eq!(code, 1013, "{reason}");
+    assert!(reason.ends_with("retry_after_ms=2000"), "{reason}");
+    assert_eq!(metric(&node, "presence_connections_shed_total").await, 1.0);
+
+    unpause(&mut c).await;
+    alice.expect("hello").await;
+    let lease: Option<String> = redis::cmd("GET")
+        .arg("presence:{bob}:b")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(lease, None, "a shed session claimed nothing");
+    // Its place is back: the next claim goes through.
+    Client::connect(&node, "bob", "b").await;
 }

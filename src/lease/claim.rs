@@ -1,0 +1,186 @@
+//! Connect claims of every session of a node, batched and bounded.
+//!
+//! A reconnect storm (a node of the fleet died and its devices come back on
+//! the others) brings thousands of claims to a node within seconds. Sent
+//! one by one, each is two round trips of its own, and behind a slow Redis
+//! they queue until they time out: the device gets `unavailable` after
+//! waiting seconds, retries, and adds to the queue it met. So:
+//!
+//! - one claimer task per node sends whatever claims are queued as one
+//!   [`Store::arrive_batch`] (two round trips however many, one `ZADD` per
+//!   bucket for their deadlines), like the refresher does for refreshes;
+//! - at most `--max-pending-claims` claims may be queued or in Redis at
+//!   once. One more is refused at once, before any Redis work, and its
+//!   session closes with `1013` and a retry hint: the node sheds what it
+//!   cannot answer in time instead of answering it late.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use tokio::sync::{mpsc, oneshot};
+
+use super::refresh::{take_batch, MAX_IN_FLIGHT};
+use crate::store::{Arrival, ArriveMode, Lease, Store, StoreError, StoreResult};
+
+/// The node has `--max-pending-claims` claims out already.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Busy;
+
+/// One claim waiting for its batch.
+struct Request {
+    lease: Lease,
+    reply: oneshot::Sender<StoreResult<Arrival>>,
+}
+
+impl std::borrow::Borrow<Lease> for Request {
+    fn borrow(&self) -> &Lease {
+        &self.lease
+    }
+}
+
+/// Places for at most `max` claims out at once (0: no cap).
+#[derive(Debug, Clone)]
+struct Gate {
+    pending: Arc<AtomicU32>,
+    max: u32,
+}
+
+impl Gate {
+    /// A place, or [`Busy`] when all are taken.
+    fn enter(&self) -> Result<Slot, Busy> {
+        let max = self.max;
+        self.pending
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (max == 0 || n < max).then_some(n + 1)
+            })
+            .map_err(|_| Busy)?;
+        Ok(Slot(self.pending.clone()))
+    }
+}
+
+/// A place among the pending claims, given back when dropped.
+struct Slot(Arc<AtomicU32>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Handle on the node's claimer task; cheap to clone. The task ends when
+/// the last handle is dropped.
+#[derive(Clone)]
+pub struct Claimer {
+    tx: mpsc::UnboundedSender<Request>,
+    gate: Gate,
+}
+
+impl Claimer {
+    /// Starts the claimer task on the current tokio runtime; it sends
+    /// through `store`, with at most `max_pending` claims out (0: no cap).
+    pub fn spawn(store: Store, max_pending: u32) -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(run(store, rx));
+        let gate = Gate {
+            pending: Arc::new(AtomicU32::new(0)),
+            max: max_pending,
+        };
+        Self { tx, gate }
+    }
+
+    /// Claims `lease` (connect mode) in the next batch, or [`Busy`] at once
+    /// when the node has its most claims out. The place is held until the
+    /// outcome is in (or the future is dropped).
+    pub fn claim(
+        &self,
+        lease: Lease,
+    ) -> Result<impl std::future::Future<Output = StoreResult<Arrival>> + 'static, Busy> {
+        let slot = self.gate.enter()?;
+        let (reply, answer) = oneshot::channel();
+        let sent = self.tx.send(Request { lease, reply }).is_ok();
+        Ok(async move {
+            let _slot = slot;
+            if !sent {
+                return Err(StoreError::RefresherStopped);
+            }
+            answer.await.unwrap_or(Err(StoreError::RefresherStopped))
+        })
+    }
+
+    /// Claims queued or in Redis now.
+    pub fn pending(&self) -> u32 {
+        self.gate.pending.load(Ordering::Acquire)
+    }
+}
+
+/// The claimer: takes what is queued, up to [`super::refresh::MAX_BATCH`], whenever fewer
+/// than [`MAX_IN_FLIGHT`] batches are out.
+async fn run(store: Store, mut rx: mpsc::UnboundedReceiver<Request>) {
+    let mut in_flight = FuturesUnordered::new();
+    let mut open = true;
+    while open || !in_flight.is_empty() {
+        tokio::select! {
+            _ = in_flight.next(), if !in_flight.is_empty() => {}
+            batch = take_batch(&mut rx), if open && in_flight.len() < MAX_IN_FLIGHT => {
+                match batch {
+                    Some(batch) => in_flight.push(send_batch(&store, batch)),
+                    None => open = false,
+                }
+            }
+        }
+    }
+}
+
+/// Sends one batch and answers each of its claims.
+async fn send_batch(store: &Store, batch: Vec<Request>) {
+    // A session that went away while its claim waited needs no claim.
+    let batch: Vec<Request> = batch.into_iter().filter(|r| !r.reply.is_closed()).collect();
+    if batch.is_empty() {
+        return;
+    }
+    match store.arrive_batch(ArriveMode::Connect, &batch).await {
+        Ok(outcomes) => {
+            for (request, outcome) in batch.into_iter().zip(outcomes) {
+                let _ = request.reply.send(outcome);
+            }
+        }
+        Err(e) => {
+            for request in batch {
+                let _ = request.reply.send(Err(e.clone()));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gate(max: u32) -> Gate {
+        Gate {
+            pending: Arc::new(AtomicU32::new(0)),
+            max,
+        }
+    }
+
+    #[test]
+    fn the_gate_refuses_past_its_places_and_takes_them_back() {
+        let gate = gate(2);
+        let (a, b) = (gate.enter().unwrap(), gate.enter().unwrap());
+        assert_eq!(gate.enter().err(), Some(Busy));
+        drop(a);
+        let c = gate.enter().unwrap();
+        assert_eq!(gate.enter().err(), Some(Busy));
+        drop((b, c));
+        assert_eq!(gate.pending.load(Ordering::Acquire), 0);
+    }
+
+    #[test]
+    fn a_gate_of_zero_has_no_cap() {
+        let gate = gate(0);
+        let slots: Vec<_> = (0..10_000).map(|_| gate.enter().unwrap()).collect();
+        assert_eq!(gate.pending.load(Ordering::Acquire), 10_000);
+        drop(slots);
+    }
+}
