@@ -49,9 +49,11 @@ impl FloorServer {
     }
 
     /// Writes `text` as one WebSocket text frame to every connection, from
-    /// `threads` threads, each taking its share in a tight loop. Returns
-    /// the CPU time (user + system) the writing threads used, in µs.
-    pub fn send(&self, text: &str, threads: usize) -> u64 {
+    /// `threads` threads, each taking its share in a tight loop, or with
+    /// `pace` of busy work before each write (a server's own work per
+    /// delivery). Returns the CPU time the writing threads used, in µs:
+    /// (user, system).
+    pub fn send(&self, text: &str, threads: usize, pace: std::time::Duration) -> (u64, u64) {
         let frame = encode_text(text);
         let sockets = self.sockets.lock().unwrap();
         let per = sockets.len().div_ceil(threads.max(1)).max(1);
@@ -63,15 +65,23 @@ impl FloorServer {
                     s.spawn(move || {
                         let before = thread_cpu_us();
                         for mut sock in chunk {
+                            let until = std::time::Instant::now() + pace;
+                            while std::time::Instant::now() < until {
+                                std::hint::spin_loop();
+                            }
                             // Watchers read all the time: the socket
                             // buffer has room for one small frame.
                             let _ = sock.write_all(frame);
                         }
-                        thread_cpu_us() - before
+                        let after = thread_cpu_us();
+                        (after.0 - before.0, after.1 - before.1)
                     })
                 })
                 .collect();
-            writers.into_iter().map(|w| w.join().unwrap_or(0)).sum()
+            writers
+                .into_iter()
+                .map(|w| w.join().unwrap_or((0, 0)))
+                .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
         })
     }
 }
@@ -248,15 +258,15 @@ async fn hello(tcp: tokio::net::TcpStream) -> Option<std::net::TcpStream> {
     ws.into_inner().into_std().ok()
 }
 
-/// CPU time (user + system) of the calling thread so far, in µs.
-fn thread_cpu_us() -> u64 {
+/// CPU time of the calling thread so far, in µs: (user, system).
+fn thread_cpu_us() -> (u64, u64) {
     // SAFETY: getrusage on a zeroed local struct.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
     if unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) } != 0 {
-        return 0;
+        return (0, 0);
     }
     let us = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
-    us(ru.ru_utime) + us(ru.ru_stime)
+    (us(ru.ru_utime), us(ru.ru_stime))
 }
 
 /// One unmasked, final text frame (a server's), as the node writes it.

@@ -130,7 +130,7 @@ pub async fn run(common: &Common, args: &FanoutArgs) -> anyhow::Result<()> {
     }
     // The node's sockets are closed: the floor may use the descriptors.
     drop(setup);
-    let floor = floor(args.watchers, args.transitions, FLOOR_FRAME).await?;
+    let floor = floor(args.watchers, args.transitions, FLOOR_FRAME, Duration::ZERO).await?;
     report.latency(
         "floor_frame_to_watcher",
         &floor.receipts.hist.lock().unwrap(),
@@ -138,12 +138,40 @@ pub async fn run(common: &Common, args: &FanoutArgs) -> anyhow::Result<()> {
                "incomplete_rounds": floor.receipts.incomplete(),
                "what": "the same frame written to raw sockets from 2 threads in a loop"}),
     );
+    let writes = (floor.watchers * args.transitions).max(1) as f64;
+    let floor_cpu = floor.cpu_us as f64 / writes;
     report.figure(
         "floor_cpu_per_write",
-        floor.cpu_us as f64 / (floor.watchers * args.transitions).max(1) as f64,
+        floor_cpu,
         "us",
-        json!({"compare": "node_cpu_per_delivery"}),
+        json!({"compare": "node_cpu_per_delivery", "floor_sys_per_write": floor.sys_us as f64 / writes}),
     );
+    if let (Some(a), Some(b), Some(ua), Some(ub)) = (cpu0, cpu1, user0, user1) {
+        let deliveries = (args.watchers * args.transitions).max(1) as f64;
+        let (node_cpu, node_user) = ((b - a) as f64 / deliveries, (ub - ua) as f64 / deliveries);
+        report.figure(
+            "node_cpu_over_floor_cpu",
+            node_cpu / floor_cpu.max(0.001),
+            "ratio",
+            json!({"target_max": 1.25}),
+        );
+        // The same writes with the node's own work per delivery (busy
+        // work) before each: what the kernel's share becomes at the
+        // node's pace, receivers waking for each frame instead of being
+        // kept busy by a tight loop.
+        let pace = Duration::from_nanos((node_user * 1000.0) as u64);
+        eprintln!("floor: again, {pace:?} of busy work before each write");
+        let paced = self::floor(args.watchers, args.transitions, FLOOR_FRAME, pace).await?;
+        let paced_writes = (paced.watchers * args.transitions).max(1) as f64;
+        report.figure(
+            "floor_paced_sys_per_write",
+            paced.sys_us as f64 / paced_writes,
+            "us",
+            json!({"pace_us": node_user, "compare": "node_sys_per_delivery",
+                   "node_sys_per_delivery": node_cpu - node_user,
+                   "floor_sys_per_write": floor.sys_us as f64 / writes}),
+        );
+    }
     let node_p99 = receipts.hist.lock().unwrap().value_at_quantile(0.99) as f64;
     let floor_p99 = floor.receipts.hist.lock().unwrap().value_at_quantile(0.99) as f64;
     report.figure(
@@ -185,7 +213,12 @@ pub async fn run(common: &Common, args: &FanoutArgs) -> anyhow::Result<()> {
 /// of `watchers` as the open-file limit allows beside their server-side
 /// sockets (all of them on a host with room), `frame` (one of the node's
 /// size) once per round. `rooms` uses it too.
-pub(crate) async fn floor(watchers: usize, rounds: usize, frame: &str) -> anyhow::Result<Floor> {
+pub(crate) async fn floor(
+    watchers: usize,
+    rounds: usize,
+    frame: &str,
+    pace: Duration,
+) -> anyhow::Result<Floor> {
     let room = (crate::procs::fd_limit().saturating_sub(FD_MARGIN) / 2).max(1) as usize;
     let n = watchers.min(room);
     eprintln!("floor: a bare WebSocket server writing to {n} watchers");
@@ -209,10 +242,12 @@ pub(crate) async fn floor(watchers: usize, rounds: usize, frame: &str) -> anyhow
             spawn_reader(ws, stop_rx.clone(), move |_, at| receipts.record(at))
         })
         .collect();
-    let mut cpu_us = 0;
+    let (mut cpu_us, mut sys_us) = (0, 0);
     for _ in 0..rounds {
         receipts.begin();
-        cpu_us += tokio::task::block_in_place(|| server.send(frame, 2));
+        let (user, sys) = tokio::task::block_in_place(|| server.send(frame, 2, pace));
+        cpu_us += user + sys;
+        sys_us += sys;
         receipts.end(n).await;
     }
     let _ = stop_tx.send(true);
@@ -224,6 +259,7 @@ pub(crate) async fn floor(watchers: usize, rounds: usize, frame: &str) -> anyhow
         receipts,
         watchers: n,
         cpu_us,
+        sys_us,
     })
 }
 
@@ -236,6 +272,8 @@ pub(crate) struct Floor {
     pub(crate) watchers: usize,
     /// CPU time its writing threads used, µs.
     pub(crate) cpu_us: u64,
+    /// Of which in the kernel, µs.
+    pub(crate) sys_us: u64,
 }
 
 /// Descriptors kept free for everything but the floor's sockets.

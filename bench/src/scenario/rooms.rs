@@ -289,7 +289,7 @@ async fn signals(
     }
     // The members' sockets are closed: the floor may use the descriptors.
     setup.nodes.clear();
-    let floor = floor(others, args.rounds, FLOOR_FRAME).await?;
+    let floor = floor(others, args.rounds, FLOOR_FRAME, Duration::ZERO).await?;
     let floor_per = floor.cpu_us as f64 / (floor.watchers * args.rounds).max(1) as f64;
     report.latency(
         "floor_frame_to_member",
