@@ -65,9 +65,10 @@ pub const DEFAULT_ROOM_OCCUPANCY: Duration = Duration::from_millis(2_000);
 pub const DEFAULT_MAX_CONNECTIONS_PER_IP: u32 = 1_000;
 /// Default most sockets a node holds that still wait for their `auth` frame.
 pub const DEFAULT_MAX_PENDING_AUTH: u32 = 2_000;
-/// Default most lease claims a node may have queued or in Redis at once; a
-/// session beyond it is closed with `1013` and a retry hint before any
-/// Redis work (a reconnect storm is shed, not answered late).
+/// Default most new sessions a node may have setting up at once (a lease
+/// claim, then the first request); a session beyond it is closed with
+/// `1013` and a retry hint before any Redis work (a reconnect storm is
+/// shed, not answered late).
 pub const DEFAULT_MAX_PENDING_CLAIMS: u32 = 1_000;
 /// Default largest message a socket may send before it has authenticated,
 /// in bytes: an `auth` frame with a typical token needs far less. A token
@@ -137,7 +138,7 @@ pub struct AdmissionLimits {
     pub max_connections_per_ip: u32,
     /// Most sockets waiting for their `auth` frame; 0: no cap.
     pub max_pending_auth: u32,
-    /// Most lease claims queued or in Redis at once; 0: no cap.
+    /// Most sessions setting up (claim, first request) at once; 0: no cap.
     pub max_pending_claims: u32,
     /// Largest message before authentication, in bytes.
     pub max_auth_frame_bytes: usize,

@@ -242,7 +242,7 @@ impl AdmissionSeries {
             ),
             connections_shed: s.counter(
                 "presence_connections_shed_total",
-                "Sessions closed with 1013 and a retry hint before their lease claim: the node had --max-pending-claims claims out.",
+                "Sessions closed with 1013 and a retry hint before their lease claim: the node had --max-pending-claims sessions setting up.",
             ),
         }
     }

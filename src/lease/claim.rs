@@ -9,10 +9,13 @@
 //! - one claimer task per node sends whatever claims are queued as one
 //!   [`Store::arrive_batch`] (two round trips however many, one `ZADD` per
 //!   bucket for their deadlines), like the refresher does for refreshes;
-//! - at most `--max-pending-claims` claims may be queued or in Redis at
-//!   once. One more is refused at once, before any Redis work, and its
-//!   session closes with `1013` and a retry hint: the node sheds what it
-//!   cannot answer in time instead of answering it late.
+//! - at most `--max-pending-claims` sessions may be setting up at once: a
+//!   claim queued or in Redis, and then, once claimed, the session's first
+//!   request (its watch's subscription and snapshot, the heavier part of a
+//!   reconnect) until it is answered. One more is refused at once, before
+//!   any Redis work, and its session closes with `1013` and a retry hint:
+//!   the node sheds what it cannot answer in time instead of answering it
+//!   late, and the sessions it holds keep their refreshes timely.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
@@ -59,8 +62,8 @@ impl Gate {
     }
 }
 
-/// A place among the pending claims, given back when dropped.
-struct Slot(Arc<AtomicU32>);
+/// A place among the sessions setting up, given back when dropped.
+pub struct Slot(Arc<AtomicU32>);
 
 impl Drop for Slot {
     fn drop(&mut self) {
@@ -90,25 +93,31 @@ impl Claimer {
     }
 
     /// Claims `lease` (connect mode) in the next batch, or [`Busy`] at once
-    /// when the node has its most claims out. The place is held until the
-    /// outcome is in (or the future is dropped).
+    /// when the node has its most sessions setting up. The place is the
+    /// caller's to hold for as long as its session sets up.
+    #[allow(clippy::type_complexity)]
     pub fn claim(
         &self,
         lease: Lease,
-    ) -> Result<impl std::future::Future<Output = StoreResult<Arrival>> + 'static, Busy> {
+    ) -> Result<
+        (
+            Slot,
+            impl std::future::Future<Output = StoreResult<Arrival>> + 'static,
+        ),
+        Busy,
+    > {
         let slot = self.gate.enter()?;
         let (reply, answer) = oneshot::channel();
         let sent = self.tx.send(Request { lease, reply }).is_ok();
-        Ok(async move {
-            let _slot = slot;
+        Ok((slot, async move {
             if !sent {
                 return Err(StoreError::RefresherStopped);
             }
             answer.await.unwrap_or(Err(StoreError::RefresherStopped))
-        })
+        }))
     }
 
-    /// Claims queued or in Redis now.
+    /// Sessions setting up now.
     pub fn pending(&self) -> u32 {
         self.gate.pending.load(Ordering::Acquire)
     }

@@ -10,9 +10,9 @@ use actix::prelude::*;
 use actix_web_actors::ws;
 
 use super::*;
-use crate::lease::{Busy, Refreshed};
+use crate::lease::{Busy, Refreshed, Slot};
 use crate::protocol::{self, ErrorCode, ProtocolError};
-use crate::store::{now_ms, Arrival, Lease, StoreError, StoreResult};
+use crate::store::{now_ms, Arrival, Lease, StoreResult};
 
 /// The budget of client frames: a [`TokenBucket`] of `rate` frames per
 /// second with bursts of twice that, and the run of refusals that tells a
@@ -143,10 +143,12 @@ impl Session {
     }
 
     /// This connection's claim of its lease, through the node's claimer,
-    /// as a future; [`Busy`] when the node has its most claims out.
+    /// as a future, with its place among the sessions setting up; [`Busy`]
+    /// when the node has its most sessions setting up.
+    #[allow(clippy::type_complexity)]
     pub(super) fn claim(
         &self,
-    ) -> Result<impl Future<Output = StoreResult<Arrival>> + 'static, Busy> {
+    ) -> Result<(Slot, impl Future<Output = StoreResult<Arrival>> + 'static), Busy> {
         let me = &self.me;
         self.node.claimer.claim(Lease {
             user: me.user.clone(),
@@ -237,6 +239,10 @@ impl Handler<Refreshed> for Session {
     }
 }
 
+/// How long after `hello` a session that asked nothing yet keeps its place
+/// among the sessions setting up.
+const SETUP_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
+
 impl Session {
     /// The connect claim came back.
     pub(super) fn claimed(
@@ -268,6 +274,14 @@ impl Session {
                 self.schedule_expiry(ctx);
                 self.requests.ready = true;
                 self.next_request(ctx);
+                // The session is set up once its first request is answered
+                // (see [`crate::lease::claim`]), or after a grace period
+                // when the client asks nothing.
+                ctx.run_later(SETUP_GRACE, |act, _| {
+                    if !act.requests.busy {
+                        act.requests.setup = None;
+                    }
+                });
             }
             Ok(Arrival::TooManyDevices) => {
                 let limit = self.node.config.max_devices_per_user;
@@ -283,7 +297,7 @@ impl Session {
             }
             // Redis answered too late: the node is behind, and its clients
             // come back after the wait the close names, spread out.
-            Err(StoreError::Redis(e)) if e.is_timeout() => {
+            Err(e) if e.is_timeout() => {
                 log::warn!("{user}/{device}: cannot claim lease: {e}");
                 self.send_error(ctx, &unavailable());
                 close(

@@ -298,11 +298,11 @@ impl Session {
     fn begin(&mut self, ctx: &mut ws::WebsocketContext<Self>) {
         // A node with its most claims out sheds the session before any
         // Redis work: it comes back after the wait the close names.
-        let Ok(claim) = self.claim() else {
+        let Ok((slot, claim)) = self.claim() else {
             crate::metrics::METRICS.admission.connections_shed.inc();
             let Me { user, device, .. } = &self.me;
             log::debug!(
-                "{user}/{device}: shed, the node has its most claims out (--max-pending-claims)"
+                "{user}/{device}: shed, the node has its most sessions setting up (--max-pending-claims)"
             );
             close(
                 ctx,
@@ -311,6 +311,7 @@ impl Session {
             );
             return;
         };
+        self.requests.setup = Some(slot);
         // Events come through this worker's delivery lists.
         fanout::register(self.me.id, ctx.address().recipient());
         self.node.registry.do_send(registry::Join {
@@ -349,6 +350,15 @@ impl Session {
             let (deadline, failed) = match &res {
                 Ok(Arrival::Held { deadline, .. }) => (Some(*deadline), false),
                 Ok(_) => (None, false),
+                // Except one that timed out: its session closes with 1013,
+                // which asks the client to come back within seconds, and
+                // its next connection takes the lease over with no
+                // transition. Released, a device that was online (its old
+                // connection's lease still held, as after a node died)
+                // would flap offline and online for its watchers. A client
+                // that never comes back lapses after the TTL, as after a
+                // node died.
+                Err(e) if e.is_timeout() => (None, false),
                 Err(_) => (Some(0), true),
             };
             let taken = addr.send(Claimed(res)).await.is_ok();

@@ -100,6 +100,9 @@ pub(super) struct Requests {
     pub(super) busy: bool,
     /// The connect claim succeeded; requests may run.
     pub(super) ready: bool,
+    /// The session's place among those setting up, held until its first
+    /// request is answered ([`crate::lease::claim`]).
+    pub(super) setup: Option<crate::lease::Slot>,
 }
 
 /// One request waiting for Redis.
@@ -279,6 +282,7 @@ impl Session {
     /// The request in flight is answered: start the next one.
     pub(super) fn request_done(&mut self, ctx: &mut ws::WebsocketContext<Self>) {
         self.requests.busy = false;
+        self.requests.setup = None;
         self.next_request(ctx);
     }
 

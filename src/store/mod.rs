@@ -74,6 +74,18 @@ pub enum StoreError {
 }
 
 impl StoreError {
+    /// Redis did not answer in time: the command timed out, or, in a
+    /// pipeline over several shards, its shard did (`shard unreachable:
+    /// timed out`). The node or its Redis is behind, not gone.
+    pub fn is_timeout(&self) -> bool {
+        match self {
+            Self::Redis(e) => {
+                e.is_timeout() || e.to_string().contains("shard unreachable: timed out")
+            }
+            _ => false,
+        }
+    }
+
     /// A reply from `key` that does not parse; logged here, once, with the
     /// key, since it means Redis holds something our scripts never write.
     pub(crate) fn reply(key: &str, detail: impl Into<String>) -> Self {
@@ -284,5 +296,24 @@ impl Store {
         let mut conn = self.conn();
         let _: String = redis::cmd("PING").query_async(&mut conn).await?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_shard_that_timed_out_in_a_pipeline_is_a_timeout() {
+        // How a pipeline over several shards reports the one that did not
+        // answer (`redis::conn`): an error reply per command, which the
+        // steps turn into errors as they do any error reply.
+        let error = |reply: &[u8]| match redis::parse_redis_value(reply).unwrap() {
+            Value::ServerError(e) => StoreError::from(RedisError::from(e)),
+            other => panic!("{other:?}"),
+        };
+        assert!(error(b"-ERR shard unreachable: timed out\r\n").is_timeout());
+        assert!(!error(b"-ERR shard unreachable: connection refused\r\n").is_timeout());
+        assert!(!error(b"-NOSCRIPT no such script\r\n").is_timeout());
     }
 }
