@@ -248,11 +248,11 @@ pub struct Args {
     #[arg(long, env = "PRESENCE_MAX_PENDING_AUTH", default_value_t = config::DEFAULT_MAX_PENDING_AUTH)]
     pub max_pending_auth: u32,
 
-    /// Most new sessions this node may have setting up at once (a lease
-    /// claim queued or in Redis, then the session's first request, its
-    /// watch snapshot, until answered); one more is closed with 1013 and a
-    /// retry hint before any Redis work, so that a reconnect storm is shed,
-    /// not answered late. 0: no cap.
+    /// Most new sessions this node may have setting up at once (lease
+    /// claims queued or in Redis, and first requests, a watch's snapshot,
+    /// until answered); one more is closed with 1013 and a retry hint before
+    /// any Redis work, so that a reconnect storm is shed, not answered late.
+    /// 0: no cap.
     #[arg(long, env = "PRESENCE_MAX_PENDING_CLAIMS", default_value_t = config::DEFAULT_MAX_PENDING_CLAIMS)]
     pub max_pending_claims: u32,
 

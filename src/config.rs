@@ -69,7 +69,7 @@ pub const DEFAULT_MAX_PENDING_AUTH: u32 = 2_000;
 /// claim, then the first request); a session beyond it is closed with
 /// `1013` and a retry hint before any Redis work (a reconnect storm is
 /// shed, not answered late).
-pub const DEFAULT_MAX_PENDING_CLAIMS: u32 = 1_000;
+pub const DEFAULT_MAX_PENDING_CLAIMS: u32 = 128;
 /// Default largest message a socket may send before it has authenticated,
 /// in bytes: an `auth` frame with a typical token needs far less. A token
 /// with a long rooms claim or an identity provider's group claims may need

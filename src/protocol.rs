@@ -107,10 +107,14 @@ pub const CLOSE_TRY_AGAIN: u16 = 1013;
 /// again at random, before it reconnects, so that a node shedding load is
 /// not met by every client at once.
 pub const TRY_AGAIN_AFTER_MS: u64 = 2_000;
+/// The wait a session shed before its claim asks for (`server busy`): it
+/// cost the node nothing yet, and the storm that shed it is drained within
+/// seconds, so it comes back sooner.
+pub const SHED_RETRY_AFTER_MS: u64 = 1_000;
 
 /// The reason of a 1013 close: why, then the wait it asks for.
-pub fn try_again_reason(why: &str) -> String {
-    format!("{why}, reconnect; retry_after_ms={TRY_AGAIN_AFTER_MS}")
+pub fn try_again_reason(why: &str, wait_ms: u64) -> String {
+    format!("{why}, reconnect; retry_after_ms={wait_ms}")
 }
 
 const CLIENT_TYPES: [&str; 10] = [

@@ -348,6 +348,21 @@ impl Node {
         heartbeat_ms: Option<u64>,
         extra: &[String],
     ) -> anyhow::Result<Self> {
+        Self::spawn_shedding(bin, redis_url, id, heartbeat_ms, extra, false)
+    }
+
+    /// [`Self::spawn`]; with `shedding`, the node keeps its default
+    /// `--max-pending-claims` (the `storm` measures it), which the other
+    /// scenarios lift: their clients connect as fast as they can and do not
+    /// come back after a `1013`.
+    pub fn spawn_shedding(
+        bin: &Path,
+        redis_url: &str,
+        id: &str,
+        heartbeat_ms: Option<u64>,
+        extra: &[String],
+        shedding: bool,
+    ) -> anyhow::Result<Self> {
         let mut cmd = Command::new(bin);
         cmd.args(["--listen", "127.0.0.1:0", "--redis-url", redis_url])
             .args(["--node-id", id])
@@ -361,6 +376,9 @@ impl Node {
             cmd.args(["--heartbeat-ms", &hb.to_string()]);
         }
         cmd.args(extra);
+        if !shedding {
+            cmd.env("PRESENCE_MAX_PENDING_CLAIMS", "0");
+        }
         let mut child = cmd
             .env("RUST_LOG", "info")
             // The bench's clients come from a few loopback addresses, and

@@ -10,12 +10,15 @@
 //!   [`Store::arrive_batch`] (two round trips however many, one `ZADD` per
 //!   bucket for their deadlines), like the refresher does for refreshes;
 //! - at most `--max-pending-claims` sessions may be setting up at once: a
-//!   claim queued or in Redis, and then, once claimed, the session's first
-//!   request (its watch's subscription and snapshot, the heavier part of a
-//!   reconnect) until it is answered. One more is refused at once, before
-//!   any Redis work, and its session closes with `1013` and a retry hint:
-//!   the node sheds what it cannot answer in time instead of answering it
-//!   late, and the sessions it holds keep their refreshes timely.
+//!   claim queued or in Redis, or a session's first request (its watch's
+//!   subscription and snapshot, the heavier part of a reconnect) until it
+//!   is answered. A new session beyond it is refused at once, before any
+//!   Redis work, and closes with `1013` and a retry hint: the node sheds
+//!   what it cannot answer in time instead of answering it late, and the
+//!   sessions it holds keep their refreshes timely. A first request is
+//!   never refused (its session is online already): it counts, and keeps
+//!   new sessions out until the backlog is answered. A session that asks
+//!   nothing holds no place once claimed.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
@@ -50,6 +53,12 @@ struct Gate {
 }
 
 impl Gate {
+    /// A place whatever the count (which may then exceed `max`).
+    fn force(&self) -> Slot {
+        self.pending.fetch_add(1, Ordering::AcqRel);
+        Slot(self.pending.clone())
+    }
+
     /// A place, or [`Busy`] when all are taken.
     fn enter(&self) -> Result<Slot, Busy> {
         let max = self.max;
@@ -63,7 +72,7 @@ impl Gate {
 }
 
 /// A place among the sessions setting up, given back when dropped.
-pub struct Slot(Arc<AtomicU32>);
+struct Slot(Arc<AtomicU32>);
 
 impl Drop for Slot {
     fn drop(&mut self) {
@@ -93,28 +102,35 @@ impl Claimer {
     }
 
     /// Claims `lease` (connect mode) in the next batch, or [`Busy`] at once
-    /// when the node has its most sessions setting up. The place is the
-    /// caller's to hold for as long as its session sets up.
-    #[allow(clippy::type_complexity)]
+    /// when the node has its most sessions setting up. The place is held
+    /// until the outcome is in (or the future is dropped).
     pub fn claim(
         &self,
         lease: Lease,
-    ) -> Result<
-        (
-            Slot,
-            impl std::future::Future<Output = StoreResult<Arrival>> + 'static,
-        ),
-        Busy,
-    > {
+    ) -> Result<impl std::future::Future<Output = StoreResult<Arrival>> + 'static, Busy> {
         let slot = self.gate.enter()?;
         let (reply, answer) = oneshot::channel();
         let sent = self.tx.send(Request { lease, reply }).is_ok();
-        Ok((slot, async move {
+        Ok(async move {
+            let _slot = slot;
             if !sent {
                 return Err(StoreError::RefresherStopped);
             }
             answer.await.unwrap_or(Err(StoreError::RefresherStopped))
-        }))
+        })
+    }
+
+    /// A claimed session's first request starts: it takes a place, never
+    /// refused, which keeps new sessions out until
+    /// [`Self::first_request_done`] gives it back.
+    pub fn first_request(&self) {
+        std::mem::forget(self.gate.force());
+    }
+
+    /// The first request [`Self::first_request`] counted is answered, or
+    /// its session stopped.
+    pub fn first_request_done(&self) {
+        drop(Slot(self.gate.pending.clone()));
     }
 
     /// Sessions setting up now.
@@ -183,6 +199,17 @@ mod tests {
         assert_eq!(gate.enter().err(), Some(Busy));
         drop((b, c));
         assert_eq!(gate.pending.load(Ordering::Acquire), 0);
+    }
+
+    #[test]
+    fn a_forced_place_counts_and_keeps_others_out() {
+        let gate = gate(1);
+        let forced = gate.force();
+        assert_eq!(gate.enter().err(), Some(Busy));
+        let again = gate.force();
+        assert_eq!(gate.pending.load(Ordering::Acquire), 2);
+        drop((forced, again));
+        assert!(gate.enter().is_ok());
     }
 
     #[test]

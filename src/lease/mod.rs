@@ -7,6 +7,6 @@ pub mod claim;
 pub mod refresh;
 pub mod release;
 
-pub use claim::{Busy, Claimer, Slot};
+pub use claim::{Busy, Claimer};
 pub use refresh::{LeaseState, Refreshed, Refresher};
 pub use release::{release, release_with};

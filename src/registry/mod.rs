@@ -23,7 +23,7 @@ mod rooms;
 mod subscriptions;
 mod watching;
 
-use crate::protocol::{try_again_reason, CLOSE_TRY_AGAIN};
+use crate::protocol::{try_again_reason, CLOSE_TRY_AGAIN, TRY_AGAIN_AFTER_MS};
 pub use fanout::{Home, SlowWatchers};
 pub use messages::*;
 use messages::{FromSubscriptions, Resynced};
@@ -328,7 +328,10 @@ impl Registry {
         {
             if conn.unsent() == Some(0) {
                 log::warn!("session {session} is held up on the server: its queue is full, closing with 1013");
-                conn.close(CLOSE_TRY_AGAIN, &try_again_reason("server overloaded"));
+                conn.close(
+                    CLOSE_TRY_AGAIN,
+                    &try_again_reason("server overloaded", TRY_AGAIN_AFTER_MS),
+                );
             } else {
                 log::warn!("session {session} reads too slowly: its queue is full, disconnecting");
                 crate::metrics::slow_consumer_dropped();

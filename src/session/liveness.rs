@@ -10,7 +10,7 @@ use actix::prelude::*;
 use actix_web_actors::ws;
 
 use super::*;
-use crate::lease::{Busy, Refreshed, Slot};
+use crate::lease::{Busy, Refreshed};
 use crate::protocol::{self, ErrorCode, ProtocolError};
 use crate::store::{now_ms, Arrival, Lease, StoreResult};
 
@@ -143,12 +143,10 @@ impl Session {
     }
 
     /// This connection's claim of its lease, through the node's claimer,
-    /// as a future, with its place among the sessions setting up; [`Busy`]
-    /// when the node has its most sessions setting up.
-    #[allow(clippy::type_complexity)]
+    /// as a future; [`Busy`] when the node has its most sessions setting up.
     pub(super) fn claim(
         &self,
-    ) -> Result<(Slot, impl Future<Output = StoreResult<Arrival>> + 'static), Busy> {
+    ) -> Result<impl Future<Output = StoreResult<Arrival>> + 'static, Busy> {
         let me = &self.me;
         self.node.claimer.claim(Lease {
             user: me.user.clone(),
@@ -239,10 +237,6 @@ impl Handler<Refreshed> for Session {
     }
 }
 
-/// How long after `hello` a session that asked nothing yet keeps its place
-/// among the sessions setting up.
-const SETUP_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
-
 impl Session {
     /// The connect claim came back.
     pub(super) fn claimed(
@@ -274,14 +268,6 @@ impl Session {
                 self.schedule_expiry(ctx);
                 self.requests.ready = true;
                 self.next_request(ctx);
-                // The session is set up once its first request is answered
-                // (see [`crate::lease::claim`]), or after a grace period
-                // when the client asks nothing.
-                ctx.run_later(SETUP_GRACE, |act, _| {
-                    if !act.requests.busy {
-                        act.requests.setup = None;
-                    }
-                });
             }
             Ok(Arrival::TooManyDevices) => {
                 let limit = self.node.config.max_devices_per_user;
@@ -303,7 +289,7 @@ impl Session {
                 close(
                     ctx,
                     ws::CloseCode::Other(CLOSE_TRY_AGAIN),
-                    &try_again_reason("presence store slow"),
+                    &try_again_reason("presence store slow", TRY_AGAIN_AFTER_MS),
                 );
             }
             other => {

@@ -41,7 +41,10 @@ use crate::frames::Fragments;
 use crate::lease::{release, release_with, LeaseState};
 use crate::model::{ChosenStatus, DeviceKind, Status};
 use crate::node::Node;
-use crate::protocol::{try_again_reason, ErrorCode, ProtocolError, CLOSE_TRY_AGAIN};
+use crate::protocol::{
+    try_again_reason, ErrorCode, ProtocolError, CLOSE_TRY_AGAIN, SHED_RETRY_AFTER_MS,
+    TRY_AGAIN_AFTER_MS,
+};
 use crate::registry::fanout;
 use crate::registry::{self, GoingAway, SessionId};
 use crate::store::{now_ms, Arrival, StoreResult};
@@ -298,7 +301,7 @@ impl Session {
     fn begin(&mut self, ctx: &mut ws::WebsocketContext<Self>) {
         // A node with its most claims out sheds the session before any
         // Redis work: it comes back after the wait the close names.
-        let Ok((slot, claim)) = self.claim() else {
+        let Ok(claim) = self.claim() else {
             crate::metrics::METRICS.admission.connections_shed.inc();
             let Me { user, device, .. } = &self.me;
             log::debug!(
@@ -307,11 +310,10 @@ impl Session {
             close(
                 ctx,
                 ws::CloseCode::Other(CLOSE_TRY_AGAIN),
-                &try_again_reason("server busy"),
+                &try_again_reason("server busy", SHED_RETRY_AFTER_MS),
             );
             return;
         };
-        self.requests.setup = Some(slot);
         // Events come through this worker's delivery lists.
         fanout::register(self.me.id, ctx.address().recipient());
         self.node.registry.do_send(registry::Join {
@@ -371,6 +373,7 @@ impl Session {
 
     /// The connection closed: leave the registry and release the lease.
     fn release_on_stop(&mut self) {
+        self.first_request_done();
         fanout::unregister(self.me.id);
         // The deadline is set once the lease was claimed (`claimed` may be
         // cleared since, by a shutdown or a takeover).

@@ -100,9 +100,21 @@ pub(super) struct Requests {
     pub(super) busy: bool,
     /// The connect claim succeeded; requests may run.
     pub(super) ready: bool,
-    /// The session's place among those setting up, held until its first
-    /// request is answered ([`crate::lease::claim`]).
-    pub(super) setup: Option<crate::lease::Slot>,
+    /// Where the session's first request stands: while it runs it counts
+    /// among the node's sessions setting up ([`crate::lease::claim`]).
+    pub(super) first: First,
+}
+
+/// Where a session's first request stands.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(super) enum First {
+    /// Not asked yet.
+    #[default]
+    NotYet,
+    /// In flight, counted by the node's claimer.
+    Running,
+    /// Answered.
+    Done,
 }
 
 /// One request waiting for Redis.
@@ -266,6 +278,10 @@ impl Session {
             return;
         };
         self.requests.busy = true;
+        if self.requests.first == First::NotYet {
+            self.requests.first = First::Running;
+            self.node.claimer.first_request();
+        }
         match request {
             Request::Watch { new, devices } => self.start_watch(new, devices, ctx),
             Request::Status {
@@ -279,10 +295,19 @@ impl Session {
         }
     }
 
+    /// The first request is answered, or the session stopped: its place
+    /// among the sessions setting up is given back.
+    pub(super) fn first_request_done(&mut self) {
+        if self.requests.first == First::Running {
+            self.requests.first = First::Done;
+            self.node.claimer.first_request_done();
+        }
+    }
+
     /// The request in flight is answered: start the next one.
     pub(super) fn request_done(&mut self, ctx: &mut ws::WebsocketContext<Self>) {
         self.requests.busy = false;
-        self.requests.setup = None;
+        self.first_request_done();
         self.next_request(ctx);
     }
 

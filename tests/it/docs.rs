@@ -235,6 +235,10 @@ fn the_fixed_limits_in_the_docs_are_the_code_constants() {
         config::DEFAULT_MAX_PENDING_AUTH as usize,
     );
     assert_quotes(
+        "new sessions setting up at once",
+        config::DEFAULT_MAX_PENDING_CLAIMS as usize,
+    );
+    assert_quotes(
         "sockets awaiting their `auth` frame from one address (JWT)",
         presence_server::admission::MAX_PENDING_AUTH_PER_ADDRESS as usize,
     );

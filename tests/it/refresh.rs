@@ -454,7 +454,7 @@ async fn a_node_with_its_most_claims_out_sheds_the_next_with_1013() {
         .unwrap();
     let (code, reason) = bob.expect_closed().await.expect("a close frame");
     assert_eq!(code, 1013, "{reason}");
-    assert!(reason.ends_with("retry_after_ms=2000"), "{reason}");
+    assert!(reason.ends_with("retry_after_ms=1000"), "{reason}");
     assert_eq!(metric(&node, "presence_connections_shed_total").await, 1.0);
 
     unpause(&mut c).await;

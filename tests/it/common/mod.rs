@@ -274,10 +274,13 @@ impl Node {
         // The tests scrape `/metrics` without a key (`hostile.rs` checks
         // that a node without it refuses that), and read the HTTP API from
         // one address far faster than a client would (`admission.rs` tests
-        // the read budget with its flag, which beats the environment).
+        // the read budget with its flag, which beats the environment). They
+        // connect hundreds of clients at once, which do not come back after
+        // a `1013` (`refresh.rs` tests the shedding with its flag).
         let env = [
             ("PRESENCE_PUBLIC_METRICS", "true"),
             ("PRESENCE_HTTP_READS_PER_SEC", "10000000"),
+            ("PRESENCE_MAX_PENDING_CLAIMS", "0"),
         ];
         Self::spawn(id, &args, &env)
             .unwrap_or_else(|logs| panic!("node {id} did not start:\n{logs}"))

@@ -187,12 +187,13 @@ pub async fn run(common: &Common, args: &StormArgs) -> anyhow::Result<()> {
     let mut nodes = Vec::new();
     for i in 0..args.nodes {
         let id = format!("storm-{i}");
-        nodes.push(Node::spawn(
+        nodes.push(Node::spawn_shedding(
             &bin,
             &backend.url(),
             &id,
             common.heartbeat_ms,
             &[],
+            true,
         )?);
     }
     let victim = args.nodes - 1;
