@@ -432,6 +432,20 @@
       this._sendWatches();
     }
 
+    /** Sends the watch list again after a jittered backoff, longer each time until a snapshot comes. */
+    _retryWatches() {
+      if (this._watchRetryTimer) return;
+      const retries = this._watchRetries || 0;
+      const bound = Math.min(this.maxBackoffMs, this.minBackoffMs * 2 ** Math.min(retries, 16));
+      this._watchRetries = retries + 1;
+      const ws = this._ws;
+      this._watchRetryTimer = later(() => {
+        this._watchRetryTimer = null;
+        // A reconnect sends the list anyway.
+        if (this._ws === ws && ws && ws.readyState === 1) this._sendWatches();
+      }, Math.round(bound / 2 + (Math.random() * bound) / 2));
+    }
+
     /** Sends the watch list: users with device counts in a frame of their own. */
     _sendWatches() {
       const plain = [...this.watched].filter((u) => !this.watchedDevices.has(u));
@@ -627,6 +641,7 @@
           this._renewToken(f);
           break;
         case "snapshot":
+          this._watchRetries = 0;
           this.onSnapshot(f.presence || []);
           break;
         case "presence": {
@@ -654,6 +669,11 @@
             const r = this.rooms.get(f.room);
             if (r) r._error(error);
           }
+          // Redis could not answer (the server tried for a few seconds):
+          // a watch among the requests may have been dropped. Watching
+          // again after a backoff is harmless (users still watched are
+          // not read again) and brings back the dropped ones.
+          if (f.code === "unavailable" && f.room === undefined && this.watched.size) this._retryWatches();
           if (f.code === "invalid_status" && this.status) {
             error.status = this.status.status;
             this.status = this._previousStatus;

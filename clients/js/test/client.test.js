@@ -649,3 +649,25 @@ test("without a global WebSocket (Node 20), the ws package is used when installe
     if (saved) globalThis.WebSocket = saved;
   }
 });
+
+test("watches: sent again after a backoff when the server answers unavailable", async () => {
+  const { c, events } = client();
+  c.watch(["bob"]);
+  c.connect();
+  const ws = ScriptedSocket.all[0];
+  ws.hello();
+  const watches = () => ws.sent.filter((f) => f.type === "watch");
+  assert.deepEqual(watches(), [{ type: "watch", users: ["bob"] }]);
+  ws.frame({ type: "error", code: "unavailable", message: "presence store unavailable, try again" });
+  ws.frame({ type: "error", code: "unavailable", message: "presence store unavailable, try again" });
+  assert.equal(events.errors.length, 2);
+  await until(() => watches().length === 2);
+  assert.deepEqual(watches()[1], { type: "watch", users: ["bob"] });
+  ws.frame({ type: "snapshot", presence: [{ user: "bob", status: "online" }] });
+  assert.equal(events.snapshots.length, 1);
+  // A room's unavailable is the room's to retry, not the watches'.
+  ws.frame({ type: "error", code: "unavailable", message: "redis", room: "r:1" });
+  await new Promise((r) => setTimeout(r, 50));
+  assert.equal(watches().length, 2, "one retry per unavailable burst, none for a room");
+  c.close();
+});
