@@ -97,7 +97,7 @@ impl Handler<Watch> for Registry {
             watcher.users.insert(user);
         }
         let subs = self.subscriptions.clone();
-        let channels: Vec<String> = unsubscribed.iter().map(|u| keys::events(u)).collect();
+        let channels: Vec<Channel> = unsubscribed.iter().cloned().map(Channel::Events).collect();
         let subscribe = async move {
             match subs {
                 _ if channels.is_empty() => Ok(()),
@@ -191,7 +191,7 @@ impl Handler<Disconnect> for Registry {
         self.sessions.remove(&msg.session);
         let channels = self.rooms.disconnect(msg.session);
         if let (Some(subs), false) = (&self.subscriptions, channels.is_empty()) {
-            subs.unsubscribe(channels);
+            subs.unsubscribe(channels.into_iter().map(Channel::Named).collect());
         }
         if let Some(w) = self.watchers.remove(&msg.session) {
             for user in &w.users {

@@ -40,10 +40,9 @@ use actix::prelude::*;
 use tokio::sync::oneshot;
 
 use crate::conn::ConnHandle;
-use crate::keys;
 use crate::redis::cluster::Source;
 use crate::store::Store;
-use subscriptions::{Notice, Subscriptions};
+use subscriptions::{Channel, Notice, Subscriptions};
 
 /// Identifies one session within this node.
 pub type SessionId = u64;
@@ -226,7 +225,7 @@ impl Registry {
         for user in due {
             self.lingering.remove(&*user);
             if !self.by_user.contains_key(&*user) && self.subscribed.remove(&*user) {
-                channels.push(keys::events(&user));
+                channels.push(Channel::Events(user));
             }
         }
         if let Some(subs) = &self.subscriptions {
