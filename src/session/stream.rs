@@ -25,8 +25,7 @@ impl Session {
             ClientFrame::Watch { users, devices } => self.watch(users, devices, ctx),
             ClientFrame::Unwatch { users } => {
                 for user in &users {
-                    self.watches.seen.remove(user.as_str());
-                    self.watches.early.remove(user);
+                    self.watches.forget(user);
                 }
                 self.node.registry.do_send(registry::Unwatch {
                     session: self.me.id,

@@ -4,12 +4,13 @@
 //! was last told). Requests that need Redis wait in [`Requests`] and run one
 //! at a time, in order.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::time::Duration;
 
 use actix::prelude::*;
 use actix_web_actors::ws;
 
+use super::seen::Seen;
 use super::*;
 use crate::model::{Audience, Record, Status};
 use crate::privacy::{self, Relation};
@@ -25,68 +26,6 @@ const SNAPSHOT_RETRIES: [Duration; 3] = [
     Duration::from_secs(1),
     Duration::from_secs(3),
 ];
-
-/// The users this client watches.
-#[derive(Default)]
-pub(super) struct Watches {
-    /// Watched users -> what this client was last told about them.
-    pub(super) seen: HashMap<Arc<str>, Seen>,
-    /// Events that arrived for a user whose snapshot read is still in
-    /// flight, the newest per user; delivered after the snapshot, which
-    /// drops those it already covers. Empty almost always.
-    pub(super) early: HashMap<String, Deliver>,
-}
-
-/// What a session last told its client about one watched user.
-#[derive(Debug, Clone)]
-pub(super) struct Seen {
-    /// Highest transition sequence number reflected: older events (ones a
-    /// snapshot already covered) are dropped.
-    pub(super) seq: u64,
-    /// Fingerprint of the last record sent: a record that looks the same
-    /// (e.g. `online` re-announced after a Redis restart) is not sent again.
-    pub(super) fingerprint: u64,
-    /// How this session's user stands to the watched one: which view of
-    /// each transition it gets.
-    pub(super) relation: Relation,
-    /// Asked for, but its snapshot has not been read yet: events for it
-    /// are held in [`Watches::early`] until it has.
-    pub(super) pending: bool,
-    /// The client asked for this user's device counts (`"devices":true`):
-    /// a change of the count alone is news to it.
-    pub(super) devices: bool,
-    /// While this viewer is a contact: what a non-contact would be told of
-    /// the user now, to fall back to at once when its contacts change.
-    pub(super) stranger: Option<Box<View>>,
-    /// How many contacts changes of the user reached this session: a
-    /// re-read that started before the latest one is stale.
-    pub(super) marker: u32,
-}
-
-impl Seen {
-    /// What this client can tell apart in `record`.
-    pub(super) fn fingerprint_of(&self, record: &Record) -> u64 {
-        if self.devices {
-            registry::devices_fingerprint(record)
-        } else {
-            registry::fingerprint(record)
-        }
-    }
-}
-
-impl Default for Seen {
-    fn default() -> Self {
-        Self {
-            seq: 0,
-            fingerprint: 0,
-            relation: Relation::Other,
-            pending: false,
-            devices: false,
-            stranger: None,
-            marker: 0,
-        }
-    }
-}
 
 /// Client requests that need a Redis round trip. They run one at a time in
 /// arrival order, so that answers keep the order of the questions (a watch
@@ -367,7 +306,7 @@ impl Session {
                     act.send(ctx, protocol::snapshot_frame(&out));
                     let early: Vec<Deliver> = observed
                         .iter()
-                        .filter_map(|o| act.watches.early.remove(&o.presence.user))
+                        .filter_map(|o| act.watches.rare.take_early(&o.presence.user))
                         .collect();
                     for deliver in early {
                         act.deliver(deliver, ctx);
@@ -391,9 +330,9 @@ impl Session {
                 .get(user.as_str())
                 .is_some_and(|s| s.pending)
             {
-                self.watches.seen.remove(user.as_str());
+                self.watches.forget(user);
             }
-            self.watches.early.remove(user);
+            self.watches.rare.take_early(user);
         }
     }
 
@@ -469,7 +408,7 @@ impl Session {
                 if let Some(seen) = act.watches.seen.get_mut(me.as_str()) {
                     seen.pending = false;
                 }
-                if let Some(event) = act.watches.early.remove(&me) {
+                if let Some(event) = act.watches.rare.take_early(&me) {
                     act.deliver(event, ctx);
                 }
             }
@@ -580,7 +519,7 @@ impl Session {
         seen.marker = seen.marker.wrapping_add(1);
         if seen.relation == Relation::Contact {
             seen.relation = stranger;
-            let view = seen.stranger.take().map(|v| *v);
+            let view = self.watches.rare.take_stranger(user.as_str());
             if let Some(view) = view
                 .filter(|v| !seen.pending && v.fingerprint_for(seen.devices) != seen.fingerprint)
             {
@@ -598,15 +537,24 @@ impl Session {
     pub(super) fn observe(&mut self, o: &Observed) -> Record {
         let relation = o.relation(Some(&self.me.user), self.node.config.contacts_only);
         let record = privacy::view(&o.presence, relation);
-        if let Some(seen) = self.watches.seen.get_mut(o.presence.user.as_str()) {
+        let user = o.presence.user.as_str();
+        let key = self
+            .watches
+            .seen
+            .get_key_value(user)
+            .map(|(k, _)| k.clone());
+        if let (Some(key), Some(seen)) = (key, self.watches.seen.get_mut(user)) {
             seen.seq = seen.seq.max(o.seq);
             seen.relation = relation;
             seen.fingerprint = seen.fingerprint_of(&record);
             seen.pending = false;
-            seen.stranger = (relation == Relation::Contact).then(|| {
+            if relation == Relation::Contact {
                 let stranger = Relation::stranger(self.node.config.contacts_only);
-                Box::new(View::of(&privacy::view(&o.presence, stranger)))
-            });
+                let view = View::of(&privacy::view(&o.presence, stranger));
+                self.watches.rare.maps().strangers.insert(key, view);
+            } else {
+                self.watches.rare.take_stranger(user);
+            }
         }
         record
     }
@@ -618,7 +566,7 @@ impl Session {
         };
         if seen.pending {
             // Held until the snapshot: keep the newest.
-            let early = &mut self.watches.early;
+            let early = &mut self.watches.rare.maps().early;
             let newer = early
                 .get(&*msg.user)
                 .is_none_or(|held| msg.resync || msg.seq >= held.seq);
@@ -636,7 +584,14 @@ impl Session {
         seen.seq = seen.seq.max(msg.seq);
         if seen.relation == Relation::Contact {
             let stranger = Relation::stranger(self.node.config.contacts_only);
-            seen.stranger = Some(Box::new(msg.views[stranger.index()].clone()));
+            let view = msg.views[stranger.index()].clone();
+            let strangers = &mut self.watches.rare.maps().strangers;
+            match strangers.get_mut(&*msg.user) {
+                Some(held) => *held = view,
+                None => {
+                    strangers.insert(Arc::from(&*msg.user), view);
+                }
+            }
         }
         let view = &msg.views[seen.relation.index()];
         let fingerprint = view.fingerprint_for(seen.devices);
