@@ -75,8 +75,9 @@ struct Joined {
 struct Watcher {
     /// Where re-read requests go.
     recheck: Recipient<Recheck>,
-    /// What it watches, so that a disconnect can be undone in one step.
-    users: HashSet<Arc<str>>,
+    /// What it watches, so that a disconnect can be undone in one step:
+    /// sorted, each once.
+    users: Vec<Arc<str>>,
 }
 
 /// The registry actor.

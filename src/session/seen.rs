@@ -75,6 +75,20 @@ impl Watches {
         self.rare.take_early(user);
         self.rare.take_stranger(user);
     }
+
+    /// Keys the entries of `users` by the registry's copies of their ids,
+    /// so that a user watched by many sessions has one copy on the node.
+    pub(super) fn share(&mut self, users: Vec<Arc<str>>) {
+        for user in users {
+            match self.seen.get_key_value(&*user) {
+                Some((held, _)) if !Arc::ptr_eq(held, &user) => {}
+                _ => continue,
+            }
+            if let Some(seen) = self.seen.remove(&*user) {
+                self.seen.insert(user, seen);
+            }
+        }
+    }
 }
 
 /// What a session last told its client about one watched user.

@@ -275,8 +275,8 @@ impl Session {
                     devices,
                 };
                 let failed = match registry.send(watch).await {
-                    Ok(Ok(())) => match store.presences(&new, Some(&viewer)).await {
-                        Ok(records) => return Ok(records),
+                    Ok(Ok(held)) => match store.presences(&new, Some(&viewer)).await {
+                        Ok(records) => return Ok((records, held)),
                         Err(e) => format!("snapshot failed: {e}"),
                     },
                     Ok(Err(e)) => format!("cannot subscribe to watched users' events: {e}"),
@@ -301,7 +301,8 @@ impl Session {
         };
         ctx.spawn(fut.into_actor(self).map(|res, act, ctx| {
             match res {
-                Ok(observed) => {
+                Ok((observed, held)) => {
+                    act.watches.share(held);
                     let out: Vec<Record> = observed.iter().map(|o| act.observe(o)).collect();
                     act.send(ctx, protocol::snapshot_frame(&out));
                     let early: Vec<Deliver> = observed
