@@ -48,6 +48,12 @@ pub(crate) struct SubscriptionTracker {
     subscriptions: HashSet<Vec<u8>>,
     s_subscriptions: HashSet<Vec<u8>>,
     p_subscriptions: HashSet<Vec<u8>>,
+    /// presence-server patch: `Some` when shard channels are counted, not
+    /// named: the count the server gave in its latest confirmation. A
+    /// connection that no one resubscribes needs only the count, and
+    /// presence-server's subscription connection holds a shard channel per
+    /// watched user (a name and a slot, about 80 B, per watch).
+    s_count: Option<usize>,
 }
 
 pub(crate) enum SubscriptionAction {
@@ -158,6 +164,28 @@ impl SubscriptionTracker {
         }
     }
 
+    /// presence-server patch: a tracker that counts shard channels rather
+    /// than naming them, for a connection that no one resubscribes.
+    pub(crate) fn counting_shard_channels() -> Self {
+        Self {
+            s_count: Some(0),
+            ..Self::default()
+        }
+    }
+
+    /// presence-server patch: [`Self::apply`], with the subscription count
+    /// the confirmation carries (its third element); a tracker that counts
+    /// shard channels takes that count instead of the channel's name.
+    pub(crate) fn apply_counted(&mut self, change: SubscriptionChange, count: Option<usize>) {
+        if let (Some(counted), SubscriptionKind::ShardChannel) = (&mut self.s_count, change.kind) {
+            if let Some(count) = count {
+                *counted = count;
+            }
+            return;
+        }
+        self.apply(change);
+    }
+
     /// The number of subscriptions of the given kind that the server was aware of when it
     /// started confirming an unsubscribe-all command. Always at least 1, since the server sends
     /// a single confirmation with a nil channel when there's nothing to unsubscribe from.
@@ -165,7 +193,10 @@ impl SubscriptionTracker {
         let subscriptions = match kind {
             SubscriptionKind::Channel => &self.subscriptions,
             SubscriptionKind::Pattern => &self.p_subscriptions,
-            SubscriptionKind::ShardChannel => &self.s_subscriptions,
+            SubscriptionKind::ShardChannel => match self.s_count {
+                Some(count) => return count.max(1),
+                None => &self.s_subscriptions,
+            },
         };
         subscriptions.len().max(1)
     }
@@ -331,6 +362,18 @@ pub(crate) fn subscription_change(value: &Value) -> Option<SubscriptionChange> {
         subscribed,
         channel,
     })
+}
+
+/// presence-server patch: the subscription count a confirmation push
+/// carries (its third element: the client's subscriptions of that kind).
+pub(crate) fn subscription_count(value: &Value) -> Option<usize> {
+    match value {
+        Value::Push { data, .. } => match data.get(1) {
+            Some(Value::Int(count)) => usize::try_from(*count).ok(),
+            _ => None,
+        },
+        _ => None,
+    }
 }
 
 fn value_channel(value: &Value) -> Option<Vec<u8>> {

@@ -5,7 +5,9 @@ use super::{
 #[cfg(feature = "cache-aio")]
 use crate::caching::{CacheManager, CacheStatistics, PrepCacheItem};
 use crate::pipeline::ExpectedConfirmations;
-use crate::subscription_tracker::{SubscriptionKind, SubscriptionTracker, subscription_change};
+use crate::subscription_tracker::{
+    SubscriptionKind, SubscriptionTracker, subscription_change, subscription_count,
+};
 use crate::{
     AsyncConnectionConfig, ProtocolVersion, PushInfo, RedisConnectionInfo, ServerError,
     ToRedisArgs,
@@ -281,9 +283,11 @@ where
         // of a zero-argument unsubscribe can be determined when its first confirmation arrives.
         // Only push values are considered, since a regular command's response may be an array
         // that happens to look like a confirmation.
-        let change = match &result {
-            Ok(value @ Value::Push { .. }) => subscription_change(value),
-            _ => None,
+        let (change, count) = match &result {
+            Ok(value @ Value::Push { .. }) => {
+                (subscription_change(value), subscription_count(value))
+            }
+            _ => (None, None),
         };
         if let Some(change) = change {
             // Requests are completed in the order they were sent, so if the oldest request
@@ -326,7 +330,11 @@ where
                 true
             };
             if update_subscriptions {
-                self_.subscriptions.lock().unwrap().apply(change);
+                self_
+                    .subscriptions
+                    .lock()
+                    .unwrap()
+                    .apply_counted(change, count);
             }
         }
 
@@ -822,7 +830,12 @@ impl MultiplexedConnection {
             );
         }
 
-        let subscriptions = config.subscription_tracker.clone().unwrap_or_default();
+        // presence-server patch: a connection given no tracker (none of a
+        // connection manager or a cluster, which resubscribe from theirs)
+        // counts its shard channels rather than naming each.
+        let subscriptions = config.subscription_tracker.clone().unwrap_or_else(|| {
+            Arc::new(Mutex::new(SubscriptionTracker::counting_shard_channels()))
+        });
         let (pipeline, driver) = Pipeline::new(
             codec,
             config.push_sender,
