@@ -2,7 +2,7 @@
 //! client (one [`Seen`] per watch, kept small: a node holds a million), and
 //! the few extras only some watches need.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use crate::model::Record;
@@ -13,7 +13,7 @@ use crate::registry::{self, Deliver, View};
 #[derive(Default)]
 pub(super) struct Watches {
     /// Watched users -> what this client was last told about them.
-    pub(super) seen: HashMap<Arc<str>, Seen>,
+    pub(super) seen: SeenMap,
     /// What only some watches need, for some of the time.
     pub(super) rare: Rare,
 }
@@ -76,17 +76,91 @@ impl Watches {
         self.rare.take_stranger(user);
     }
 
+    /// Forgets everything about each of `users`, in one pass.
+    pub(super) fn forget_all(&mut self, users: &[String]) {
+        let gone: HashSet<&str> = users.iter().map(String::as_str).collect();
+        self.seen.retain(|user| !gone.contains(user));
+        for user in users {
+            self.rare.take_early(user);
+            self.rare.take_stranger(user);
+        }
+    }
+
     /// Keys the entries of `users` by the registry's copies of their ids,
     /// so that a user watched by many sessions has one copy on the node.
     pub(super) fn share(&mut self, users: Vec<Arc<str>>) {
         for user in users {
-            match self.seen.get_key_value(&*user) {
-                Some((held, _)) if !Arc::ptr_eq(held, &user) => {}
-                _ => continue,
+            if let Ok(i) = self.seen.find(&user) {
+                self.seen.0[i].0 = user;
             }
-            if let Some(seen) = self.seen.remove(&*user) {
-                self.seen.insert(user, seen);
-            }
+        }
+    }
+}
+
+/// Watched users -> what this client was last told about them, sorted by
+/// user and without spare room: 40 B a watch, where a hash map's table
+/// (between half and seven eighths full, with a control byte a slot) took
+/// 46 to 82 B (issue 29, memory per watch). Found by binary search.
+#[derive(Default)]
+pub(super) struct SeenMap(Vec<(Arc<str>, Seen)>);
+
+impl SeenMap {
+    /// Where `user` is, or would go.
+    fn find(&self, user: &str) -> Result<usize, usize> {
+        self.0.binary_search_by(|(k, _)| (**k).cmp(user))
+    }
+
+    /// Watched users.
+    pub(super) fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether `user` is watched.
+    pub(super) fn contains_key(&self, user: &str) -> bool {
+        self.find(user).is_ok()
+    }
+
+    /// What this client was told about `user`.
+    pub(super) fn get(&self, user: &str) -> Option<&Seen> {
+        self.find(user).ok().map(|i| &self.0[i].1)
+    }
+
+    /// The same, to change.
+    pub(super) fn get_mut(&mut self, user: &str) -> Option<&mut Seen> {
+        self.find(user).ok().map(|i| &mut self.0[i].1)
+    }
+
+    /// The held id of `user`, and what this client was told about it.
+    pub(super) fn get_key_value(&self, user: &str) -> Option<(&Arc<str>, &Seen)> {
+        self.find(user).ok().map(|i| (&self.0[i].0, &self.0[i].1))
+    }
+
+    /// Adds users not watched yet (one sort for the lot, not a shift each).
+    pub(super) fn insert_new(&mut self, new: impl IntoIterator<Item = (Arc<str>, Seen)>) {
+        self.0.extend(new);
+        self.0.sort_by(|a, b| a.0.cmp(&b.0));
+        self.0.dedup_by(|a, b| a.0 == b.0);
+        self.0.shrink_to_fit();
+    }
+
+    /// Stops watching `user`.
+    pub(super) fn remove(&mut self, user: &str) -> Option<Seen> {
+        let i = self.find(user).ok()?;
+        let (_, seen) = self.0.remove(i);
+        self.tidy();
+        Some(seen)
+    }
+
+    /// Keeps the users `keep` says yes to.
+    fn retain(&mut self, mut keep: impl FnMut(&str) -> bool) {
+        self.0.retain(|(user, _)| keep(user));
+        self.tidy();
+    }
+
+    /// Gives the room back once half of it is spare.
+    fn tidy(&mut self) {
+        if self.0.capacity() > 2 * self.0.len() {
+            self.0.shrink_to_fit();
         }
     }
 }
@@ -135,5 +209,46 @@ impl Default for Seen {
             devices: false,
             marker: 0,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn watching(users: &[&str]) -> Watches {
+        let mut w = Watches::default();
+        let entries = users.iter().map(|u| (Arc::from(*u), Seen::default()));
+        w.seen.insert_new(entries);
+        w
+    }
+
+    #[test]
+    fn the_map_stays_sorted_and_tight() {
+        let mut w = watching(&["carol", "alice", "bob"]);
+        w.seen.insert_new([
+            ("alice".into(), Seen::default()),
+            ("dave".into(), Seen::default()),
+        ]);
+        assert_eq!(w.seen.len(), 4);
+        assert!(["alice", "bob", "carol", "dave"]
+            .iter()
+            .all(|u| w.seen.contains_key(u)));
+        assert!(w.seen.get("eve").is_none());
+        w.seen.get_mut("bob").unwrap().seq = 7;
+        assert_eq!(w.seen.remove("bob").map(|s| s.seq), Some(7));
+        w.forget_all(&["alice".into(), "zed".into()]);
+        assert!(!w.seen.contains_key("alice") && w.seen.contains_key("carol"));
+        assert!(w.seen.0.capacity() <= 2 * w.seen.len());
+    }
+
+    #[test]
+    fn shared_ids_replace_the_sessions_own() {
+        let mut w = watching(&["alice", "bob"]);
+        let registry: Arc<str> = Arc::from("bob");
+        w.share(vec![registry.clone(), Arc::from("nobody")]);
+        let (held, _) = w.seen.get_key_value("bob").unwrap();
+        assert!(Arc::ptr_eq(held, &registry));
+        assert_eq!(w.seen.len(), 2);
     }
 }

@@ -141,14 +141,13 @@ impl Session {
             self.send_error(ctx, &err);
             return;
         }
-        for user in &new {
-            let seen = Seen {
-                pending: true,
-                devices,
-                ..Seen::default()
-            };
-            self.watches.seen.insert(Arc::from(user.as_str()), seen);
-        }
+        let pending = Seen {
+            pending: true,
+            devices,
+            ..Seen::default()
+        };
+        let entries = new.iter().map(|u| (Arc::from(u.as_str()), pending.clone()));
+        self.watches.seen.insert_new(entries);
         for user in &upgraded {
             if let Some(seen) = self.watches.seen.get_mut(user.as_str()) {
                 seen.devices = true;
