@@ -87,19 +87,20 @@ impl Handler<Watch> for Registry {
         watcher.users.shrink_to_fit();
         let mut unsubscribed = Vec::new();
         for user in users {
-            self.lingering.remove(&*user);
-            if !self.subscribed.contains(&*user) {
-                unsubscribed.push(user.clone());
-            }
-            self.by_user
+            let lingered = self.lingering.remove(&*user).is_some_and(|(_, s)| s);
+            let watching = self
+                .by_user
                 .entry(user.clone())
                 .and_modify(|w| w.insert(msg.session))
-                .or_insert(Watching::One(msg.session));
+                .or_insert(Watching::one(msg.session, lingered));
+            if !watching.subscribed() {
+                unsubscribed.push(user.clone());
+            }
             if msg.devices {
                 self.devices_by_user
                     .entry(user.clone())
                     .and_modify(|w| w.insert(msg.session))
-                    .or_insert(Watching::One(msg.session));
+                    .or_insert(Watching::one(msg.session, false));
             }
         }
         let subs = self.subscriptions.clone();
@@ -114,7 +115,22 @@ impl Handler<Watch> for Registry {
         Box::pin(subscribe.into_actor(self).map(move |res, act, _| {
             res.map(|()| {
                 // Confirmed; a user unwatched meanwhile lingers as usual.
-                act.subscribed.extend(unsubscribed);
+                let mut orphans = Vec::new();
+                for user in unsubscribed {
+                    if let Some(w) = act.by_user.get_mut(&*user) {
+                        w.set_subscribed();
+                    } else if let Some((_, s)) = act.lingering.get_mut(&*user) {
+                        *s = true;
+                    } else {
+                        // Unwatched, and its lingering dropped, while the
+                        // subscription was on its way: nobody else will
+                        // take it back.
+                        orphans.push(Channel::Events(user));
+                    }
+                }
+                if let (Some(subs), false) = (&act.subscriptions, orphans.is_empty()) {
+                    subs.unsubscribe(orphans);
+                }
                 held
             })
         }))

@@ -86,11 +86,11 @@ pub struct Registry {
     client: Source,
     /// The node's sharded subscriptions (set once started).
     subscriptions: Option<Subscriptions>,
-    /// Users whose events channel Redis has confirmed subscribed.
-    subscribed: HashSet<Arc<str>>,
     /// Users no local session watches any more, with when their
-    /// subscription is to be dropped (see [`LINGER`]).
-    lingering: HashMap<Arc<str>, Instant>,
+    /// subscription is to be dropped (see [`LINGER`]) and whether Redis
+    /// confirmed it. (A watched user's confirmation is in its
+    /// [`Registry::by_user`] entry.)
+    lingering: HashMap<Arc<str>, (Instant, bool)>,
     /// Reads records for resyncs.
     store: Store,
     /// How long a resync waits for live sessions to re-assert.
@@ -148,7 +148,6 @@ impl Registry {
         Self {
             client: client.into(),
             subscriptions: None,
-            subscribed: HashSet::new(),
             lingering: HashMap::new(),
             store,
             resync_delay,
@@ -185,8 +184,10 @@ impl Registry {
         }
         if let Some(sessions) = self.by_user.get_mut(user) {
             if sessions.remove(session) {
-                let (user, _) = self.by_user.remove_entry(user).expect("just found");
-                self.lingering.insert(user, Instant::now() + LINGER);
+                let (user, watching) = self.by_user.remove_entry(user).expect("just found");
+                let subscribed = watching.subscribed();
+                self.lingering
+                    .insert(user, (Instant::now() + LINGER, subscribed));
                 if self.lingering.len() > MAX_LINGERING {
                     self.drop_lingering_until(Instant::now() + LINGER);
                 }
@@ -200,7 +201,7 @@ impl Registry {
         if let Some((k, _)) = self.by_user.get_key_value(&*user) {
             return k.clone();
         }
-        if let Some(k) = self.subscribed.get(&*user) {
+        if let Some((k, _)) = self.lingering.get_key_value(&*user) {
             return k.clone();
         }
         user
@@ -216,7 +217,7 @@ impl Registry {
         let due: Vec<Arc<str>> = self
             .lingering
             .iter()
-            .filter(|(_, at)| **at <= until)
+            .filter(|(_, (at, _))| *at <= until)
             .map(|(u, _)| u.clone())
             .collect();
         if due.is_empty() {
@@ -224,8 +225,8 @@ impl Registry {
         }
         let mut channels = Vec::with_capacity(due.len());
         for user in due {
-            self.lingering.remove(&*user);
-            if !self.by_user.contains_key(&*user) && self.subscribed.remove(&*user) {
+            let subscribed = self.lingering.remove(&*user).is_some_and(|(_, s)| s);
+            if subscribed && !self.by_user.contains_key(&*user) {
                 channels.push(Channel::Events(user));
             }
         }
@@ -235,7 +236,6 @@ impl Registry {
             }
         }
         self.lingering.shrink_to_fit();
-        self.subscribed.shrink_to_fit();
     }
 
     /// Hands `deliver` to every local watcher of its user: one delivery
