@@ -561,7 +561,7 @@ impl Session {
 
     /// Passes a transition on to the client if it is news to it.
     pub(super) fn deliver(&mut self, msg: Deliver, ctx: &mut ws::WebsocketContext<Self>) {
-        let Some(seen) = self.watches.seen.get_mut(&*msg.user) else {
+        let Some(seen) = self.watches.seen.get_mut(&msg.user) else {
             return;
         };
         if seen.pending {
