@@ -119,7 +119,7 @@ pub fn devices_fingerprint(record: &Record) -> u64 {
 /// `Ok` holds the registry's copies of the users' ids, for the session to
 /// keep instead of its own: one copy per user on the node.
 #[derive(Message)]
-#[rtype(result = "Result<Vec<Arc<str>>, String>")]
+#[rtype(result = "Result<Vec<UserId>, String>")]
 pub struct Watch {
     /// The watching session.
     pub session: SessionId,
@@ -127,7 +127,7 @@ pub struct Watch {
     pub recheck: Recipient<Recheck>,
     /// Users to watch: the session's own copies of their ids, which the
     /// registry keeps when it has none yet (one copy per user on the node).
-    pub users: Vec<Arc<str>>,
+    pub users: Vec<UserId>,
     /// The session also wants their device-count changes.
     pub devices: bool,
 }

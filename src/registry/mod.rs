@@ -36,6 +36,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use watching::Watching;
 
+use crate::ids::UserId;
+
 use actix::prelude::*;
 use tokio::sync::oneshot;
 
@@ -77,7 +79,7 @@ struct Watcher {
     recheck: Recipient<Recheck>,
     /// What it watches, so that a disconnect can be undone in one step:
     /// sorted, each once.
-    users: Vec<Arc<str>>,
+    users: Vec<UserId>,
 }
 
 /// The registry actor.
@@ -90,7 +92,7 @@ pub struct Registry {
     /// subscription is to be dropped (see [`LINGER`]) and whether Redis
     /// confirmed it. (A watched user's confirmation is in its
     /// [`Registry::by_user`] entry.)
-    lingering: HashMap<Arc<str>, (Instant, bool)>,
+    lingering: HashMap<UserId, (Instant, bool)>,
     /// Reads records for resyncs.
     store: Store,
     /// How long a resync waits for live sessions to re-assert.
@@ -104,10 +106,10 @@ pub struct Registry {
     /// Told once the first subscription is in place.
     ready: Option<oneshot::Sender<()>>,
     /// Watched user -> sessions watching it.
-    by_user: HashMap<Arc<str>, Watching>,
+    by_user: HashMap<UserId, Watching>,
     /// Watched user -> the sessions among [`Registry::by_user`] that asked
     /// for its device counts: the only ones a `devices_only` event wakes.
-    devices_by_user: HashMap<Arc<str>, Watching>,
+    devices_by_user: HashMap<UserId, Watching>,
     /// Session -> its re-read address and watched users.
     watchers: HashMap<SessionId, Watcher>,
     /// Every open session of this node: where the shutdown notice goes,
@@ -196,8 +198,8 @@ impl Registry {
     }
 
     /// The one shared copy of `user`'s id on this node: the registry's maps
-    /// and sets all hold the same `Arc<str>` (issue 29, memory per watch).
-    fn intern(&self, user: Arc<str>) -> Arc<str> {
+    /// and sets all hold the same `UserId` (issue 29, memory per watch).
+    fn intern(&self, user: UserId) -> UserId {
         if let Some((k, _)) = self.by_user.get_key_value(&*user) {
             return k.clone();
         }
@@ -214,7 +216,7 @@ impl Registry {
 
     /// Drops the lingering subscriptions due by `until`.
     fn drop_lingering_until(&mut self, until: Instant) {
-        let due: Vec<Arc<str>> = self
+        let due: Vec<UserId> = self
             .lingering
             .iter()
             .filter(|(_, (at, _))| *at <= until)

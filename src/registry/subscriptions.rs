@@ -26,7 +26,6 @@
 //! primary meanwhile may be lost.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, MultiplexedConnection};
@@ -36,6 +35,7 @@ use redis::{AsyncConnectionConfig, ProtocolVersion, PushInfo, PushKind, RedisRes
 use tokio::sync::{mpsc, oneshot};
 
 use super::{shrink_if_sparse, Source};
+use crate::ids::UserId;
 use crate::keys;
 
 /// The channel sets are shrunk only above this capacity: a million
@@ -77,7 +77,7 @@ pub enum Channel {
     /// A user's `presence-events:{<user>}`, held as the registry's shared
     /// id of the user: a node may want a million of them, and the name
     /// is written only when a command is (issue 29, memory per watch).
-    Events(Arc<str>),
+    Events(UserId),
     /// Any other channel (a room's), by name.
     Named(String),
 }
@@ -277,12 +277,12 @@ struct Channels {
 }
 
 /// The channels the registry wants: users' events channels by user (the
-/// registry's own `Arc<str>`, 16 B a slot instead of a 24 B `String` and
+/// registry's own `UserId`, 8 B a slot instead of a 24 B `String` and
 /// its 32 B of name), any other by name.
 #[derive(Default)]
 struct Wanted {
     /// Users whose events channel is wanted.
-    users: HashSet<Arc<str>>,
+    users: HashSet<UserId>,
     /// Other channels, by name.
     named: HashSet<String>,
 }

@@ -444,7 +444,7 @@ mod tests {
     }
 
     /// Every watch holds a `Seen` in its session's table (issue 29, memory
-    /// per watch): 24 B, with the key 40 B a slot; it was 32 B while it
+    /// per watch): 24 B, with the key 32 B a slot; it was 32 B while it
     /// held the rarely used non-contact view (now [`seen::Watches`]'s
     /// `strangers`).
     #[test]

@@ -3,8 +3,8 @@
 //! the few extras only some watches need.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
 
+use crate::ids::UserId;
 use crate::model::Record;
 use crate::privacy::Relation;
 use crate::registry::{self, Deliver, View};
@@ -35,7 +35,7 @@ pub(super) struct RareMaps {
     /// would be told of the user now, to fall back to at once when its
     /// contacts change. Beside [`Watches::seen`] rather than in [`Seen`],
     /// which every watch holds: few watches need it.
-    pub(super) strangers: HashMap<Arc<str>, View>,
+    pub(super) strangers: HashMap<UserId, View>,
 }
 
 impl Rare {
@@ -88,7 +88,7 @@ impl Watches {
 
     /// Keys the entries of `users` by the registry's copies of their ids,
     /// so that a user watched by many sessions has one copy on the node.
-    pub(super) fn share(&mut self, users: Vec<Arc<str>>) {
+    pub(super) fn share(&mut self, users: Vec<UserId>) {
         for user in users {
             if let Ok(i) = self.seen.find(&user) {
                 self.seen.0[i].0 = user;
@@ -98,11 +98,11 @@ impl Watches {
 }
 
 /// Watched users -> what this client was last told about them, sorted by
-/// user and without spare room: 40 B a watch, where a hash map's table
+/// user and without spare room: 32 B a watch, where a hash map's table
 /// (between half and seven eighths full, with a control byte a slot) took
 /// 46 to 82 B (issue 29, memory per watch). Found by binary search.
 #[derive(Default)]
-pub(super) struct SeenMap(Vec<(Arc<str>, Seen)>);
+pub(super) struct SeenMap(Vec<(UserId, Seen)>);
 
 impl SeenMap {
     /// Where `user` is, or would go.
@@ -131,12 +131,12 @@ impl SeenMap {
     }
 
     /// The held id of `user`, and what this client was told about it.
-    pub(super) fn get_key_value(&self, user: &str) -> Option<(&Arc<str>, &Seen)> {
+    pub(super) fn get_key_value(&self, user: &str) -> Option<(&UserId, &Seen)> {
         self.find(user).ok().map(|i| (&self.0[i].0, &self.0[i].1))
     }
 
     /// Adds users not watched yet (one sort for the lot, not a shift each).
-    pub(super) fn insert_new(&mut self, new: impl IntoIterator<Item = (Arc<str>, Seen)>) {
+    pub(super) fn insert_new(&mut self, new: impl IntoIterator<Item = (UserId, Seen)>) {
         self.0.extend(new);
         self.0.sort_by(|a, b| a.0.cmp(&b.0));
         self.0.dedup_by(|a, b| a.0 == b.0);
@@ -218,7 +218,7 @@ mod tests {
 
     fn watching(users: &[&str]) -> Watches {
         let mut w = Watches::default();
-        let entries = users.iter().map(|u| (Arc::from(*u), Seen::default()));
+        let entries = users.iter().map(|u| (UserId::from(*u), Seen::default()));
         w.seen.insert_new(entries);
         w
     }
@@ -245,10 +245,10 @@ mod tests {
     #[test]
     fn shared_ids_replace_the_sessions_own() {
         let mut w = watching(&["alice", "bob"]);
-        let registry: Arc<str> = Arc::from("bob");
-        w.share(vec![registry.clone(), Arc::from("nobody")]);
+        let registry: UserId = UserId::from("bob");
+        w.share(vec![registry.clone(), UserId::from("nobody")]);
         let (held, _) = w.seen.get_key_value("bob").unwrap();
-        assert!(Arc::ptr_eq(held, &registry));
+        assert!(UserId::ptr_eq(held, &registry));
         assert_eq!(w.seen.len(), 2);
     }
 }

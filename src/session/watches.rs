@@ -12,6 +12,7 @@ use actix_web_actors::ws;
 
 use super::seen::Seen;
 use super::*;
+use crate::ids::UserId;
 use crate::model::{Audience, Record, Status};
 use crate::privacy::{self, Relation};
 use crate::protocol::{self, ErrorCode, ProtocolError};
@@ -146,7 +147,9 @@ impl Session {
             devices,
             ..Seen::default()
         };
-        let entries = new.iter().map(|u| (Arc::from(u.as_str()), pending.clone()));
+        let entries = new
+            .iter()
+            .map(|u| (UserId::from(u.as_str()), pending.clone()));
         self.watches.seen.insert_new(entries);
         for user in &upgraded {
             if let Some(seen) = self.watches.seen.get_mut(user.as_str()) {
@@ -252,11 +255,11 @@ impl Session {
         let store = self.node.store.clone();
         let session = self.me.id;
         // The ids as the session holds them, for the registry to share.
-        let users: Vec<Arc<str>> = new
+        let users: Vec<UserId> = new
             .iter()
             .map(|u| match self.watches.seen.get_key_value(u.as_str()) {
                 Some((k, _)) => k.clone(),
-                None => Arc::from(u.as_str()),
+                None => UserId::from(u.as_str()),
             })
             .collect();
         let recheck = ctx.address().recipient();
@@ -589,7 +592,7 @@ impl Session {
             match strangers.get_mut(&*msg.user) {
                 Some(held) => *held = view,
                 None => {
-                    strangers.insert(Arc::from(&*msg.user), view);
+                    strangers.insert(UserId::from(&*msg.user), view);
                 }
             }
         }
