@@ -70,34 +70,41 @@ impl Handler<Resynced> for Registry {
 }
 
 impl Handler<Watch> for Registry {
-    type Result = ResponseActFuture<Self, Result<(), String>>;
+    type Result = ResponseActFuture<Self, Result<Vec<UserId>, String>>;
 
     fn handle(&mut self, msg: Watch, _: &mut Self::Context) -> Self::Result {
-        let users: Vec<Arc<str>> = msg.users.into_iter().map(|u| self.intern(u)).collect();
+        let users: Vec<UserId> = msg.users.into_iter().map(|u| self.intern(u)).collect();
+        let held = users.clone();
         let watcher = self.watchers.entry(msg.session).or_insert_with(|| Watcher {
             recheck: msg.recheck,
-            users: HashSet::new(),
+            users: Vec::new(),
         });
+        watcher.users.extend(users.iter().cloned());
+        // Sorted, once each and no spare room: 8 B a watch, where a hash
+        // set took 34 B (issue 29, memory per watch).
+        watcher.users.sort_unstable();
+        watcher.users.dedup();
+        watcher.users.shrink_to_fit();
         let mut unsubscribed = Vec::new();
         for user in users {
-            self.lingering.remove(&*user);
-            if !self.subscribed.contains(&*user) {
-                unsubscribed.push(user.clone());
-            }
-            self.by_user
+            let lingered = self.lingering.remove(&*user).is_some_and(|(_, s)| s);
+            let watching = self
+                .by_user
                 .entry(user.clone())
                 .and_modify(|w| w.insert(msg.session))
-                .or_insert(Watching::One(msg.session));
+                .or_insert(Watching::one(msg.session, lingered));
+            if !watching.subscribed() {
+                unsubscribed.push(user.clone());
+            }
             if msg.devices {
                 self.devices_by_user
                     .entry(user.clone())
                     .and_modify(|w| w.insert(msg.session))
-                    .or_insert(Watching::One(msg.session));
+                    .or_insert(Watching::one(msg.session, false));
             }
-            watcher.users.insert(user);
         }
         let subs = self.subscriptions.clone();
-        let channels: Vec<String> = unsubscribed.iter().map(|u| keys::events(u)).collect();
+        let channels: Vec<Channel> = unsubscribed.iter().cloned().map(Channel::Events).collect();
         let subscribe = async move {
             match subs {
                 _ if channels.is_empty() => Ok(()),
@@ -106,11 +113,26 @@ impl Handler<Watch> for Registry {
             }
         };
         Box::pin(subscribe.into_actor(self).map(move |res, act, _| {
-            if res.is_ok() {
+            res.map(|()| {
                 // Confirmed; a user unwatched meanwhile lingers as usual.
-                act.subscribed.extend(unsubscribed);
-            }
-            res
+                let mut orphans = Vec::new();
+                for user in unsubscribed {
+                    if let Some(w) = act.by_user.get_mut(&*user) {
+                        w.set_subscribed();
+                    } else if let Some((_, s)) = act.lingering.get_mut(&*user) {
+                        *s = true;
+                    } else {
+                        // Unwatched, and its lingering dropped, while the
+                        // subscription was on its way: nobody else will
+                        // take it back.
+                        orphans.push(Channel::Events(user));
+                    }
+                }
+                if let (Some(subs), false) = (&act.subscriptions, orphans.is_empty()) {
+                    subs.unsubscribe(orphans);
+                }
+                held
+            })
         }))
     }
 }
@@ -123,8 +145,10 @@ impl Handler<Unwatch> for Registry {
             self.unwatch(msg.session, user);
         }
         if let Some(w) = self.watchers.get_mut(&msg.session) {
-            for user in &msg.users {
-                w.users.remove(user.as_str());
+            let gone: HashSet<&str> = msg.users.iter().map(String::as_str).collect();
+            w.users.retain(|u| !gone.contains(&**u));
+            if w.users.capacity() > 2 * w.users.len() {
+                w.users.shrink_to_fit();
             }
             if w.users.is_empty() {
                 self.watchers.remove(&msg.session);
@@ -191,7 +215,7 @@ impl Handler<Disconnect> for Registry {
         self.sessions.remove(&msg.session);
         let channels = self.rooms.disconnect(msg.session);
         if let (Some(subs), false) = (&self.subscriptions, channels.is_empty()) {
-            subs.unsubscribe(channels);
+            subs.unsubscribe(channels.into_iter().map(Channel::Named).collect());
         }
         if let Some(w) = self.watchers.remove(&msg.session) {
             for user in &w.users {

@@ -116,8 +116,10 @@ pub fn devices_fingerprint(record: &Record) -> u64 {
 /// Adds `users` to what `session` watches; answers once the node is
 /// subscribed to each of their events, so that a snapshot read after it
 /// misses nothing. `Err` when Redis could not confirm the subscription.
+/// `Ok` holds the registry's copies of the users' ids, for the session to
+/// keep instead of its own: one copy per user on the node.
 #[derive(Message)]
-#[rtype(result = "Result<(), String>")]
+#[rtype(result = "Result<Vec<UserId>, String>")]
 pub struct Watch {
     /// The watching session.
     pub session: SessionId,
@@ -125,7 +127,7 @@ pub struct Watch {
     pub recheck: Recipient<Recheck>,
     /// Users to watch: the session's own copies of their ids, which the
     /// registry keeps when it has none yet (one copy per user on the node).
-    pub users: Vec<Arc<str>>,
+    pub users: Vec<UserId>,
     /// The session also wants their device-count changes.
     pub devices: bool,
 }

@@ -36,14 +36,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use watching::Watching;
 
+use crate::ids::UserId;
+
 use actix::prelude::*;
 use tokio::sync::oneshot;
 
 use crate::conn::ConnHandle;
-use crate::keys;
 use crate::redis::cluster::Source;
 use crate::store::Store;
-use subscriptions::{Notice, Subscriptions};
+use subscriptions::{Channel, Notice, Subscriptions};
 
 /// Identifies one session within this node.
 pub type SessionId = u64;
@@ -76,8 +77,9 @@ struct Joined {
 struct Watcher {
     /// Where re-read requests go.
     recheck: Recipient<Recheck>,
-    /// What it watches, so that a disconnect can be undone in one step.
-    users: HashSet<Arc<str>>,
+    /// What it watches, so that a disconnect can be undone in one step:
+    /// sorted, each once.
+    users: Vec<UserId>,
 }
 
 /// The registry actor.
@@ -86,11 +88,11 @@ pub struct Registry {
     client: Source,
     /// The node's sharded subscriptions (set once started).
     subscriptions: Option<Subscriptions>,
-    /// Users whose events channel Redis has confirmed subscribed.
-    subscribed: HashSet<Arc<str>>,
     /// Users no local session watches any more, with when their
-    /// subscription is to be dropped (see [`LINGER`]).
-    lingering: HashMap<Arc<str>, Instant>,
+    /// subscription is to be dropped (see [`LINGER`]) and whether Redis
+    /// confirmed it. (A watched user's confirmation is in its
+    /// [`Registry::by_user`] entry.)
+    lingering: HashMap<UserId, (Instant, bool)>,
     /// Reads records for resyncs.
     store: Store,
     /// How long a resync waits for live sessions to re-assert.
@@ -104,10 +106,10 @@ pub struct Registry {
     /// Told once the first subscription is in place.
     ready: Option<oneshot::Sender<()>>,
     /// Watched user -> sessions watching it.
-    by_user: HashMap<Arc<str>, Watching>,
+    by_user: HashMap<UserId, Watching>,
     /// Watched user -> the sessions among [`Registry::by_user`] that asked
     /// for its device counts: the only ones a `devices_only` event wakes.
-    devices_by_user: HashMap<Arc<str>, Watching>,
+    devices_by_user: HashMap<UserId, Watching>,
     /// Session -> its re-read address and watched users.
     watchers: HashMap<SessionId, Watcher>,
     /// Every open session of this node: where the shutdown notice goes,
@@ -148,7 +150,6 @@ impl Registry {
         Self {
             client: client.into(),
             subscriptions: None,
-            subscribed: HashSet::new(),
             lingering: HashMap::new(),
             store,
             resync_delay,
@@ -185,8 +186,10 @@ impl Registry {
         }
         if let Some(sessions) = self.by_user.get_mut(user) {
             if sessions.remove(session) {
-                let (user, _) = self.by_user.remove_entry(user).expect("just found");
-                self.lingering.insert(user, Instant::now() + LINGER);
+                let (user, watching) = self.by_user.remove_entry(user).expect("just found");
+                let subscribed = watching.subscribed();
+                self.lingering
+                    .insert(user, (Instant::now() + LINGER, subscribed));
                 if self.lingering.len() > MAX_LINGERING {
                     self.drop_lingering_until(Instant::now() + LINGER);
                 }
@@ -195,12 +198,12 @@ impl Registry {
     }
 
     /// The one shared copy of `user`'s id on this node: the registry's maps
-    /// and sets all hold the same `Arc<str>` (issue 29, memory per watch).
-    fn intern(&self, user: Arc<str>) -> Arc<str> {
+    /// and sets all hold the same `UserId` (issue 29, memory per watch).
+    fn intern(&self, user: UserId) -> UserId {
         if let Some((k, _)) = self.by_user.get_key_value(&*user) {
             return k.clone();
         }
-        if let Some(k) = self.subscribed.get(&*user) {
+        if let Some((k, _)) = self.lingering.get_key_value(&*user) {
             return k.clone();
         }
         user
@@ -213,10 +216,10 @@ impl Registry {
 
     /// Drops the lingering subscriptions due by `until`.
     fn drop_lingering_until(&mut self, until: Instant) {
-        let due: Vec<Arc<str>> = self
+        let due: Vec<UserId> = self
             .lingering
             .iter()
-            .filter(|(_, at)| **at <= until)
+            .filter(|(_, (at, _))| *at <= until)
             .map(|(u, _)| u.clone())
             .collect();
         if due.is_empty() {
@@ -224,9 +227,9 @@ impl Registry {
         }
         let mut channels = Vec::with_capacity(due.len());
         for user in due {
-            self.lingering.remove(&*user);
-            if !self.by_user.contains_key(&*user) && self.subscribed.remove(&*user) {
-                channels.push(keys::events(&user));
+            let subscribed = self.lingering.remove(&*user).is_some_and(|(_, s)| s);
+            if subscribed && !self.by_user.contains_key(&*user) {
+                channels.push(Channel::Events(user));
             }
         }
         if let Some(subs) = &self.subscriptions {
@@ -235,7 +238,6 @@ impl Registry {
             }
         }
         self.lingering.shrink_to_fit();
-        self.subscribed.shrink_to_fit();
     }
 
     /// Hands `deliver` to every local watcher of its user: one delivery

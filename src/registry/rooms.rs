@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 
+use super::subscriptions::Channel;
 use super::{Registry, SessionId};
 use crate::keys;
 use crate::rooms::events::{Kind, To};
@@ -239,7 +240,7 @@ impl Handler<JoinRoom> for Registry {
             .or_default()
             .insert(join.room.clone());
         let subscribe = (!interest.subscribed.contains(&join.room)).then(|| {
-            let channel = keys::room_events(&join.room);
+            let channel = Channel::Named(keys::room_events(&join.room));
             self.subscriptions.clone().map(|subs| (subs, channel))
         });
         let room = join.room;
@@ -260,7 +261,7 @@ impl Handler<JoinRoom> for Registry {
                 } else if let Some(subs) = &act.subscriptions {
                     // Every local member left while the subscription was
                     // on its way: nobody else will take it back.
-                    subs.unsubscribe(vec![keys::room_events(&room)]);
+                    subs.unsubscribe(vec![Channel::Named(keys::room_events(&room))]);
                 }
             }
             res
@@ -274,7 +275,7 @@ impl Handler<LeaveRoom> for Registry {
     fn handle(&mut self, msg: LeaveRoom, _: &mut Self::Context) {
         if let Some(channel) = self.rooms.leave(msg.session, &msg.room) {
             if let Some(subs) = &self.subscriptions {
-                subs.unsubscribe(vec![channel]);
+                subs.unsubscribe(vec![Channel::Named(channel)]);
             }
         }
     }

@@ -35,6 +35,8 @@ use redis::{AsyncConnectionConfig, ProtocolVersion, PushInfo, PushKind, RedisRes
 use tokio::sync::{mpsc, oneshot};
 
 use super::{shrink_if_sparse, Source};
+use crate::ids::UserId;
+use crate::keys;
 
 /// The channel sets are shrunk only above this capacity: a million
 /// channels' worth of slots stayed resident after a crowd of watchers left.
@@ -69,15 +71,36 @@ pub enum Notice {
     },
 }
 
+/// One channel to subscribe to.
+#[derive(Debug, Clone)]
+pub enum Channel {
+    /// A user's `presence-events:{<user>}`, held as the registry's shared
+    /// id of the user: a node may want a million of them, and the name
+    /// is written only when a command is (issue 29, memory per watch).
+    Events(UserId),
+    /// Any other channel (a room's), by name.
+    Named(String),
+}
+
+impl Channel {
+    /// The channel's name.
+    fn name(&self) -> String {
+        match self {
+            Channel::Events(user) => keys::events(user),
+            Channel::Named(name) => name.clone(),
+        }
+    }
+}
+
 /// A request to the subscription task.
 enum Request {
     /// Subscribe; answer once confirmed.
     Subscribe {
-        channels: Vec<String>,
+        channels: Vec<Channel>,
         done: oneshot::Sender<RedisResult<()>>,
     },
     /// Unsubscribe (no answer).
-    Unsubscribe { channels: Vec<String> },
+    Unsubscribe { channels: Vec<Channel> },
 }
 
 /// Handle on the node's subscription task; cheap to clone. The task ends
@@ -102,7 +125,7 @@ impl Subscriptions {
     }
 
     /// Subscribes to `channels`; returns once Redis has confirmed.
-    pub async fn subscribe(&self, channels: Vec<String>) -> RedisResult<()> {
+    pub async fn subscribe(&self, channels: Vec<Channel>) -> RedisResult<()> {
         let (done, answer) = oneshot::channel();
         let gone = || redis::RedisError::from(std::io::Error::other("subscription task stopped"));
         self.tx
@@ -112,7 +135,7 @@ impl Subscriptions {
     }
 
     /// Unsubscribes from `channels`.
-    pub fn unsubscribe(&self, channels: Vec<String>) {
+    pub fn unsubscribe(&self, channels: Vec<Channel>) {
         let _ = self.tx.send(Request::Unsubscribe { channels });
     }
 }
@@ -247,10 +270,59 @@ fn message_of(push: PushInfo) -> Option<(String, String)> {
 #[derive(Default)]
 struct Channels {
     /// Every channel the registry wants, across reconnects.
-    wanted: HashSet<String>,
+    wanted: Wanted,
     /// Our own SUNSUBSCRIBEs whose confirmation has not come yet: those
     /// pushes are not Redis dropping a channel.
     leaving: HashMap<String, u32>,
+}
+
+/// The channels the registry wants: users' events channels by user (the
+/// registry's own `UserId`, 8 B a slot instead of a 24 B `String` and
+/// its 32 B of name), any other by name.
+#[derive(Default)]
+struct Wanted {
+    /// Users whose events channel is wanted.
+    users: HashSet<UserId>,
+    /// Other channels, by name.
+    named: HashSet<String>,
+}
+
+impl Wanted {
+    /// Adds `channel`.
+    fn insert(&mut self, channel: Channel) {
+        match channel {
+            Channel::Events(user) => self.users.insert(user),
+            Channel::Named(name) => self.named.insert(name),
+        };
+    }
+
+    /// Removes `channel`; true if it was wanted.
+    fn remove(&mut self, channel: &Channel) -> bool {
+        match channel {
+            Channel::Events(user) => self.users.remove(user),
+            Channel::Named(name) => self.named.remove(name),
+        }
+    }
+
+    /// Whether the channel named `name` is wanted.
+    fn contains(&self, name: &str) -> bool {
+        match keys::parse_events(name) {
+            Some(user) => self.users.contains(user),
+            None => self.named.contains(name),
+        }
+    }
+
+    /// Every wanted channel's name.
+    fn names(&self) -> Vec<String> {
+        let users = self.users.iter().map(|u| keys::events(u));
+        users.chain(self.named.iter().cloned()).collect()
+    }
+
+    /// Gives the tables' spare slots back once they are mostly empty.
+    fn shrink_if_sparse(&mut self) {
+        shrink_if_sparse(&mut self.users, SPARSE_CHANNELS_MIN);
+        shrink_if_sparse(&mut self.named, SPARSE_CHANNELS_MIN);
+    }
 }
 
 /// The subscription task.
@@ -277,7 +349,7 @@ async fn run(
                 continue;
             }
         };
-        let all: Vec<String> = channels.wanted.iter().cloned().collect();
+        let all = channels.wanted.names();
         if let Err(e) = conn.send_all("SSUBSCRIBE", &all).await {
             log::warn!("cannot subscribe to the watched users' events: {e}");
             tokio::time::sleep(backoff).await;
@@ -326,7 +398,7 @@ async fn requested(
     while let Ok(more) = requests.try_recv() {
         queued.push(more);
     }
-    let mut batch: Vec<(Vec<String>, oneshot::Sender<RedisResult<()>>)> = Vec::new();
+    let mut batch: Vec<(Vec<Channel>, oneshot::Sender<RedisResult<()>>)> = Vec::new();
     let mut failed = false;
     for request in queued {
         match request {
@@ -409,7 +481,7 @@ async fn pushed(
                     }
                 }
             }
-            let all: Vec<String> = channels.wanted.iter().cloned().collect();
+            let all = channels.wanted.names();
             log::info!(
                 "a redis cluster node's connection dropped; confirming the {} subscriptions",
                 all.len()
@@ -432,17 +504,22 @@ async fn pushed(
 /// replaced, and the channels stay wanted for the next one).
 async fn join(
     conn: &mut Link,
-    wanted: &mut HashSet<String>,
-    batch: Vec<(Vec<String>, oneshot::Sender<RedisResult<()>>)>,
+    wanted: &mut Wanted,
+    batch: Vec<(Vec<Channel>, oneshot::Sender<RedisResult<()>>)>,
 ) -> bool {
     if batch.is_empty() {
         return true;
     }
-    let channels: Vec<String> = batch.iter().flat_map(|(c, _)| c.iter().cloned()).collect();
-    wanted.extend(channels.iter().cloned());
+    let mut channels = Vec::new();
+    let mut answers = Vec::with_capacity(batch.len());
+    for (c, done) in batch {
+        channels.extend(c.iter().map(Channel::name));
+        c.into_iter().for_each(|c| wanted.insert(c));
+        answers.push(done);
+    }
     let result = conn.send_all("SSUBSCRIBE", &channels).await;
     let ok = result.is_ok();
-    for (_, done) in batch {
+    for done in answers {
         let _ = done.send(result.clone());
     }
     ok
@@ -451,12 +528,16 @@ async fn join(
 /// Unsubscribes from `channels`, remembering the confirmations to expect.
 async fn leave(
     conn: &mut Link,
-    wanted: &mut HashSet<String>,
+    wanted: &mut Wanted,
     leaving: &mut HashMap<String, u32>,
-    channels: Vec<String>,
+    channels: Vec<Channel>,
 ) {
-    let channels: Vec<String> = channels.into_iter().filter(|c| wanted.remove(c)).collect();
-    shrink_if_sparse(wanted, SPARSE_CHANNELS_MIN);
+    let channels: Vec<String> = channels
+        .into_iter()
+        .filter(|c| wanted.remove(c))
+        .map(|c| c.name())
+        .collect();
+    wanted.shrink_if_sparse();
     for channel in &channels {
         *leaving.entry(channel.clone()).or_default() += 1;
     }

@@ -15,6 +15,7 @@
 mod close;
 mod liveness;
 mod rooms;
+mod seen;
 mod stream;
 mod token;
 mod watches;
@@ -23,10 +24,11 @@ use crate::rooms::Rooms;
 use close::close;
 pub use close::{CLOSE_REPLACED, CLOSE_TOKEN_EXPIRED, CLOSE_UNAVAILABLE};
 use liveness::FrameLimiter;
+use seen::Watches;
 use std::sync::atomic::{AtomicI64, AtomicUsize};
 use std::sync::Arc;
 use std::time::Instant;
-use watches::{Requests, Watches};
+use watches::Requests;
 
 use actix::prelude::*;
 use actix_web_actors::ws;
@@ -452,5 +454,14 @@ mod tests {
         let whole =
             std::mem::size_of::<actix::dev::ContextFut<Session, ws::WebsocketContext<Session>>>();
         assert!(whole <= 840, "the session's context future is {whole} B");
+    }
+
+    /// Every watch holds a `Seen` in its session's table (issue 29, memory
+    /// per watch): 24 B, with the key 32 B a slot; it was 32 B while it
+    /// held the rarely used non-contact view (now [`seen::Watches`]'s
+    /// `strangers`).
+    #[test]
+    fn a_watch_stays_small() {
+        assert_eq!(std::mem::size_of::<seen::Seen>(), 24);
     }
 }

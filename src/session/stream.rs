@@ -24,10 +24,7 @@ impl Session {
         match frame {
             ClientFrame::Watch { users, devices } => self.watch(users, devices, ctx),
             ClientFrame::Unwatch { users } => {
-                for user in &users {
-                    self.watches.seen.remove(user.as_str());
-                    self.watches.early.remove(user);
-                }
+                self.watches.forget_all(&users);
                 self.node.registry.do_send(registry::Unwatch {
                     session: self.me.id,
                     users,

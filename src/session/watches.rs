@@ -4,13 +4,15 @@
 //! was last told). Requests that need Redis wait in [`Requests`] and run one
 //! at a time, in order.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::time::Duration;
 
 use actix::prelude::*;
 use actix_web_actors::ws;
 
+use super::seen::Seen;
 use super::*;
+use crate::ids::UserId;
 use crate::model::{Audience, Record, Status};
 use crate::privacy::{self, Relation};
 use crate::protocol::{self, ErrorCode, ProtocolError};
@@ -25,68 +27,6 @@ const SNAPSHOT_RETRIES: [Duration; 3] = [
     Duration::from_secs(1),
     Duration::from_secs(3),
 ];
-
-/// The users this client watches.
-#[derive(Default)]
-pub(super) struct Watches {
-    /// Watched users -> what this client was last told about them.
-    pub(super) seen: HashMap<Arc<str>, Seen>,
-    /// Events that arrived for a user whose snapshot read is still in
-    /// flight, the newest per user; delivered after the snapshot, which
-    /// drops those it already covers. Empty almost always.
-    pub(super) early: HashMap<String, Deliver>,
-}
-
-/// What a session last told its client about one watched user.
-#[derive(Debug, Clone)]
-pub(super) struct Seen {
-    /// Highest transition sequence number reflected: older events (ones a
-    /// snapshot already covered) are dropped.
-    pub(super) seq: u64,
-    /// Fingerprint of the last record sent: a record that looks the same
-    /// (e.g. `online` re-announced after a Redis restart) is not sent again.
-    pub(super) fingerprint: u64,
-    /// How this session's user stands to the watched one: which view of
-    /// each transition it gets.
-    pub(super) relation: Relation,
-    /// Asked for, but its snapshot has not been read yet: events for it
-    /// are held in [`Watches::early`] until it has.
-    pub(super) pending: bool,
-    /// The client asked for this user's device counts (`"devices":true`):
-    /// a change of the count alone is news to it.
-    pub(super) devices: bool,
-    /// While this viewer is a contact: what a non-contact would be told of
-    /// the user now, to fall back to at once when its contacts change.
-    pub(super) stranger: Option<Box<View>>,
-    /// How many contacts changes of the user reached this session: a
-    /// re-read that started before the latest one is stale.
-    pub(super) marker: u32,
-}
-
-impl Seen {
-    /// What this client can tell apart in `record`.
-    pub(super) fn fingerprint_of(&self, record: &Record) -> u64 {
-        if self.devices {
-            registry::devices_fingerprint(record)
-        } else {
-            registry::fingerprint(record)
-        }
-    }
-}
-
-impl Default for Seen {
-    fn default() -> Self {
-        Self {
-            seq: 0,
-            fingerprint: 0,
-            relation: Relation::Other,
-            pending: false,
-            devices: false,
-            stranger: None,
-            marker: 0,
-        }
-    }
-}
 
 /// Client requests that need a Redis round trip. They run one at a time in
 /// arrival order, so that answers keep the order of the questions (a watch
@@ -217,14 +157,15 @@ impl Session {
             self.send_error(ctx, &err);
             return;
         }
-        for user in &new {
-            let seen = Seen {
-                pending: true,
-                devices,
-                ..Seen::default()
-            };
-            self.watches.seen.insert(Arc::from(user.as_str()), seen);
-        }
+        let pending = Seen {
+            pending: true,
+            devices,
+            ..Seen::default()
+        };
+        let entries = new
+            .iter()
+            .map(|u| (UserId::from(u.as_str()), pending.clone()));
+        self.watches.seen.insert_new(entries);
         for user in &upgraded {
             if let Some(seen) = self.watches.seen.get_mut(user.as_str()) {
                 seen.devices = true;
@@ -343,11 +284,11 @@ impl Session {
         let store = self.node.store.clone();
         let session = self.me.id;
         // The ids as the session holds them, for the registry to share.
-        let users: Vec<Arc<str>> = new
+        let users: Vec<UserId> = new
             .iter()
             .map(|u| match self.watches.seen.get_key_value(u.as_str()) {
                 Some((k, _)) => k.clone(),
-                None => Arc::from(u.as_str()),
+                None => UserId::from(u.as_str()),
             })
             .collect();
         let recheck = ctx.address().recipient();
@@ -365,8 +306,8 @@ impl Session {
                     devices,
                 };
                 let failed = match registry.send(watch).await {
-                    Ok(Ok(())) => match store.presences(&new, Some(&viewer)).await {
-                        Ok(records) => return Ok(records),
+                    Ok(Ok(held)) => match store.presences(&new, Some(&viewer)).await {
+                        Ok(records) => return Ok((records, held)),
                         Err(e) => format!("snapshot failed: {e}"),
                     },
                     Ok(Err(e)) => format!("cannot subscribe to watched users' events: {e}"),
@@ -391,12 +332,13 @@ impl Session {
         };
         ctx.spawn(fut.into_actor(self).map(|res, act, ctx| {
             match res {
-                Ok(observed) => {
+                Ok((observed, held)) => {
+                    act.watches.share(held);
                     let out: Vec<Record> = observed.iter().map(|o| act.observe(o)).collect();
                     act.send(ctx, protocol::snapshot_frame(&out));
                     let early: Vec<Deliver> = observed
                         .iter()
-                        .filter_map(|o| act.watches.early.remove(&o.presence.user))
+                        .filter_map(|o| act.watches.rare.take_early(&o.presence.user))
                         .collect();
                     for deliver in early {
                         act.deliver(deliver, ctx);
@@ -420,9 +362,9 @@ impl Session {
                 .get(user.as_str())
                 .is_some_and(|s| s.pending)
             {
-                self.watches.seen.remove(user.as_str());
+                self.watches.forget(user);
             }
-            self.watches.early.remove(user);
+            self.watches.rare.take_early(user);
         }
     }
 
@@ -498,7 +440,7 @@ impl Session {
                 if let Some(seen) = act.watches.seen.get_mut(me.as_str()) {
                     seen.pending = false;
                 }
-                if let Some(event) = act.watches.early.remove(&me) {
+                if let Some(event) = act.watches.rare.take_early(&me) {
                     act.deliver(event, ctx);
                 }
             }
@@ -609,7 +551,7 @@ impl Session {
         seen.marker = seen.marker.wrapping_add(1);
         if seen.relation == Relation::Contact {
             seen.relation = stranger;
-            let view = seen.stranger.take().map(|v| *v);
+            let view = self.watches.rare.take_stranger(user.as_str());
             if let Some(view) = view
                 .filter(|v| !seen.pending && v.fingerprint_for(seen.devices) != seen.fingerprint)
             {
@@ -627,27 +569,36 @@ impl Session {
     pub(super) fn observe(&mut self, o: &Observed) -> Record {
         let relation = o.relation(Some(&self.me.user), self.node.config.contacts_only);
         let record = privacy::view(&o.presence, relation);
-        if let Some(seen) = self.watches.seen.get_mut(o.presence.user.as_str()) {
+        let user = o.presence.user.as_str();
+        let key = self
+            .watches
+            .seen
+            .get_key_value(user)
+            .map(|(k, _)| k.clone());
+        if let (Some(key), Some(seen)) = (key, self.watches.seen.get_mut(user)) {
             seen.seq = seen.seq.max(o.seq);
             seen.relation = relation;
             seen.fingerprint = seen.fingerprint_of(&record);
             seen.pending = false;
-            seen.stranger = (relation == Relation::Contact).then(|| {
+            if relation == Relation::Contact {
                 let stranger = Relation::stranger(self.node.config.contacts_only);
-                Box::new(View::of(&privacy::view(&o.presence, stranger)))
-            });
+                let view = View::of(&privacy::view(&o.presence, stranger));
+                self.watches.rare.maps().strangers.insert(key, view);
+            } else {
+                self.watches.rare.take_stranger(user);
+            }
         }
         record
     }
 
     /// Passes a transition on to the client if it is news to it.
     pub(super) fn deliver(&mut self, msg: Deliver, ctx: &mut ws::WebsocketContext<Self>) {
-        let Some(seen) = self.watches.seen.get_mut(&*msg.user) else {
+        let Some(seen) = self.watches.seen.get_mut(&msg.user) else {
             return;
         };
         if seen.pending {
             // Held until the snapshot: keep the newest.
-            let early = &mut self.watches.early;
+            let early = &mut self.watches.rare.maps().early;
             let newer = early
                 .get(&*msg.user)
                 .is_none_or(|held| msg.resync || msg.seq >= held.seq);
@@ -665,7 +616,14 @@ impl Session {
         seen.seq = seen.seq.max(msg.seq);
         if seen.relation == Relation::Contact {
             let stranger = Relation::stranger(self.node.config.contacts_only);
-            seen.stranger = Some(Box::new(msg.views[stranger.index()].clone()));
+            let view = msg.views[stranger.index()].clone();
+            let strangers = &mut self.watches.rare.maps().strangers;
+            match strangers.get_mut(&*msg.user) {
+                Some(held) => *held = view,
+                None => {
+                    strangers.insert(UserId::from(&*msg.user), view);
+                }
+            }
         }
         let view = &msg.views[seen.relation.index()];
         let fingerprint = view.fingerprint_for(seen.devices);
