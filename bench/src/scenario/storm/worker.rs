@@ -4,7 +4,7 @@
 //!
 //! Commands in (one a line): `storm` (probes start changing status, events
 //! count from now), `calm` (events stop counting; answered `{"t":"calm"}`),
-//! `end <kill_us> <ttl_us>` (close everything, send the summary, return).
+//! `end <kill_us> <held_us>` (close everything, send the summary, return).
 //! End of input ends the worker too.
 //!
 //! Lines out (JSON): `{"t":"stat",...}` once a second, `{"t":"calm"}` when
@@ -179,7 +179,7 @@ where
     }
     let mut lines = BufReader::new(input).lines();
     let mut tick = tokio::time::interval(Duration::from_secs(1));
-    let (kill_us, ttl_us) = loop {
+    let (kill_us, held_us) = loop {
         tokio::select! {
             _ = tick.tick() => {
                 let line = stat_line(&state);
@@ -215,7 +215,7 @@ where
     for t in tasks {
         let _ = tokio::time::timeout(Duration::from_secs(10), t).await;
     }
-    let line = end_line(&spec, &state, kill_us, ttl_us);
+    let line = end_line(&spec, &state, kill_us, held_us);
     output.write_all(format!("{line}\n").as_bytes()).await?;
     output.flush().await?;
     Ok(())
@@ -231,8 +231,9 @@ fn stat_line(s: &State) -> Value {
 }
 
 /// The summary: probe latencies, offline events for the victim's users,
-/// and the devices that were not back within the TTL of the kill.
-fn end_line(spec: &Spec, s: &State, kill_us: u64, ttl_us: u64) -> Value {
+/// and the devices that were not back while their leases were surely held
+/// (`held_us` after the kill: TTL - heartbeat).
+fn end_line(spec: &Spec, s: &State, kill_us: u64, held_us: u64) -> Value {
     let late: Vec<usize> = s
         .back_at
         .iter()
@@ -240,7 +241,7 @@ fn end_line(spec: &Spec, s: &State, kill_us: u64, ttl_us: u64) -> Value {
         .filter(|(k, _)| spec.home(spec.first + k) == spec.victim)
         .filter(|(_, at)| {
             let at = at.load(Ordering::Relaxed);
-            at == 0 || at.saturating_sub(kill_us) > ttl_us
+            at == 0 || at.saturating_sub(kill_us) > held_us
         })
         .map(|(k, _)| spec.first + k)
         .collect();

@@ -123,7 +123,7 @@ impl Workers {
     /// events (so that no worker counts the offlines of another's devices
     /// closing at the end), then sends `end` and waits for every worker's
     /// summary.
-    pub async fn end(mut self, kill_us: u64, ttl_us: u64) -> anyhow::Result<Vec<Value>> {
+    pub async fn end(mut self, kill_us: u64, held_us: u64) -> anyhow::Result<Vec<Value>> {
         self.send("calm").await?;
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
         while !self.handles.iter().all(|h| h.calm.load(Ordering::SeqCst)) {
@@ -133,7 +133,7 @@ impl Workers {
             );
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
-        self.send(&format!("end {kill_us} {ttl_us}")).await?;
+        self.send(&format!("end {kill_us} {held_us}")).await?;
         let mut out = Vec::new();
         for h in self.handles {
             let _ = tokio::time::timeout(std::time::Duration::from_secs(60), h.reader).await;
