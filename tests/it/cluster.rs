@@ -271,11 +271,24 @@ async fn a_primary_failover_keeps_presence_right() {
 
     // The devices that stayed never flickered: nothing else came.
     assert_quiet(&mut watcher, Duration::from_secs(2), "a flicker").await;
-    let (_, body) = post(
-        &format!("{}/api/presence/query", b.http()),
-        &json!({"users": stays}),
-    )
-    .await;
+    // Read back through the other node; a read that meets the cluster
+    // still settling is answered 503 (documented) and asked again.
+    let deadline = Instant::now() + DEADLINE;
+    let body = loop {
+        let (status, body) = post(
+            &format!("{}/api/presence/query", b.http()),
+            &json!({"users": stays}),
+        )
+        .await;
+        if status == 200 {
+            break body;
+        }
+        assert!(
+            status == 503 && Instant::now() < deadline,
+            "query answered {status}: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     for r in body["presence"].as_array().unwrap() {
         assert_eq!(r["status"], "online", "{r}");
     }
