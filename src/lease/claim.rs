@@ -53,10 +53,15 @@ struct Gate {
 }
 
 impl Gate {
-    /// A place whatever the count (which may then exceed `max`).
-    fn force(&self) -> Slot {
+    /// A place whatever the count (which may then exceed `max`), given
+    /// back by [`Self::leave`].
+    fn force(&self) {
         self.pending.fetch_add(1, Ordering::AcqRel);
-        Slot(self.pending.clone())
+    }
+
+    /// Gives back a place taken by [`Self::force`].
+    fn leave(&self) {
+        self.pending.fetch_sub(1, Ordering::AcqRel);
     }
 
     /// A place, or [`Busy`] when all are taken.
@@ -124,18 +129,13 @@ impl Claimer {
     /// refused, which keeps new sessions out until
     /// [`Self::first_request_done`] gives it back.
     pub fn first_request(&self) {
-        std::mem::forget(self.gate.force());
+        self.gate.force();
     }
 
     /// The first request [`Self::first_request`] counted is answered, or
     /// its session stopped.
     pub fn first_request_done(&self) {
-        drop(Slot(self.gate.pending.clone()));
-    }
-
-    /// Sessions setting up now.
-    pub fn pending(&self) -> u32 {
-        self.gate.pending.load(Ordering::Acquire)
+        self.gate.leave();
     }
 }
 
@@ -204,11 +204,12 @@ mod tests {
     #[test]
     fn a_forced_place_counts_and_keeps_others_out() {
         let gate = gate(1);
-        let forced = gate.force();
+        gate.force();
         assert_eq!(gate.enter().err(), Some(Busy));
-        let again = gate.force();
+        gate.force();
         assert_eq!(gate.pending.load(Ordering::Acquire), 2);
-        drop((forced, again));
+        gate.leave();
+        gate.leave();
         assert!(gate.enter().is_ok());
     }
 

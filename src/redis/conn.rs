@@ -503,7 +503,7 @@ async fn split_pipeline(
                 // an error reply each (see the module docs).
                 let msg = e.to_string().replace(['\r', '\n'], " ");
                 let error = redis::parse_redis_value(
-                    format!("-ERR shard unreachable: {msg}\r\n").as_bytes(),
+                    format!("-ERR {SHARD_UNREACHABLE}: {msg}\r\n").as_bytes(),
                 )
                 .unwrap_or(Value::Nil);
                 for &i in members {
@@ -513,6 +513,18 @@ async fn split_pipeline(
         }
     }
     Ok(out)
+}
+
+/// How the error reply of a command whose shard failed in a pipeline
+/// begins (after `ERR`); the cause follows.
+const SHARD_UNREACHABLE: &str = "shard unreachable";
+
+/// Whether `e` is that error reply for a shard that did not answer in
+/// time (redis's timeout error, "timed out", as its cause), as opposed to
+/// one that refused or broke.
+pub fn shard_timed_out(e: &redis::RedisError) -> bool {
+    e.to_string()
+        .contains(&format!("{SHARD_UNREACHABLE}: timed out"))
 }
 
 fn observe<T>(label: &'static str, started: Instant, result: &redis::RedisResult<T>) {

@@ -79,9 +79,7 @@ impl StoreError {
     /// timed out`). The node or its Redis is behind, not gone.
     pub fn is_timeout(&self) -> bool {
         match self {
-            Self::Redis(e) => {
-                e.is_timeout() || e.to_string().contains("shard unreachable: timed out")
-            }
+            Self::Redis(e) => e.is_timeout() || crate::redis::conn::shard_timed_out(e),
             _ => false,
         }
     }

@@ -111,21 +111,25 @@ pub async fn run(common: &Common, args: &FanoutArgs) -> anyhow::Result<()> {
         &receipts.lasts.lock().unwrap(),
         json!({}),
     );
-    if let (Some(a), Some(b)) = (cpu0, cpu1) {
+    let deliveries = (args.watchers * args.transitions).max(1) as f64;
+    // Per delivery, µs: all the node's CPU, and its user part (the node's
+    // own code, without the kernel's TCP path, the floor's cost).
+    let node_cpu = cpu0.zip(cpu1).map(|(a, b)| (b - a) as f64 / deliveries);
+    let node_user = user0.zip(user1).map(|(a, b)| (b - a) as f64 / deliveries);
+    if let Some(cpu) = node_cpu {
         report.figure(
             "node_cpu_per_delivery",
-            (b - a) as f64 / (args.watchers * args.transitions).max(1) as f64,
+            cpu,
             "us",
-            json!({"node_cpu_ms": (b - a) as f64 / 1000.0, "target_max": 6}),
+            json!({"node_cpu_ms": cpu * deliveries / 1000.0, "target_max": 6}),
         );
     }
-    // The node's own code, without the kernel's TCP path (the floor's cost).
-    if let (Some(a), Some(b)) = (user0, user1) {
+    if let Some(user) = node_user {
         report.figure(
             "node_user_cpu_per_delivery",
-            (b - a) as f64 / (args.watchers * args.transitions).max(1) as f64,
+            user,
             "us",
-            json!({"node_user_cpu_ms": (b - a) as f64 / 1000.0}),
+            json!({"node_user_cpu_ms": user * deliveries / 1000.0}),
         );
     }
     // The node's sockets are closed: the floor may use the descriptors.
@@ -146,9 +150,7 @@ pub async fn run(common: &Common, args: &FanoutArgs) -> anyhow::Result<()> {
         "us",
         json!({"compare": "node_cpu_per_delivery", "floor_sys_per_write": floor.sys_us as f64 / writes}),
     );
-    if let (Some(a), Some(b), Some(ua), Some(ub)) = (cpu0, cpu1, user0, user1) {
-        let deliveries = (args.watchers * args.transitions).max(1) as f64;
-        let (node_cpu, node_user) = ((b - a) as f64 / deliveries, (ub - ua) as f64 / deliveries);
+    if let (Some(node_cpu), Some(node_user)) = (node_cpu, node_user) {
         report.figure(
             "node_cpu_over_floor_cpu",
             node_cpu / floor_cpu.max(0.001),
