@@ -281,25 +281,19 @@ impl Session {
                 );
                 close(ctx, ws::CloseCode::Policy, "too many devices");
             }
-            // Redis answered too late: the node is behind, and its clients
-            // come back after the wait the close names, spread out.
-            Err(e) if e.is_timeout() => {
-                log::warn!("{user}/{device}: cannot claim lease: {e}");
-                self.send_error(ctx, &unavailable());
-                close(
-                    ctx,
-                    ws::CloseCode::Other(CLOSE_TRY_AGAIN),
-                    &try_again_reason("presence store slow", TRY_AGAIN_AFTER_MS),
-                );
-            }
             other => {
                 log::warn!("{user}/{device}: cannot claim lease: {other:?}");
                 self.send_error(ctx, &unavailable());
-                close(
-                    ctx,
-                    ws::CloseCode::Other(CLOSE_UNAVAILABLE),
-                    "presence store unavailable",
-                );
+                // Redis answered too late: the node is behind, and its
+                // clients come back after the wait the close names.
+                let (code, reason) = match &other {
+                    Err(e) if e.is_timeout() => (
+                        CLOSE_TRY_AGAIN,
+                        try_again_reason("presence store slow", TRY_AGAIN_AFTER_MS),
+                    ),
+                    _ => (CLOSE_UNAVAILABLE, "presence store unavailable".to_string()),
+                };
+                close(ctx, ws::CloseCode::Other(code), &reason);
             }
         }
     }
