@@ -76,6 +76,57 @@ pub async fn used_memory(conns: &mut [redis::aio::MultiplexedConnection]) -> any
     Ok(sum)
 }
 
+/// Where a run's Redis memory goes, summed over the primaries: the part
+/// that does not grow with the fleet, client state (which holds each
+/// subscribing connection's own table of its channels) and the sharded
+/// channels with how many connections subscribe to each.
+#[derive(Debug, Default)]
+pub struct MemoryParts {
+    /// `startup.allocated` plus `replication.backlog` (`MEMORY STATS`).
+    pub fixed: u64,
+    /// `clients.normal`.
+    pub clients: u64,
+    /// Sharded channels with a subscriber.
+    pub channels: u64,
+    /// (connection, channel) subscriptions.
+    pub subscriptions: u64,
+}
+
+/// [`MemoryParts`] of each primary, summed.
+pub async fn memory_parts(
+    conns: &mut [redis::aio::MultiplexedConnection],
+) -> anyhow::Result<MemoryParts> {
+    let mut parts = MemoryParts::default();
+    for c in conns {
+        let stats: Vec<redis::Value> = redis::cmd("MEMORY").arg("STATS").query_async(c).await?;
+        let field = |name: &str| -> u64 {
+            stats
+                .chunks(2)
+                .find(|kv| matches!(&kv[0], redis::Value::BulkString(k) if k == name.as_bytes()))
+                .and_then(|kv| redis::from_redis_value_ref::<u64>(&kv[1]).ok())
+                .unwrap_or(0)
+        };
+        parts.fixed += field("startup.allocated") + field("replication.backlog");
+        parts.clients += field("clients.normal");
+        let channels: Vec<String> = redis::cmd("PUBSUB")
+            .arg("SHARDCHANNELS")
+            .query_async(c)
+            .await?;
+        parts.channels += channels.len() as u64;
+        for batch in channels.chunks(1000) {
+            let counts: Vec<redis::Value> = redis::cmd("PUBSUB")
+                .arg("SHARDNUMSUB")
+                .arg(batch)
+                .query_async(c)
+                .await?;
+            for kv in counts.chunks(2) {
+                parts.subscriptions += redis::from_redis_value_ref::<u64>(&kv[1]).unwrap_or(0);
+            }
+        }
+    }
+    Ok(parts)
+}
+
 /// The highest commands per second any primary ran, in the phase before
 /// the storm and during it.
 #[derive(Default)]

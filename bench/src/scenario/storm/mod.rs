@@ -402,12 +402,17 @@ async fn memory_figures(
                "watches_per_device": args.watches, "connect_secs": ramp.as_secs_f64()}),
     );
     let used = backend::used_memory(redis).await?;
+    let parts = backend::memory_parts(redis).await?;
     report.figure(
         "redis_memory_per_device",
         used as f64 / d,
         "B",
         json!({"target_max": 1024, "primaries": args.primaries,
                "grown_per_device": used.saturating_sub(redis_before) as f64 / d,
+               "fixed_per_device": parts.fixed as f64 / d,
+               "clients_per_device": parts.clients as f64 / d,
+               "channels": parts.channels,
+               "subscribers_per_channel": parts.subscriptions as f64 / parts.channels.max(1) as f64,
                "what": "used_memory summed over the primaries, channels included"}),
     );
     Ok(())
