@@ -431,12 +431,27 @@ fn storm_figures(
     held: Duration,
 ) {
     let all_back_s = t.last_back_us.saturating_sub(kill_us) as f64 / 1e6;
+    // When a share of the killed node's devices was back (null if that
+    // share never was): the figure that still says something when a few
+    // cannot come back (the open-file limit).
+    let mut back_ms: Vec<u64> = ends
+        .iter()
+        .flat_map(|e| e["back_ms"].as_array().cloned().unwrap_or_default())
+        .filter_map(|v| v.as_u64())
+        .collect();
+    back_ms.sort_unstable();
+    let share_back_s = |share: f64| {
+        let k = ((victims as f64 * share).ceil() as usize).max(1);
+        back_ms.get(k - 1).map(|&ms| ms as f64 / 1e3)
+    };
     report.figure(
         "storm_all_back_s",
         if all_back { all_back_s } else { f64::NAN },
         "s",
         json!({"target_max": 15, "devices_killed": victims, "dropped": t.dropped,
                "back": t.back, "last_back_s": all_back_s, "failed_attempts": t.errors,
+               "half_back_s": share_back_s(0.5), "p90_back_s": share_back_s(0.9),
+               "p99_back_s": share_back_s(0.99),
                "backoff": "full jitter, 500 ms doubling to 15 s"}),
     );
     let late: HashSet<u64> = ends

@@ -260,6 +260,18 @@ fn end_line(spec: &Spec, s: &State, kill_us: u64, held_us: u64) -> Value {
     line["offline_count"] = json!(s.offline_count.load(Ordering::Relaxed));
     line["online_victim"] = json!(s.online_victim.load(Ordering::Relaxed));
     line["late"] = json!(late);
+    // ms after the kill at which each of the killed node's devices here was
+    // back (those not back are left out).
+    let back_ms: Vec<u64> = s
+        .back_at
+        .iter()
+        .enumerate()
+        .filter(|(k, _)| spec.home(spec.first + k) == spec.victim)
+        .map(|(_, at)| at.load(Ordering::Relaxed))
+        .filter(|&at| at != 0)
+        .map(|at| at.saturating_sub(kill_us) / 1000)
+        .collect();
+    line["back_ms"] = json!(back_ms);
     line["error_kinds"] = json!(*s.error_kinds.lock().unwrap());
     line
 }
