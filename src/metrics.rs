@@ -227,6 +227,8 @@ pub struct AdmissionSeries {
     pub http_rate_limited: IntCounter,
     /// Sessions closed with 1013 before their claim (--max-pending-claims).
     pub connections_shed: IntCounter,
+    /// The wait the last shed session was asked for, ms.
+    pub shed_retry_after: IntGauge,
 }
 
 impl AdmissionSeries {
@@ -243,6 +245,10 @@ impl AdmissionSeries {
             connections_shed: s.counter(
                 "presence_connections_shed_total",
                 "Sessions closed with 1013 and a retry hint before their lease claim: the node had --max-pending-claims sessions setting up.",
+            ),
+            shed_retry_after: s.gauge(
+                "presence_shed_retry_after_ms",
+                "The wait (retry_after_ms) the last shed session was asked for: 1000, more while many are shed for each one let in.",
             ),
         }
     }

@@ -15,23 +15,29 @@
 //!   is answered. A new session beyond it is refused at once, before any
 //!   Redis work, and closes with `1013` and a retry hint: the node sheds
 //!   what it cannot answer in time instead of answering it late, and the
-//!   sessions it holds keep their refreshes timely. A first request is
+//!   sessions it holds keep their refreshes timely. The wait grows when
+//!   many are shed for each one let in ([`super::shed`]). A first request is
 //!   never refused (its session is online already): it counts, and keeps
 //!   new sessions out until the backlog is answered. A session that asks
 //!   nothing holds no place once claimed.
 
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::{mpsc, oneshot};
 
 use super::refresh::{take_batch, MAX_IN_FLIGHT};
+use super::shed::ShedWait;
 use crate::store::{Arrival, ArriveMode, Lease, Store, StoreError, StoreResult};
 
-/// The node has `--max-pending-claims` claims out already.
+/// The node has `--max-pending-claims` sessions setting up already: the
+/// session should come back after `retry_after_ms` ([`super::shed`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Busy;
+pub struct Busy {
+    pub retry_after_ms: u64,
+}
 
 /// One claim waiting for its batch.
 struct Request {
@@ -45,14 +51,24 @@ impl std::borrow::Borrow<Lease> for Request {
     }
 }
 
-/// Places for at most `max` claims out at once (0: no cap).
+/// Places for at most `max` claims out at once (0: no cap), and the wait
+/// those it refuses are asked for.
 #[derive(Debug, Clone)]
 struct Gate {
     pending: Arc<AtomicU32>,
     max: u32,
+    wait: Arc<Mutex<ShedWait>>,
 }
 
 impl Gate {
+    fn new(max: u32) -> Self {
+        Self {
+            pending: Arc::new(AtomicU32::new(0)),
+            max,
+            wait: Arc::new(Mutex::new(ShedWait::new(Instant::now()))),
+        }
+    }
+
     /// A place whatever the count (which may then exceed `max`), given
     /// back by [`Self::leave`].
     fn force(&self) {
@@ -67,11 +83,23 @@ impl Gate {
     /// A place, or [`Busy`] when all are taken.
     fn enter(&self) -> Result<Slot, Busy> {
         let max = self.max;
-        self.pending
+        let entered = self
+            .pending
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
                 (max == 0 || n < max).then_some(n + 1)
             })
-            .map_err(|_| Busy)?;
+            .is_ok();
+        if max == 0 {
+            return Ok(Slot(self.pending.clone()));
+        }
+        let mut wait = self.wait.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        if !entered {
+            return Err(Busy {
+                retry_after_ms: wait.shed(now),
+            });
+        }
+        wait.admitted(now);
         Ok(Slot(self.pending.clone()))
     }
 }
@@ -99,11 +127,10 @@ impl Claimer {
     pub fn spawn(store: Store, max_pending: u32) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(run(store, rx));
-        let gate = Gate {
-            pending: Arc::new(AtomicU32::new(0)),
-            max: max_pending,
-        };
-        Self { tx, gate }
+        Self {
+            tx,
+            gate: Gate::new(max_pending),
+        }
     }
 
     /// Claims `lease` (connect mode) in the next batch, or [`Busy`] at once
@@ -183,20 +210,21 @@ mod tests {
     use super::*;
 
     fn gate(max: u32) -> Gate {
-        Gate {
-            pending: Arc::new(AtomicU32::new(0)),
-            max,
-        }
+        Gate::new(max)
     }
+
+    const BUSY: Busy = Busy {
+        retry_after_ms: crate::protocol::SHED_RETRY_AFTER_MS,
+    };
 
     #[test]
     fn the_gate_refuses_past_its_places_and_takes_them_back() {
         let gate = gate(2);
         let (a, b) = (gate.enter().unwrap(), gate.enter().unwrap());
-        assert_eq!(gate.enter().err(), Some(Busy));
+        assert_eq!(gate.enter().err(), Some(BUSY));
         drop(a);
         let c = gate.enter().unwrap();
-        assert_eq!(gate.enter().err(), Some(Busy));
+        assert_eq!(gate.enter().err(), Some(BUSY));
         drop((b, c));
         assert_eq!(gate.pending.load(Ordering::Acquire), 0);
     }
@@ -205,7 +233,7 @@ mod tests {
     fn a_forced_place_counts_and_keeps_others_out() {
         let gate = gate(1);
         gate.force();
-        assert_eq!(gate.enter().err(), Some(Busy));
+        assert_eq!(gate.enter().err(), Some(BUSY));
         gate.force();
         assert_eq!(gate.pending.load(Ordering::Acquire), 2);
         gate.leave();

@@ -6,6 +6,7 @@
 pub mod claim;
 pub mod refresh;
 pub mod release;
+pub mod shed;
 
 pub use claim::{Busy, Claimer};
 pub use refresh::{LeaseState, Refreshed, Refresher};

@@ -40,12 +40,11 @@ use bytestring::ByteString;
 use crate::bucket::TokenBucket;
 use crate::conn::ConnHandle;
 use crate::frames::Fragments;
-use crate::lease::{release, release_with, LeaseState};
+use crate::lease::{release, release_with, Busy, LeaseState};
 use crate::model::{ChosenStatus, DeviceKind, Status};
 use crate::node::Node;
 use crate::protocol::{
-    try_again_reason, ErrorCode, ProtocolError, CLOSE_TRY_AGAIN, SHED_RETRY_AFTER_MS,
-    TRY_AGAIN_AFTER_MS,
+    try_again_reason, ErrorCode, ProtocolError, CLOSE_TRY_AGAIN, TRY_AGAIN_AFTER_MS,
 };
 use crate::registry::fanout;
 use crate::registry::{self, GoingAway, SessionId};
@@ -298,23 +297,34 @@ impl Actor for Session {
 }
 
 impl Session {
+    /// Closes a session the node sheds before its claim: it comes back
+    /// after the wait the close names.
+    fn shed(&mut self, busy: Busy, ctx: &mut ws::WebsocketContext<Self>) {
+        let admission = &crate::metrics::METRICS.admission;
+        admission.connections_shed.inc();
+        admission
+            .shed_retry_after
+            .set(i64::try_from(busy.retry_after_ms).unwrap_or(i64::MAX));
+        let Me { user, device, .. } = &self.me;
+        log::debug!(
+            "{user}/{device}: shed, the node has its most sessions setting up (--max-pending-claims); asked to wait {} ms",
+            busy.retry_after_ms
+        );
+        close(
+            ctx,
+            ws::CloseCode::Other(CLOSE_TRY_AGAIN),
+            &try_again_reason("server busy", busy.retry_after_ms),
+        );
+    }
+
     /// The session proper, once the user is known: join the registry,
     /// ping, claim the lease (then greet, and watch the token's expiry).
     fn begin(&mut self, ctx: &mut ws::WebsocketContext<Self>) {
         // A node with its most claims out sheds the session before any
         // Redis work: it comes back after the wait the close names.
-        let Ok(claim) = self.claim() else {
-            crate::metrics::METRICS.admission.connections_shed.inc();
-            let Me { user, device, .. } = &self.me;
-            log::debug!(
-                "{user}/{device}: shed, the node has its most sessions setting up (--max-pending-claims)"
-            );
-            close(
-                ctx,
-                ws::CloseCode::Other(CLOSE_TRY_AGAIN),
-                &try_again_reason("server busy", SHED_RETRY_AFTER_MS),
-            );
-            return;
+        let claim = match self.claim() {
+            Ok(claim) => claim,
+            Err(busy) => return self.shed(busy, ctx),
         };
         // Events come through this worker's delivery lists.
         fanout::register(self.me.id, ctx.address().recipient());

@@ -438,16 +438,24 @@ async fn a_claim_that_timed_out_is_left_for_the_device_to_take_over() {
 /// and no lease. The claim that waited is answered once Redis goes on; its
 /// session is set up once its first request (a watch) is answered, and
 /// then the shed device gets in.
-#[tokio::test]
-async fn a_node_with_its_most_claims_out_sheds_the_next_with_1013() {
+/// A node with one place for sessions setting up, taken by alice, whose
+/// claim waits in a Redis that holds every write. Returns the Redis, the
+/// node, a connection to Redis and alice (connected, not yet greeted).
+async fn one_place_taken() -> (Redis, Node, redis::aio::MultiplexedConnection, Client) {
     let redis = Redis::start();
     let node = Node::start_with(&redis, "a", &["--max-pending-claims", "1"]);
     let mut c = redis.aconn().await;
     pause_writes(&mut c).await;
-    let mut alice = Client::connect_raw(&node.ws_url("alice", "a"), "alice", "a")
+    let alice = Client::connect_raw(&node.ws_url("alice", "a"), "alice", "a")
         .await
         .unwrap();
     node.wait_log("alice/a: claiming the lease").await;
+    (redis, node, c, alice)
+}
+
+#[tokio::test]
+async fn a_node_with_its_most_claims_out_sheds_the_next_with_1013() {
+    let (_redis, node, mut c, mut alice) = one_place_taken().await;
 
     let mut bob = Client::connect_raw(&node.ws_url("bob", "b"), "bob", "b")
         .await
@@ -468,4 +476,40 @@ async fn a_node_with_its_most_claims_out_sheds_the_next_with_1013() {
     assert_eq!(lease, None, "a shed session claimed nothing");
     // Its place is back: the next claim goes through.
     Client::connect(&node, "bob", "b").await;
+}
+
+/// Many sessions shed for each one let in: the wait the close names grows
+/// (1 s, then up to 2 s) and the gauge shows it, so that a storm's clients come
+/// back no faster than the node lets them in.
+#[tokio::test]
+async fn a_node_shedding_many_for_each_let_in_asks_for_a_longer_wait() {
+    let (_redis, node, mut c, mut alice) = one_place_taken().await;
+
+    let deadline = Instant::now() + Duration::from_secs(8);
+    let mut waits = Vec::new();
+    loop {
+        let mut bob = Client::connect_raw(&node.ws_url("bob", "b"), "bob", "b")
+            .await
+            .unwrap();
+        let (code, reason) = bob.expect_closed().await.expect("a close frame");
+        assert_eq!(code, 1013, "{reason}");
+        let wait: u64 = reason
+            .rsplit_once("retry_after_ms=")
+            .and_then(|(_, ms)| ms.parse().ok())
+            .unwrap_or_else(|| panic!("no wait in {reason:?}"));
+        waits.push(wait);
+        if wait > 1_000 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the wait never grew: {waits:?}");
+    }
+    let last = *waits.last().unwrap();
+    assert_eq!(waits.first(), Some(&1_000), "{waits:?}");
+    assert!(last <= 2_000, "at most doubled a window: {waits:?}");
+    assert_eq!(
+        metric(&node, "presence_shed_retry_after_ms").await,
+        last as f64
+    );
+    unpause(&mut c).await;
+    alice.expect("hello").await;
 }
