@@ -24,14 +24,14 @@
 //! Why four, not one: the sheds a window counts came from waits given
 //! earlier, shorter ones, so a wait aimed at one shed per admission
 //! overshoots, and the last clients of a storm sit out a long wait after
-//! the node has room. A simulation of the gate (`n` clients at once, a node
-//! letting in `A` a second) gave, against a fixed 1 s wait: at 1,666
-//! clients and 185 a second, all in after 11.9 s instead of 10.6 s, with
-//! 3,962 sheds instead of 4,978 (aiming at one: 23.0 s); at 3,333 clients
-//! and 35 a second, 97.1 s instead of 96.7 s with 18,261 sheds instead of
-//! 101,471. On a real node each of those sheds is a handshake paid for by
-//! the node that is already the bottleneck, so fewer of them let it in
-//! more.
+//! the node has room. A simulation of the gate (`bench/scripts/shed-sim.py`:
+//! `n` clients at once, a node letting in `A` a second) gave, against a
+//! fixed 1 s wait: at 1,666 clients and 185 a second, all in after 11.9 s
+//! instead of 10.6 s, with 3,962 sheds instead of 4,978 (aiming at one:
+//! 23.0 s); at 3,333 clients and 35 a second, 97.1 s instead of 96.7 s with
+//! 18,261 sheds instead of 101,471. On a real node each of those sheds is a
+//! handshake paid for by the node that is already the bottleneck, so fewer
+//! of them let it in more.
 
 use std::time::{Duration, Instant};
 
