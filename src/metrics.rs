@@ -227,7 +227,8 @@ pub struct AdmissionSeries {
     pub http_rate_limited: IntCounter,
     /// Sessions closed with 1013 before their claim (--max-pending-claims).
     pub connections_shed: IntCounter,
-    /// The wait the last shed session was asked for, ms.
+    /// The wait a session shed now would be asked for, ms (as of the last
+    /// session the setup gate let in or shed; 0 without a cap).
     pub shed_retry_after: IntGauge,
 }
 
@@ -248,7 +249,7 @@ impl AdmissionSeries {
             ),
             shed_retry_after: s.gauge(
                 "presence_shed_retry_after_ms",
-                "The wait (retry_after_ms) the last shed session was asked for: 1000, more while many are shed for each one let in.",
+                "The wait (retry_after_ms) a session shed now would be asked for, as of the last connection: 1000, more while more than four are shed for each one let in; 0 with --max-pending-claims 0.",
             ),
         }
     }

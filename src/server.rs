@@ -83,7 +83,11 @@ pub async fn run(
     let refresher = Refresher::spawn(store.clone());
     // And every new session's claim through one claimer task, which batches
     // them too and sheds those beyond --max-pending-claims.
-    let claimer = Claimer::spawn(store.clone(), config.admission.max_pending_claims);
+    let claimer = Claimer::spawn(
+        store.clone(),
+        config.admission.max_pending_claims,
+        config.ttl,
+    );
 
     let registry = start_actors(&client, &store, &config).await?;
 

@@ -49,16 +49,26 @@ PY
 
 used() { redis-cli -p "$port" info memory | tr -d '\r' | sed -n 's/^used_memory://p'; }
 
+if redis-cli -p "$port" ping >/dev/null 2>&1; then
+  echo "a Redis already answers on port $port; pass a free port" >&2
+  exit 1
+fi
+dir=
+# Stops only the server this script started.
+trap '[ -n "$dir" ] && { kill -9 "$(cat "$dir/redis.pid" 2>/dev/null)" 2>/dev/null; rm -rf "$dir"; }' EXIT
+
 for variant in s5 lp lpnoseq; do
   dir=$(mktemp -d)
   redis-server "$conf" --port "$port" --bind 127.0.0.1 --daemonize yes --dir "$dir" \
-    --logfile "$dir/redis.log" --appendonly no >/dev/null
+    --pidfile "$dir/redis.pid" --logfile "$dir/redis.log" --appendonly no >/dev/null
   for _ in $(seq 50); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
   before=$(used)
   gen "$variant" "$n" | redis-cli -p "$port" --pipe >/dev/null
   after=$(used)
   encoding=$(redis-cli -p "$port" object encoding "presence-leases:{b00}")
   echo "$variant: $(( (after - before) / n )) B per user (used_memory $before -> $after; deadline index: $encoding)"
-  redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true
+  kill -9 "$(cat "$dir/redis.pid")" 2>/dev/null || true
+  for _ in $(seq 50); do redis-cli -p "$port" ping >/dev/null 2>&1 || break; sleep 0.1; done
   rm -rf "$dir"
+  dir=
 done

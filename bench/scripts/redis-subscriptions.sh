@@ -22,12 +22,17 @@ k=${2:-6}
 port=${3:-7396}
 format=${4:-s%d}
 conf="$(cd "$(dirname "$0")/../.." && pwd)/redis.conf"
+if redis-cli -p "$port" ping >/dev/null 2>&1; then
+  echo "a Redis already answers on port $port; pass a free port" >&2
+  exit 1
+fi
 dir=$(mktemp -d)
-trap 'redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true; rm -rf "$dir"' EXIT
+# Stops only the server this script started.
+trap 'kill -9 "$(cat "$dir/redis.pid" 2>/dev/null)" 2>/dev/null || true; rm -rf "$dir"' EXIT
 
 redis-server "$conf" --port "$port" --bind 127.0.0.1 --daemonize yes --dir "$dir" \
-  --logfile "$dir/redis.log" --appendonly no --cluster-enabled yes \
-  --cluster-config-file "$dir/nodes.conf" >/dev/null
+  --pidfile "$dir/redis.pid" --logfile "$dir/redis.log" --appendonly no \
+  --cluster-enabled yes --cluster-config-file "$dir/nodes.conf" >/dev/null
 for _ in $(seq 50); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
 redis-cli -p "$port" cluster addslotsrange 0 16383 >/dev/null
 for _ in $(seq 50); do

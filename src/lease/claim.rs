@@ -23,13 +23,13 @@
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::{mpsc, oneshot};
 
 use super::refresh::{take_batch, MAX_IN_FLIGHT};
-use super::shed::ShedWait;
+use super::shed::{max_wait_ms, ShedWait};
 use crate::store::{Arrival, ArriveMode, Lease, Store, StoreError, StoreResult};
 
 /// The node has `--max-pending-claims` sessions setting up already: the
@@ -61,11 +61,15 @@ struct Gate {
 }
 
 impl Gate {
-    fn new(max: u32) -> Self {
+    fn new(max: u32, ttl: Duration) -> Self {
+        let wait = ShedWait::new(Instant::now(), max_wait_ms(ttl.as_millis() as u64));
+        if max > 0 {
+            show_wait(wait.wait_ms());
+        }
         Self {
             pending: Arc::new(AtomicU32::new(0)),
             max,
-            wait: Arc::new(Mutex::new(ShedWait::new(Instant::now()))),
+            wait: Arc::new(Mutex::new(wait)),
         }
     }
 
@@ -95,13 +99,23 @@ impl Gate {
         let mut wait = self.wait.lock().unwrap_or_else(|e| e.into_inner());
         let now = Instant::now();
         if !entered {
-            return Err(Busy {
-                retry_after_ms: wait.shed(now),
-            });
+            let retry_after_ms = wait.shed(now);
+            show_wait(retry_after_ms);
+            return Err(Busy { retry_after_ms });
         }
         wait.admitted(now);
+        show_wait(wait.wait_ms());
         Ok(Slot(self.pending.clone()))
     }
+}
+
+/// Shows the wait a session shed now would be asked for
+/// (`presence_shed_retry_after_ms`).
+fn show_wait(ms: u64) {
+    crate::metrics::METRICS
+        .admission
+        .shed_retry_after
+        .set(i64::try_from(ms).unwrap_or(i64::MAX));
 }
 
 /// A place among the sessions setting up, given back when dropped.
@@ -123,13 +137,14 @@ pub struct Claimer {
 
 impl Claimer {
     /// Starts the claimer task on the current tokio runtime; it sends
-    /// through `store`, with at most `max_pending` claims out (0: no cap).
-    pub fn spawn(store: Store, max_pending: u32) -> Self {
+    /// through `store`, with at most `max_pending` claims out (0: no cap),
+    /// for leases of `ttl` (which caps the wait of those it sheds).
+    pub fn spawn(store: Store, max_pending: u32, ttl: Duration) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(run(store, rx));
         Self {
             tx,
-            gate: Gate::new(max_pending),
+            gate: Gate::new(max_pending, ttl),
         }
     }
 
@@ -210,7 +225,7 @@ mod tests {
     use super::*;
 
     fn gate(max: u32) -> Gate {
-        Gate::new(max)
+        Gate::new(max, Duration::from_secs(45))
     }
 
     const BUSY: Busy = Busy {

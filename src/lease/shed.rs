@@ -8,18 +8,18 @@
 //! and each of those attempts is a TCP and WebSocket handshake that the
 //! node, already the bottleneck, pays for and then refuses. (In
 //! `presence-bench storm` at 100,000 devices that was 4,000 refused
-//! attempts a second, and after 100 s half the killed node's devices were
-//! still not back.)
+//! attempts a second, and after 105 s nearly half the killed node's
+//! devices were still not back.)
 //!
 //! So the wait follows the ratio of sessions shed to sessions let in, over
 //! windows of a second: a client shed with wait `w` comes back within `w`
 //! to `2w`, so `S` sheds in a window mean about `1.5 w S` clients waiting,
-//! coming back at about `S` a window. To bring them back at [`SHED_PER_ADMIT`]
-//! times the `A` a window lets in, the next wait is `w S / (4 A)`. Each
-//! window moves the wait by at most a factor of two either way (the clients
-//! answer a change only one wait later), and it stays between the base wait
-//! and [`MAX_WAIT_MS`]. A node that keeps up sheds nobody, and its wait
-//! falls back to the base.
+//! coming back at about `S` a window. To bring them back at about
+//! [`SHED_PER_ADMIT`] attempts for each of the `A` a window lets in, the
+//! next wait is `w S / (4 A)`. Each window moves the wait by at most a
+//! factor of two either way (the clients answer a change only one wait
+//! later), and it stays between the base wait and its cap ([`max_wait_ms`]).
+//! A node that keeps up sheds few, and its wait falls back to the base.
 //!
 //! Why four, not one: the sheds a window counts came from waits given
 //! earlier, shorter ones, so a wait aimed at one shed per admission
@@ -43,25 +43,38 @@ const WINDOW: Duration = Duration::from_secs(1);
 /// Sessions shed for each one let in that the wait aims at.
 pub const SHED_PER_ADMIT: u64 = 4;
 
-/// The longest wait: the JS client's own longest backoff. A device that
-/// waits much longer risks its lease, held for the TTL (45 s by default)
-/// by the node it lost.
+/// The longest wait whatever the TTL: the JS client's own longest backoff.
 pub const MAX_WAIT_MS: u64 = 15_000;
+
+/// The cap on the wait for leases of `ttl_ms`: a third of the TTL, at most
+/// [`MAX_WAIT_MS`] (15 s at the default 45 s TTL), never below the base. A
+/// client waits the wait plus up to as much again, so up to two thirds of
+/// the TTL, and the lease the node it lost held was refreshed within a
+/// heartbeat (a third of the TTL) before: a device shed once with the
+/// longest wait still comes back within its lease. One shed more than once
+/// may not, and then its watchers see it offline, which a node shedding that
+/// much could not have prevented by letting it in later still.
+pub fn max_wait_ms(ttl_ms: u64) -> u64 {
+    (ttl_ms / 3).clamp(SHED_RETRY_AFTER_MS, MAX_WAIT_MS)
+}
 
 /// The sessions let in and shed in the current window, and the wait.
 #[derive(Debug)]
 pub struct ShedWait {
     wait_ms: u64,
+    max_ms: u64,
     since: Instant,
     admitted: u64,
     shed: u64,
 }
 
 impl ShedWait {
-    /// The base wait, with a window starting at `now`.
-    pub fn new(now: Instant) -> Self {
+    /// The base wait, at most `max_ms` ([`max_wait_ms`]), with a window
+    /// starting at `now`.
+    pub fn new(now: Instant, max_ms: u64) -> Self {
         Self {
             wait_ms: SHED_RETRY_AFTER_MS,
+            max_ms: max_ms.max(SHED_RETRY_AFTER_MS),
             since: now,
             admitted: 0,
             shed: 0,
@@ -98,7 +111,7 @@ impl ShedWait {
         let mut wait = per_window.clamp(self.wait_ms / 2, self.wait_ms.saturating_mul(2));
         let idle = (elapsed.as_millis() / WINDOW.as_millis()).saturating_sub(1);
         wait >>= idle.min(16);
-        self.wait_ms = wait.clamp(SHED_RETRY_AFTER_MS, MAX_WAIT_MS);
+        self.wait_ms = wait.clamp(SHED_RETRY_AFTER_MS, self.max_ms);
         self.since = now;
         self.admitted = 0;
         self.shed = 0;
@@ -120,9 +133,9 @@ mod tests {
     }
 
     #[test]
-    fn a_node_that_keeps_up_asks_for_the_base_wait() {
+    fn four_shed_for_each_let_in_keep_the_base_wait() {
         let t0 = Instant::now();
-        let mut w = ShedWait::new(t0);
+        let mut w = ShedWait::new(t0, MAX_WAIT_MS);
         for n in 0..10 {
             // Up to four shed for each one let in is keeping up.
             assert_eq!(window(&mut w, t0, n, 100, 400), SHED_RETRY_AFTER_MS);
@@ -132,7 +145,7 @@ mod tests {
     #[test]
     fn many_shed_for_each_let_in_double_the_wait_up_to_its_cap() {
         let t0 = Instant::now();
-        let mut w = ShedWait::new(t0);
+        let mut w = ShedWait::new(t0, MAX_WAIT_MS);
         let waits: Vec<u64> = (0..8).map(|n| window(&mut w, t0, n, 30, 1_000)).collect();
         assert_eq!(
             waits,
@@ -143,7 +156,7 @@ mod tests {
     #[test]
     fn the_wait_settles_where_shed_and_let_in_match() {
         let t0 = Instant::now();
-        let mut w = ShedWait::new(t0);
+        let mut w = ShedWait::new(t0, MAX_WAIT_MS);
         window(&mut w, t0, 0, 40, 480); // 12 shed per one let in
         assert_eq!(window(&mut w, t0, 1, 40, 160), 2_000);
         // Four shed for each let in: the wait holds.
@@ -157,7 +170,7 @@ mod tests {
     #[test]
     fn the_wait_falls_back_once_the_storm_is_over() {
         let t0 = Instant::now();
-        let mut w = ShedWait::new(t0);
+        let mut w = ShedWait::new(t0, MAX_WAIT_MS);
         for n in 0..6 {
             window(&mut w, t0, n, 10, 1_000);
         }
@@ -172,9 +185,36 @@ mod tests {
     }
 
     #[test]
+    fn each_window_that_passed_empty_halves_the_wait() {
+        let t0 = Instant::now();
+        for (idle, expected) in [(0, 8_000), (1, 4_000), (2, 2_000), (3, 1_000)] {
+            let mut w = ShedWait::new(t0, MAX_WAIT_MS);
+            for n in 0..3 {
+                window(&mut w, t0, n, 10, 1_000);
+            }
+            // Window 3 counts four shed for each let in: the wait holds.
+            assert_eq!(window(&mut w, t0, 3, 10, 40), 8_000);
+            // The next comes after `idle` windows with nothing in them.
+            assert_eq!(window(&mut w, t0, 4 + idle, 0, 1), expected, "{idle} idle");
+        }
+    }
+
+    #[test]
+    fn the_cap_is_a_third_of_the_ttl() {
+        assert_eq!(max_wait_ms(45_000), 15_000);
+        assert_eq!(max_wait_ms(9_000), 3_000);
+        assert_eq!(max_wait_ms(600_000), MAX_WAIT_MS);
+        assert_eq!(max_wait_ms(900), SHED_RETRY_AFTER_MS);
+        let t0 = Instant::now();
+        let mut w = ShedWait::new(t0, max_wait_ms(9_000));
+        let waits: Vec<u64> = (0..5).map(|n| window(&mut w, t0, n, 1, 1_000)).collect();
+        assert_eq!(waits, [1_000, 2_000, 3_000, 3_000, 3_000]);
+    }
+
+    #[test]
     fn a_window_with_nobody_let_in_counts_as_one() {
         let t0 = Instant::now();
-        let mut w = ShedWait::new(t0);
+        let mut w = ShedWait::new(t0, MAX_WAIT_MS);
         window(&mut w, t0, 0, 0, 6);
         assert_eq!(window(&mut w, t0, 1, 0, 1), 1_500);
     }

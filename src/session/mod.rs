@@ -300,11 +300,7 @@ impl Session {
     /// Closes a session the node sheds before its claim: it comes back
     /// after the wait the close names.
     fn shed(&mut self, busy: Busy, ctx: &mut ws::WebsocketContext<Self>) {
-        let admission = &crate::metrics::METRICS.admission;
-        admission.connections_shed.inc();
-        admission
-            .shed_retry_after
-            .set(i64::try_from(busy.retry_after_ms).unwrap_or(i64::MAX));
+        crate::metrics::METRICS.admission.connections_shed.inc();
         let Me { user, device, .. } = &self.me;
         log::debug!(
             "{user}/{device}: shed, the node has its most sessions setting up (--max-pending-claims); asked to wait {} ms",
