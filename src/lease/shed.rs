@@ -50,10 +50,11 @@ pub const MAX_WAIT_MS: u64 = 15_000;
 /// [`MAX_WAIT_MS`] (15 s at the default 45 s TTL), never below the base. A
 /// client waits the wait plus up to as much again, so up to two thirds of
 /// the TTL, and the lease the node it lost held was refreshed within a
-/// heartbeat (a third of the TTL) before: a device shed once with the
-/// longest wait still comes back within its lease. One shed more than once
-/// may not, and then its watchers see it offline, which a node shedding that
-/// much could not have prevented by letting it in later still.
+/// heartbeat (a third of the TTL by default) before it went: a device shed
+/// once with the longest wait comes back about when that lease could lapse
+/// at the earliest, not long after. One shed again and again may not come
+/// back in time, and then its watchers see it offline: a node shedding that
+/// much could not have let it in sooner.
 pub fn max_wait_ms(ttl_ms: u64) -> u64 {
     (ttl_ms / 3).clamp(SHED_RETRY_AFTER_MS, MAX_WAIT_MS)
 }
