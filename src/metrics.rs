@@ -305,7 +305,7 @@ impl Metrics {
         let m = Self {
             sessions_opened: s.counter(
                 "presence_sessions_opened_total",
-                "WebSocket sessions accepted since start.",
+                "WebSocket sessions opened since start, counting those then shed with 1013.",
             ),
             admission: AdmissionSeries::new(&s),
             sessions: s.gauge("presence_sessions", "Open WebSocket sessions."),
