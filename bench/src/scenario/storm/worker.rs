@@ -234,16 +234,20 @@ fn stat_line(s: &State) -> Value {
 /// and the devices that were not back while their leases were surely held
 /// (`held_us` after the kill: TTL - heartbeat).
 fn end_line(spec: &Spec, s: &State, kill_us: u64, held_us: u64) -> Value {
-    let late: Vec<usize> = s
+    // Each of the killed node's devices here: its index, and when it was
+    // back, µs after the kill (None: not back).
+    let victims: Vec<(usize, Option<u64>)> = s
         .back_at
         .iter()
         .enumerate()
-        .filter(|(k, _)| spec.home(spec.first + k) == spec.victim)
-        .filter(|(_, at)| {
-            let at = at.load(Ordering::Relaxed);
-            at == 0 || at.saturating_sub(kill_us) > held_us
-        })
-        .map(|(k, _)| spec.first + k)
+        .map(|(k, at)| (spec.first + k, at.load(Ordering::Relaxed)))
+        .filter(|&(i, _)| spec.home(i) == spec.victim)
+        .map(|(i, at)| (i, (at != 0).then(|| at.saturating_sub(kill_us))))
+        .collect();
+    let late: Vec<usize> = victims
+        .iter()
+        .filter(|(_, back)| back.is_none_or(|us| us > held_us))
+        .map(|&(i, _)| i)
         .collect();
     let mut line = stat_line(s);
     line["t"] = json!("end");
@@ -260,16 +264,12 @@ fn end_line(spec: &Spec, s: &State, kill_us: u64, held_us: u64) -> Value {
     line["offline_count"] = json!(s.offline_count.load(Ordering::Relaxed));
     line["online_victim"] = json!(s.online_victim.load(Ordering::Relaxed));
     line["late"] = json!(late);
-    // ms after the kill at which each of the killed node's devices here was
-    // back (those not back are left out).
-    let back_ms: Vec<u64> = s
-        .back_at
+    // ms after the kill at which each of them was back (those not back
+    // are left out).
+    let back_ms: Vec<u64> = victims
         .iter()
-        .enumerate()
-        .filter(|(k, _)| spec.home(spec.first + k) == spec.victim)
-        .map(|(_, at)| at.load(Ordering::Relaxed))
-        .filter(|&at| at != 0)
-        .map(|at| at.saturating_sub(kill_us) / 1000)
+        .filter_map(|(_, back)| *back)
+        .map(|us| us / 1000)
         .collect();
     line["back_ms"] = json!(back_ms);
     line["error_kinds"] = json!(*s.error_kinds.lock().unwrap());
