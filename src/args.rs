@@ -209,10 +209,19 @@ pub struct Args {
 
     /// Above this many users, a room's members get occupancy counts instead
     /// of every join, leave and update, and the room frame lists no members.
+    /// A room in counts mode lists its members again once it is a tenth
+    /// below this (and below --room-announce-max-devices).
     #[arg(long, env = "PRESENCE_ROOM_ANNOUNCE_MAX",
           default_value_t = config::DEFAULT_ROOM_ANNOUNCE_MAX,
           value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub room_announce_max: u32,
+
+    /// Above this many devices, likewise: a room's members get occupancy
+    /// counts (a list's size grows with its devices, not its users).
+    #[arg(long, env = "PRESENCE_ROOM_ANNOUNCE_MAX_DEVICES",
+          default_value_t = config::DEFAULT_ROOM_ANNOUNCE_MAX_DEVICES,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub room_announce_max_devices: u32,
 
     /// Shortest time between two occupancy frames of a large room, ms.
     #[arg(long, env = "PRESENCE_ROOM_OCCUPANCY_MS",
@@ -269,6 +278,12 @@ pub struct Args {
     #[arg(long, env = "PRESENCE_HTTP_READS_PER_SEC", default_value_t = config::DEFAULT_HTTP_READS_PER_SEC,
           value_parser = clap::value_parser!(u32).range(1..))]
     pub http_reads_per_sec: u32,
+
+    /// HTTP reads one client address, or one token's user, may have in
+    /// flight at once (answered or cancelled frees a place); beyond it, 429.
+    /// The admin and service keys have no cap. 0: no cap.
+    #[arg(long, env = "PRESENCE_HTTP_READS_IN_FLIGHT", default_value_t = config::DEFAULT_HTTP_READS_IN_FLIGHT)]
+    pub http_reads_in_flight: u32,
 
     /// Users (or rooms) the HTTP API reads per second, node-wide, for the
     /// admin and service keys (bursts of twice as many pass).

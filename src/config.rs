@@ -56,6 +56,11 @@ pub const DEFAULT_MAX_ROOM_MESSAGES_PER_SEC: u32 = 20;
 /// Default most users of a room whose members get one frame per join,
 /// leave and update; above it they get `occupancy` counts.
 pub const DEFAULT_ROOM_ANNOUNCE_MAX: u32 = 100;
+/// Default most devices of a room whose members get one frame per join,
+/// leave and update (and whose `room` frame lists them): a list of 100
+/// users with several devices each, and 1 KiB states, is already a large
+/// frame for every member.
+pub const DEFAULT_ROOM_ANNOUNCE_MAX_DEVICES: u32 = 500;
 /// Default shortest time between two `occupancy` frames of a large room.
 pub const DEFAULT_ROOM_OCCUPANCY: Duration = Duration::from_millis(2_000);
 
@@ -78,6 +83,11 @@ pub const DEFAULT_MAX_AUTH_FRAME_BYTES: usize = 4 * 1024;
 /// Default users (or rooms) the HTTP API reads per second for one client
 /// address or one token (a burst of twice as many passes).
 pub const DEFAULT_HTTP_READS_PER_SEC: u32 = 2_000;
+/// Default HTTP reads one client address (or one token's user) may have in
+/// flight at once on a node: a browser opens at most 6 connections to a
+/// host, and a backend reading for many users uses the service key, which
+/// has no cap.
+pub const DEFAULT_HTTP_READS_IN_FLIGHT: u32 = 16;
 /// Default users (or rooms) the HTTP API reads per second, node-wide, for
 /// the admin and service keys (a burst of twice as many passes).
 pub const DEFAULT_SERVICE_READS_PER_SEC: u32 = 20_000;
@@ -146,6 +156,8 @@ pub struct AdmissionLimits {
     pub http_reads_per_sec: u32,
     /// HTTP reads per second for the admin and service keys, node-wide.
     pub service_reads_per_sec: u32,
+    /// HTTP reads one address or user may have in flight; 0: no cap.
+    pub http_reads_in_flight: u32,
 }
 
 impl Default for AdmissionLimits {
@@ -157,6 +169,7 @@ impl Default for AdmissionLimits {
             max_auth_frame_bytes: DEFAULT_MAX_AUTH_FRAME_BYTES,
             http_reads_per_sec: DEFAULT_HTTP_READS_PER_SEC,
             service_reads_per_sec: DEFAULT_SERVICE_READS_PER_SEC,
+            http_reads_in_flight: DEFAULT_HTTP_READS_IN_FLIGHT,
         }
     }
 }
@@ -195,6 +208,8 @@ pub struct RoomLimits {
     /// Most users of a room whose members get every join, leave and
     /// update; above it, `occupancy` counts.
     pub announce_max: u32,
+    /// Most devices, likewise: above either, the room is in counts mode.
+    pub announce_max_devices: u32,
     /// Shortest time between two `occupancy` frames.
     pub occupancy_interval: Duration,
     /// Who may join which room.
@@ -209,6 +224,7 @@ impl Default for RoomLimits {
             max_state_bytes: DEFAULT_MAX_ROOM_STATE_BYTES,
             max_messages_per_sec: DEFAULT_MAX_ROOM_MESSAGES_PER_SEC,
             announce_max: DEFAULT_ROOM_ANNOUNCE_MAX,
+            announce_max_devices: DEFAULT_ROOM_ANNOUNCE_MAX_DEVICES,
             occupancy_interval: DEFAULT_ROOM_OCCUPANCY,
             policy: RoomPolicy::Open,
         }

@@ -210,7 +210,8 @@ pub fn room_users(room: &str) -> String {
     ["presence-room-users:", &room_tag(room)].concat()
 }
 
-/// Hash of one room's counters: `seq`, the room's event clock.
+/// Hash of one room's counters: `seq`, the room's event clock, and
+/// `large` while the room's members get counts instead of every event.
 pub fn room_meta(room: &str) -> String {
     ["presence-room-meta:", &room_tag(room)].concat()
 }
@@ -229,9 +230,30 @@ pub fn parse_room_events(channel: &str) -> Option<&str> {
         .strip_suffix('}')
 }
 
-/// The keys of one room in the order the room scripts expect them:
-/// members, deadlines, users, meta, channel, hidden members.
-pub fn room_keys(room: &str) -> [String; 6] {
+/// Sorted set of one room's visible members as `<user> <device>`, all of
+/// score 0: ordered by user, then device (ids hold no space, which sorts
+/// before every other id character), so that a page of users, and one
+/// user's devices, is a range read (`ZRANGEBYLEX`) however large the room.
+pub fn room_index(room: &str) -> String {
+    ["presence-room-index:", &room_tag(room)].concat()
+}
+
+/// As [`room_index`], for the hidden members: a reader finds its own
+/// without reading anyone else's.
+pub fn room_hidden_index(room: &str) -> String {
+    ["presence-room-hidden-index:", &room_tag(room)].concat()
+}
+
+/// Hash of one room's hidden users: user -> hidden devices in the room,
+/// as [`room_users`] for the visible ones.
+pub fn room_hidden_users(room: &str) -> String {
+    ["presence-room-hidden-users:", &room_tag(room)].concat()
+}
+
+/// The keys of one room in the order the room scripts expect them
+/// (`lua/room_common.lua`): members, deadlines, users, meta, channel,
+/// hidden members, index, hidden index, hidden users.
+pub fn room_keys(room: &str) -> [String; 9] {
     [
         room_members(room),
         room_deadlines(room),
@@ -239,6 +261,9 @@ pub fn room_keys(room: &str) -> [String; 6] {
         room_meta(room),
         room_events(room),
         room_hidden(room),
+        room_index(room),
+        room_hidden_index(room),
+        room_hidden_users(room),
     ]
 }
 

@@ -92,6 +92,7 @@ fn start(args: Args) -> anyhow::Result<()> {
         max_state_bytes: args.max_room_state_bytes as usize,
         max_messages_per_sec: args.max_room_messages_per_sec,
         announce_max: args.room_announce_max,
+        announce_max_devices: args.room_announce_max_devices,
         occupancy_interval: Duration::from_millis(args.room_occupancy_ms),
         policy: match (args.auth, args.room_policy) {
             (AuthMode::Dev, _) | (_, Some(RoomPolicyArg::Open)) => config::RoomPolicy::Open,
@@ -105,6 +106,7 @@ fn start(args: Args) -> anyhow::Result<()> {
         max_auth_frame_bytes: args.max_auth_frame_bytes as usize,
         http_reads_per_sec: args.http_reads_per_sec,
         service_reads_per_sec: args.service_reads_per_sec,
+        http_reads_in_flight: args.http_reads_in_flight,
     };
     config.trust_proxy = presence_server::proxy::TrustedProxies::parse(&args.trust_proxy)?;
     config.static_files = match (&args.static_dir, args.no_demo) {

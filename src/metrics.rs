@@ -265,6 +265,9 @@ pub struct RoomSeries {
     pub frames_sent: IntCounter,
     /// Signals this node relayed for its sessions.
     pub signals_relayed: IntCounter,
+    /// Rooms this node read once for all its members (back from counts
+    /// mode, or after events were missed).
+    pub shared_reads: IntCounter,
     /// Rooms with a member on this node.
     pub rooms: IntGauge,
     /// Room memberships of this node's sessions.
@@ -289,6 +292,10 @@ impl RoomSeries {
             signals_relayed: s.counter(
                 "presence_signals_relayed_total",
                 "Signals this node's sessions sent to their rooms.",
+            ),
+            shared_reads: s.counter(
+                "presence_room_shared_reads_total",
+                "Rooms this node read once for all its members there (back from counts mode, or after missed events).",
             ),
             rooms: s.gauge("presence_rooms", "Rooms with a member on this node."),
             memberships: s.gauge(

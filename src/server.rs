@@ -110,6 +110,7 @@ pub async fn run(
         auth: Arc::new(security.auth),
         origins: security.origins,
         budgets: budgets(&config),
+        in_flight: crate::admission::InFlight::new(config.admission.http_reads_in_flight),
         admin_key: security.admin_key,
         service_key: security.service_key,
         public_metrics: security.public_metrics,
@@ -151,8 +152,12 @@ async fn open_store(
     config: &Config,
     webhooks: Option<Webhooks>,
 ) -> anyhow::Result<Store> {
-    let store =
-        Store::with_limits(conn, config.ttl, config.max_devices_per_user).with_webhooks(webhooks);
+    let store = Store::with_limits(conn, config.ttl, config.max_devices_per_user)
+        .with_webhooks(webhooks)
+        .with_room_lists(crate::store::rooms::RoomLists {
+            users: config.rooms.announce_max,
+            devices: config.rooms.announce_max_devices,
+        });
     store.load_scripts().await.context("cannot load scripts")?;
     store
         .load_deployment()
@@ -181,7 +186,7 @@ async fn start_actors(
         config.client_timeout() + config.heartbeat,
         registry_ready,
     )
-    .with_rooms(config.rooms.announce_max, config.rooms.occupancy_interval)
+    .with_rooms(config.rooms.occupancy_interval)
     .start();
     ExpiryListener::new(client.clone(), store.clone(), config.clone(), expiry_ready).start();
     tokio::time::timeout(SUBSCRIBE_TIMEOUT, async {

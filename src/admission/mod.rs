@@ -2,7 +2,8 @@
 //! sessions. Per client address, a cap on open WebSockets; per node, a cap
 //! on sockets still waiting for their `auth` frame ([`conns`]); and the HTTP
 //! API's read budget, counted in users read, per address and per token, with
-//! a larger one for the service key ([`budget`]).
+//! a larger one for the service key ([`budget`]), and a cap on the reads
+//! one client has in flight at once ([`inflight`]).
 //!
 //! Everything is keyed by the client's address as the HTTP layer sees it
 //! (with `--trust-proxy`, the address the trusted proxy names), an IPv6
@@ -11,11 +12,13 @@
 
 pub mod budget;
 pub mod conns;
+pub mod inflight;
 
 use std::net::IpAddr;
 
 pub use budget::{Budgets, Charge};
 pub use conns::{ConnGuard, ConnLimits, PendingGuard, Refused, MAX_PENDING_AUTH_PER_ADDRESS};
+pub use inflight::{InFlight, ReadPermit};
 
 /// What limits count a client by: an IPv4 address, or the /64 holding an
 /// IPv6 one (IPv4-mapped IPv6 addresses count as IPv4).

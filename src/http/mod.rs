@@ -56,6 +56,8 @@ pub struct AppState {
     pub origins: Origins,
     /// The read budgets of the HTTP API.
     pub budgets: crate::admission::Budgets,
+    /// The reads each client has in flight.
+    pub in_flight: crate::admission::InFlight,
     /// Bearer key of the admin API (contacts); `None` turns it off.
     pub admin_key: Option<String>,
     /// Bearer key of the service view (truthful reads, nothing else);
@@ -217,13 +219,36 @@ impl AppState {
             })
     }
 
-    /// Charges `extra` more users (or devices) to `payer`'s budgets once a
-    /// read's real size is known (a room read whole); the next reads wait.
-    pub(crate) fn debit_read(&self, req: &HttpRequest, payer: Payer<'_>, extra: usize) {
-        self.budgets.debit(
-            self.charge_of(req, payer),
-            u32::try_from(extra).unwrap_or(u32::MAX),
-        );
+    /// A read of `cost` users, devices or rooms by `payer`: a place among
+    /// its reads in flight (`429` when it has the most), then its charge
+    /// (`429` when its budget is spent; nothing of the read is done then).
+    /// Both before any of the read's work, so that a read cancelled
+    /// midway (its client gone, its deadline passed) has paid all the
+    /// same. The place is held until the permit is dropped.
+    pub(crate) fn admit_read(
+        &self,
+        req: &HttpRequest,
+        payer: Payer<'_>,
+        cost: usize,
+    ) -> Result<crate::admission::ReadPermit, ApiError> {
+        let permit = self
+            .in_flight
+            .enter(self.charge_of(req, payer))
+            .ok_or_else(|| {
+                crate::metrics::METRICS.admission.http_rate_limited.inc();
+                ApiError::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    ErrorCode::RateLimited,
+                    format!(
+                        "{} reads of this client are in flight, the most allowed; \
+                         try again when one has answered",
+                        self.in_flight.cap()
+                    ),
+                )
+                .retry_after(std::time::Duration::from_secs(1))
+            })?;
+        self.charge_read(req, payer, cost)?;
+        Ok(permit)
     }
 }
 

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use super::users::is_service;
 use super::*;
+use crate::admission::ReadPermit;
 use crate::config::MAX_QUERY_USERS;
 use crate::ids;
 use crate::model::Record;
@@ -58,16 +59,17 @@ impl ReadAs {
     }
 }
 
-/// Who reads, once its read of `cost` users is charged to its budget.
+/// Who reads, once its read of `cost` users is admitted: charged to its
+/// budget, with a place among its reads in flight, held by the permit.
 async fn read_as(
     req: &HttpRequest,
     state: &AppState,
     who: &As,
     cost: usize,
-) -> Result<ReadAs, ApiError> {
+) -> Result<(ReadAs, ReadPermit), ApiError> {
     if is_service(req, state) {
-        state.charge_read(req, Payer::Service, cost)?;
-        return Ok(ReadAs::Service);
+        let permit = state.admit_read(req, Payer::Service, cost)?;
+        return Ok((ReadAs::Service, permit));
     }
     let viewer = state
         .auth
@@ -76,8 +78,8 @@ async fn read_as(
     if let Some(v) = &viewer {
         ids::validate("user", v)?;
     }
-    state.charge_read(req, Payer::Client(viewer.as_deref()), cost)?;
-    Ok(ReadAs::Viewer(viewer))
+    let permit = state.admit_read(req, Payer::Client(viewer.as_deref()), cost)?;
+    Ok((ReadAs::Viewer(viewer), permit))
 }
 
 /// `GET /api/presence/{user}`: what the viewer may see, with a device list.
@@ -99,7 +101,7 @@ pub(crate) async fn presence(
 ) -> Result<HttpResponse, ApiError> {
     let user = user.into_inner();
     ids::validate("user", &user)?;
-    let reader = read_as(&req, &state, &who, 1).await?;
+    let (reader, _permit) = read_as(&req, &state, &who, 1).await?;
     let record = state
         .node
         .store
@@ -197,7 +199,7 @@ pub(crate) async fn query(
     for user in &users {
         ids::validate("user", user)?;
     }
-    let reader = read_as(&req, &state, &who, users.len()).await?;
+    let (reader, _permit) = read_as(&req, &state, &who, users.len()).await?;
     let presence = state
         .node
         .store
@@ -280,7 +282,7 @@ pub(crate) async fn online(
     } else {
         limit
     };
-    let reader = read_as(&req, &state, &query.who, cost).await?;
+    let (reader, _permit) = read_as(&req, &state, &query.who, cost).await?;
     let page = super::seen::online_page(
         &state.node.store,
         limit,

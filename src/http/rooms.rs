@@ -9,10 +9,11 @@ use serde::{Deserialize, Serialize};
 
 use super::users::{is_service, require_service};
 use super::{ApiError, AppState, Payer};
+use crate::admission::ReadPermit;
 use crate::ids;
 use crate::protocol::{ErrorCode, ProtocolError};
 use crate::rooms::allows;
-use crate::store::rooms::{RoomMember, RoomSnapshot};
+use crate::store::rooms::{PageReader, RoomMember};
 
 /// Default members (users) per page of `GET /api/rooms/{room}`.
 const MEMBERS_DEFAULT_LIMIT: usize = 100;
@@ -126,23 +127,35 @@ enum Reader {
     Member(Option<String>),
 }
 
+impl Reader {
+    /// What the store reads for this reader.
+    fn page_reader(&self) -> PageReader<'_> {
+        match self {
+            Reader::Service => PageReader::Service,
+            Reader::Member(user) => PageReader::Member(user.as_deref()),
+        }
+    }
+}
+
+/// Who reads `rooms`, once its read of `cost` members or rooms is
+/// admitted: charged up front, with a place among its reads in flight,
+/// held by the permit until the read answers or is cancelled.
 async fn reader(
     req: &HttpRequest,
     state: &AppState,
     viewer: Option<&str>,
     token: Option<&str>,
-    rooms: &[String],
+    rooms: &[&str],
     cost: usize,
-) -> Result<Reader, ApiError> {
+) -> Result<(Reader, ReadPermit), ApiError> {
     if is_service(req, state) {
-        state.charge_read(req, Payer::Service, cost)?;
-        return Ok(Reader::Service);
+        let permit = state.admit_read(req, Payer::Service, cost)?;
+        return Ok((Reader::Service, permit));
     }
     let (user, grants) = state.auth.room_reader(req, token, viewer).await?;
     if let Some(user) = &user {
         ids::validate("user", user)?;
     }
-    state.charge_read(req, Payer::Client(user.as_deref()), cost)?;
     if let Some(grants) = grants {
         if let Some(room) = rooms.iter().find(|r| !allows(&grants, r)) {
             return Err(ApiError::new(
@@ -152,43 +165,15 @@ async fn reader(
             ));
         }
     }
-    Ok(Reader::Member(user))
+    let permit = state.admit_read(req, Payer::Client(user.as_deref()), cost)?;
+    Ok((Reader::Member(user), permit))
 }
 
-/// The room as `reader` reads it.
-async fn read(
-    state: &AppState,
-    room: &str,
-    reader: &Reader,
-    list_max: u32,
-) -> Result<RoomSnapshot, ApiError> {
-    let store = &state.node.store;
-    Ok(match reader {
-        Reader::Service => store.read_room_as(room, list_max, "", true).await?,
-        Reader::Member(user) => {
-            store
-                .read_room(room, list_max, user.as_deref().unwrap_or(""))
-                .await?
-        }
-    })
-}
-
-/// The members of a snapshot with the reader's hidden ones, grouped by
-/// user, and the counts that go with them.
-fn members_of(snapshot: RoomSnapshot) -> (u64, u64, Vec<Member>) {
-    let mut all: Vec<RoomMember> = snapshot.members.unwrap_or_default();
-    let visible_users = snapshot.users;
-    let mut extra_users = std::collections::BTreeSet::new();
-    for m in &snapshot.hidden {
-        if !all.iter().any(|v| v.user == m.user) {
-            extra_users.insert(m.user.clone());
-        }
-    }
-    let devices = snapshot.devices + snapshot.hidden.len() as u64;
-    all.extend(snapshot.hidden);
-    all.sort_unstable_by(|a, b| (&a.user, &a.device).cmp(&(&b.user, &b.device)));
+/// The members of a page grouped by user (the page is sorted by user,
+/// then device).
+fn grouped(page: Vec<RoomMember>) -> Vec<Member> {
     let mut members: Vec<Member> = Vec::new();
-    for m in all {
+    for m in page {
         let device = MemberDevice {
             device: m.device,
             state: serde_json::from_str(&m.state).unwrap_or_else(|_| serde_json::json!({})),
@@ -202,7 +187,7 @@ fn members_of(snapshot: RoomSnapshot) -> (u64, u64, Vec<Member>) {
             }),
         }
     }
-    (visible_users + extra_users.len() as u64, devices, members)
+    members
 }
 
 /// `GET /api/rooms/{room}`: the members, paged by user.
@@ -213,6 +198,7 @@ fn members_of(snapshot: RoomSnapshot) -> (u64, u64, Vec<Member>) {
         (status = 400, description = "Invalid room id, limit or cursor", body = ProtocolError),
         (status = 401, description = "JWT auth: missing or invalid token", body = ProtocolError),
         (status = 403, description = "The token's rooms claim does not include the room", body = ProtocolError),
+        (status = 429, description = "The client's read budget is spent, or it has the most reads in flight", body = ProtocolError),
         (status = 503, description = "Redis unavailable", body = ProtocolError),
     ),
     security((), ("bearer" = [])))]
@@ -235,36 +221,37 @@ pub(crate) async fn room(
     if let Some(cursor) = &query.cursor {
         ids::validate("cursor", cursor)?;
     }
-    let reader = reader(
+    // A page holds at most `limit` devices, but never splits a user, so
+    // it may read up to one user's most devices: charged up front.
+    let max_devices = state.node.config.max_devices_per_user as usize;
+    let cost = limit.max(max_devices);
+    let (reader, _permit) = reader(
         &req,
         &state,
         query.viewer.as_deref(),
         query.token.as_deref(),
-        std::slice::from_ref(&room),
-        limit,
+        &[room.as_str()],
+        cost,
     )
     .await?;
-    let snapshot = read(&state, &room, &reader, u32::MAX).await?;
-    let (users, devices, mut members) = members_of(snapshot);
-    // The room was read whole (paging happens here): what it held beyond
-    // the page charged up front is charged now, and the next reads wait.
-    let read_whole = usize::try_from(devices).unwrap_or(usize::MAX);
-    let payer = match &reader {
-        Reader::Service => Payer::Service,
-        Reader::Member(user) => Payer::Client(user.as_deref()),
-    };
-    state.debit_read(&req, payer, read_whole.saturating_sub(limit));
-    if let Some(after) = &query.cursor {
-        members.retain(|m| m.user.as_str() > after.as_str());
-    }
-    let next_cursor = (members.len() > limit).then(|| members[limit - 1].user.clone());
-    members.truncate(limit);
+    let limit = u32::try_from(limit).unwrap_or(u32::MAX);
+    let page = state
+        .node
+        .store
+        .room_page(
+            &room,
+            query.cursor.as_deref().unwrap_or(""),
+            limit,
+            limit,
+            reader.page_reader(),
+        )
+        .await?;
     Ok(HttpResponse::Ok().json(RoomPage {
         room,
-        users,
-        devices,
-        members,
-        next_cursor,
+        users: page.users,
+        devices: page.devices,
+        members: grouped(page.members),
+        next_cursor: page.next,
         view: matches!(reader, Reader::Service).then_some("service"),
     }))
 }
@@ -279,6 +266,7 @@ pub(crate) async fn room(
         (status = 400, description = "Invalid room id", body = ProtocolError),
         (status = 403, description = "A room outside the token's rooms claim", body = ProtocolError),
         (status = 413, description = "More than 1,000 rooms", body = ProtocolError),
+        (status = 429, description = "The client's read budget is spent, or it has the most reads in flight", body = ProtocolError),
         (status = 503, description = "Redis unavailable", body = ProtocolError),
     ),
     security((), ("bearer" = [])))]
@@ -299,20 +287,38 @@ pub(crate) async fn rooms_query(
     for room in &rooms {
         ids::validate_room(room)?;
     }
-    let reader = reader(&req, &state, who.viewer(), who.token(), &rooms, rooms.len()).await?;
-    let reads = rooms.iter().map(|room| read(&state, room, &reader, 0));
-    let mut out = Vec::with_capacity(rooms.len());
-    for (room, snapshot) in rooms
+    // Each room is read once however often it is named, and charged once:
+    // its counts, which read no member.
+    let mut unique: Vec<&str> = rooms.iter().map(String::as_str).collect();
+    unique.sort_unstable();
+    unique.dedup();
+    let (reader, _permit) = reader(
+        &req,
+        &state,
+        who.viewer(),
+        who.token(),
+        &unique,
+        unique.len(),
+    )
+    .await?;
+    let counts = state
+        .node
+        .store
+        .room_counts(&unique, reader.page_reader())
+        .await?;
+    let out = rooms
         .iter()
-        .zip(futures_util::future::join_all(reads).await)
-    {
-        let (users, devices, _) = members_of(snapshot?);
-        out.push(RoomCounts {
-            room: room.clone(),
-            users,
-            devices,
-        });
-    }
+        .map(|room| {
+            // Sorted above: found, whichever room it is.
+            let i = unique.binary_search(&room.as_str()).unwrap_or(0);
+            let (users, devices) = counts.get(i).copied().unwrap_or_default();
+            RoomCounts {
+                room: room.clone(),
+                users,
+                devices,
+            }
+        })
+        .collect();
     Ok(HttpResponse::Ok().json(RoomsResult { rooms: out }))
 }
 
@@ -333,7 +339,7 @@ pub(crate) async fn user_rooms(
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
     require_service(&req, &state)?;
-    state.charge_read(&req, Payer::Service, 1)?;
+    let _permit = state.admit_read(&req, Payer::Service, 1)?;
     let user = user.into_inner();
     ids::validate("user", &user)?;
     let devices = state

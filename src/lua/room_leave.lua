@@ -1,22 +1,22 @@
--- A device leaves a room (a leave frame, or its connection closed).
+-- A device leaves a room (a leave frame, its connection closed, or its
+-- device removed over HTTP).
 --
 -- KEYS: see room_common.lua
--- ARGV[1] room, ARGV[2] user, ARGV[3] device, ARGV[4] owner: the
--- connection that joined, so that a late leave of an old connection does
--- not remove the membership a newer connection of the device holds; ''
--- removes whoever holds it.
+-- ARGV[1] room, ARGV[2..3] the list limits, ARGV[4] user, ARGV[5] device,
+-- ARGV[6] owner: the connection that joined, so that a late leave of an
+-- old connection does not remove the membership a newer connection of the
+-- device holds; '' removes whoever holds it.
 --
 -- Returns {kind, last, published events}: kind is left, absent (not a
 -- member) or taken (another connection of the device holds it).
-local user, device = ARGV[2], ARGV[3]
-local member = user .. ':' .. device
-local old = redis.call('HGET', KEYS[1], member) or redis.call('HGET', KEYS[6], member)
+local user, device = ARGV[4], ARGV[5]
+local _, old = room_find(user .. ':' .. device)
 if not old then
   return {'absent', 0, {}}
 end
-if ARGV[4] ~= '' then
+if ARGV[6] ~= '' then
   local _, owner = room_value(old)
-  if owner ~= ARGV[4] then
+  if owner ~= ARGV[6] then
     return {'taken', 0, {}}
   end
 end

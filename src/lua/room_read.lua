@@ -1,17 +1,13 @@
--- A room as it is now, in one atomic read.
+-- A room as a `room` frame shows it, in one atomic read.
 --
 -- KEYS: see room_common.lua
--- ARGV[1] room, ARGV[2] most users for a member list, ARGV[3] the reader's
--- user ('' for none), whose own hidden members are listed too, ARGV[4] 1
--- to list every hidden member instead (the service view)
+-- ARGV[1] room, ARGV[2..3] the list limits, ARGV[4] the reader's user ('' for
+-- none), whose own hidden members are listed too
 --
--- Returns {seq, users, devices, members, own hidden}: members the HGETALL
--- of KEYS[1] when users <= ARGV[2], else 0.
+-- Returns {seq, users, devices, members, own hidden, large}: members the
+-- HGETALL of KEYS[1] unless the room is in counts mode (its size is then
+-- bounded by the list limits), else 0; large 1 in counts mode.
+local members, own = room_listing(ARGV[4])
 local users, devices = room_counts()
-local members, own = room_listing(ARGV[3], tonumber(ARGV[2]))
-if ARGV[4] == '1' then
-  own = redis.call('HGETALL', KEYS[6])
-elseif ARGV[3] == '' then
-  own = {}
-end
-return {tonumber(redis.call('HGET', KEYS[4], 'seq') or '0'), users, devices, members, own}
+local large = redis.call('HGET', KEYS[4], 'large') == '1'
+return {tonumber(redis.call('HGET', KEYS[4], 'seq') or '0'), users, devices, members, own, large and 1 or 0}

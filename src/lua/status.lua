@@ -11,16 +11,18 @@
 -- ARGV[6] when the status ends, epoch ms ("" or "0": it does not); the
 --         caller adds it to the due index, presence-until:{b<k>}
 --
--- Returns {published, since}: 1 when a `presence` event was published, and
+-- Returns {published, since, was}: 1 when a `presence` event was published,
 -- when the current status was chosen (a change of text alone keeps it, so
--- that an invisible user's last seen, which is that moment, never moves).
+-- that an invisible user's last seen, which is that moment, never moves),
+-- and the status before (the caller sweeps the user's rooms when it was or
+-- now is `invisible`).
 local old = redis.call('HMGET', KEYS[1], 'status', 'text', 'since', 'until')
 local old_status = old[1] or 'online'
 local old_text = old[2] or ''
 local new_until = ARGV[6] or ''
 if new_until == '0' then new_until = '' end
 if old_status == ARGV[1] and old_text == ARGV[2] and (old[4] or '') == new_until then
-  return {0, old[3] or ARGV[3]}
+  return {0, old[3] or ARGV[3], old_status}
 end
 if new_until == '' then
   redis.call('HDEL', KEYS[1], 'until')
@@ -43,7 +45,7 @@ else
   redis.call('HSET', KEYS[1], 'text', ARGV[2])
 end
 if count <= 0 then
-  return {0, since}
+  return {0, since, old_status}
 end
 publish_event(ARGV[5], KEYS[1], ARGV[4], count, nil, next_seq(KEYS[1], ARGV[3]))
-return {1, since}
+return {1, since, old_status}

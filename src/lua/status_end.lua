@@ -9,9 +9,11 @@
 -- ARGV[2] user id
 -- ARGV[3] the user's events channel, presence-events:{<user>} (SPUBLISH)
 --
--- Returns {outcome, until}:
+-- Returns {outcome, until, was invisible}:
 --   outcome 0  nothing to end (no `until` any more): drop the index entry
---   outcome 1  ended now (a `presence` event was published if online)
+--   outcome 1  ended now (a `presence` event was published if online);
+--              was invisible 1 when the status that ended was `invisible`
+--              (the caller shows the user in its rooms again)
 --   outcome 2  not due yet: `until` (a later one was chosen) is the entry's
 --              new score
 local u = redis.call('HGET', KEYS[1], 'until')
@@ -33,4 +35,4 @@ redis.call('HSET', KEYS[1], 'status', 'online', 'since', ARGV[1])
 if count > 0 then
   publish_event(ARGV[3], KEYS[1], ARGV[2], count, nil, next_seq(KEYS[1], ARGV[1], true))
 end
-return {1, 0}
+return {1, 0, was[1] == 'invisible' and 1 or 0}

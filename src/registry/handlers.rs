@@ -21,16 +21,21 @@ impl Handler<FromSubscriptions> for Registry {
                 }
                 None => {
                     self.rooms.resync();
+                    self.start_room_reads(ctx);
                     self.resync(ctx);
                 }
             },
-            Notice::Message { channel, payload } => self.published(&channel, &payload),
+            Notice::Message { channel, payload } => {
+                self.published(&channel, &payload);
+                self.start_room_reads(ctx);
+            }
             Notice::Dropped { channels } => {
                 log::info!(
                     "{} subscription(s) dropped by redis and renewed; re-reading the watched users",
                     channels.len()
                 );
                 self.rooms.resync();
+                self.start_room_reads(ctx);
                 self.resync(ctx);
             }
         }
@@ -237,7 +242,12 @@ impl Registry {
     fn published(&mut self, channel: &str, payload: &str) {
         if let Some(room) = keys::parse_room_events(channel) {
             if let Some(event) = crate::rooms::RoomEvent::parse(room, payload) {
-                self.rooms.deliver(event);
+                // A hidden member's own events are nobody else's business,
+                // on a public /metrics too.
+                if event.to != crate::rooms::events::To::User {
+                    crate::metrics::METRICS.rooms.events.inc();
+                }
+                self.rooms.deliver(std::sync::Arc::new(event));
             }
             return;
         }

@@ -171,10 +171,11 @@ impl Registry {
         }
     }
 
-    /// Rooms above `announce_max` users get `occupancy` frames, at most
-    /// every `occupancy`, instead of every join, leave and update.
-    pub fn with_rooms(mut self, announce_max: u32, occupancy: Duration) -> Self {
-        self.rooms = rooms::RoomInterest::new(announce_max, occupancy);
+    /// Rooms in counts mode get `occupancy` frames, at most every
+    /// `occupancy`, instead of every join, leave and update, and are read
+    /// again for their members at most that often.
+    pub fn with_rooms(mut self, occupancy: Duration) -> Self {
+        self.rooms = rooms::RoomInterest::new(occupancy);
         self
     }
 
@@ -404,7 +405,10 @@ impl Actor for Registry {
             act.cut_frozen();
         });
         ctx.run_interval(LINGER / 4, |act, _| act.drop_lingering());
-        ctx.run_interval(self.rooms.tick(), |act, _| act.rooms.flush());
+        ctx.run_interval(self.rooms.tick(), |act, ctx| {
+            act.rooms.flush();
+            act.start_room_reads(ctx);
+        });
         let addr = ctx.address();
         let started = Subscriptions::start(&self.client, move |notice| {
             if !addr.connected() {

@@ -1,8 +1,18 @@
-//! Rooms in the registry: which local sessions are in which room, and the
-//! node's subscription to a room's channel exactly while one of them is:
-//! subscribed before the joining session's step runs, so that no event
+//! Rooms in the registry: which local sessions are in which room, the
+//! node's subscription to a room's channel exactly while one of them is
+//! (subscribed before the joining session's step runs, so that no event
 //! falls between its `room` frame and the subscription; unsubscribed when
-//! the last local member leaves.
+//! the last local member leaves), and what the members are shown.
+//!
+//! A room is listed (every join, leave and update goes to every member)
+//! or in counts mode (`occupancy` frames, at most every
+//! `--room-occupancy-ms`, and only when the counts changed); the room
+//! steps decide which in Redis and mark the event that switched it, so
+//! every node agrees. Going to counts needs no read: the members get a
+//! `room` frame of the counts. Coming back to the list, or having missed
+//! events, needs the list again: the node reads the room once for all its
+//! members (at most once per room every `--room-occupancy-ms`) and shares
+//! the frame, holding the room's events until it is out.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -13,8 +23,9 @@ use actix::prelude::*;
 use super::subscriptions::Channel;
 use super::{Registry, SessionId};
 use crate::keys;
-use crate::rooms::events::{Kind, To};
+use crate::rooms::events::{Kind, RoomView, To};
 use crate::rooms::{RoomDeliver, RoomEvent};
+use crate::store::StoreResult;
 
 /// A session enters a room; answered once the node hears the room's
 /// events.
@@ -29,6 +40,8 @@ pub struct JoinRoom {
     pub addr: Recipient<RoomDeliver>,
     /// Where a resync goes.
     pub resync: Recipient<RoomResync>,
+    /// Its member, `<user>:<device>`.
+    pub member: Arc<str>,
 }
 
 /// A session is out of a room.
@@ -41,8 +54,8 @@ pub struct LeaveRoom {
     pub room: Arc<str>,
 }
 
-/// The room events missed while a subscription was down: the session
-/// reads the room again and sends a fresh `room` frame.
+/// The session must read the room itself and send a fresh `room` frame:
+/// its own view differs from the node's shared one (its user is hidden).
 #[derive(Message, Clone)]
 #[rtype(result = "()")]
 pub struct RoomResync {
@@ -50,47 +63,121 @@ pub struct RoomResync {
     pub room: Arc<str>,
 }
 
-/// Where one member session's room events and resyncs go.
-type Member = (Recipient<RoomDeliver>, Recipient<RoomResync>);
+/// Where one member session's room events and resyncs go, and its
+/// `<user>:<device>`.
+type Member = (Recipient<RoomDeliver>, Recipient<RoomResync>, Arc<str>);
 
-/// A room above `--room-announce-max` users: its members get its counts,
-/// at most every `--room-occupancy-ms`, instead of every join, leave and
-/// update.
-struct Large {
-    /// The counts last heard.
+/// The counts of a room in counts mode.
+#[derive(Debug, Clone, Copy)]
+struct Counts {
+    /// Users last heard.
     users: u64,
     /// Devices, likewise.
     devices: u64,
-    /// The counts changed since the last `occupancy` frame.
-    changed: bool,
+    /// The counts the last `occupancy` (or `room`) frame showed.
+    shown: (u64, u64),
     /// When the last `occupancy` frame went out.
     sent: Instant,
 }
 
+impl Counts {
+    fn new(users: u64, devices: u64) -> Self {
+        Self {
+            users,
+            devices,
+            shown: (users, devices),
+            sent: Instant::now(),
+        }
+    }
+}
+
+/// What the node's members of a room are shown.
+enum View {
+    /// Every event.
+    Listed,
+    /// `occupancy` frames.
+    Counts(Counts),
+    /// The list is to be read again at `at` (not sooner than a read's
+    /// interval after the last); counts meanwhile.
+    ReadAt {
+        /// When.
+        at: Instant,
+        /// The counts meanwhile.
+        counts: Counts,
+    },
+    /// The shared read is on its way; the room's events wait for it.
+    Reading {
+        /// The events, in order.
+        held: Vec<Arc<RoomEvent>>,
+    },
+}
+
+/// One room with local members.
+struct Room {
+    /// The local member sessions, with where their events go and where a
+    /// resync goes.
+    members: HashMap<SessionId, Member>,
+    /// The node holds the room's channel.
+    subscribed: bool,
+    /// What the members are shown.
+    view: View,
+    /// When the node last read the room for its members.
+    last_read: Option<Instant>,
+    /// The local members that are hidden (their user is invisible), as
+    /// the room's events tell: not counted in the public series.
+    hidden: HashSet<Arc<str>>,
+}
+
+impl Room {
+    /// Keeps [`Room::hidden`] as `event` says: a hidden member's own
+    /// events, and a member going hidden (a leave for the others alone),
+    /// mark it; any other event about it unmarks it.
+    fn track_hidden(&mut self, event: &RoomEvent) {
+        let is = |m: &str| {
+            m.strip_prefix(event.user.as_str())
+                .and_then(|rest| rest.strip_prefix(':'))
+                == Some(event.device.as_str())
+        };
+        let hidden = match (event.kind, event.to) {
+            (Kind::Signal | Kind::Occupancy | Kind::Room, _) => return,
+            (Kind::Join | Kind::Update, To::User) | (Kind::Leave, To::Others) => true,
+            _ => false,
+        };
+        if hidden {
+            let local = self.members.values().find(|(_, _, m)| is(m));
+            if let Some((_, _, member)) = local {
+                self.hidden.insert(member.clone());
+            }
+        } else if !self.hidden.is_empty() {
+            self.hidden.retain(|m| !is(m));
+        }
+    }
+}
+
+/// Most events a room holds while its shared read is on its way; past it
+/// they are dropped, and the read (newer than all of them) shows where
+/// they led.
+const MAX_HELD: usize = 10_000;
+
 /// Which local sessions are in which room.
 #[derive(Default)]
 pub(super) struct RoomInterest {
-    /// Most users of a room whose members get every event.
-    announce_max: u64,
-    /// Shortest time between two `occupancy` frames of a room.
+    /// Shortest time between two `occupancy` frames of a room, and
+    /// between two shared reads of it.
     occupancy: Duration,
-    /// The large rooms with local members.
-    large: HashMap<Arc<str>, Large>,
-    /// The local member sessions of each room, with where their events go
-    /// and where a resync goes.
-    members: HashMap<Arc<str>, HashMap<SessionId, Member>>,
+    /// The rooms with local members.
+    rooms: HashMap<Arc<str>, Room>,
     /// The rooms of each local session, so that a disconnect undoes all.
     of_session: HashMap<SessionId, HashSet<Arc<str>>>,
-    /// The rooms whose channel the node holds.
-    subscribed: HashSet<Arc<str>>,
+    /// Rooms whose shared read should start now.
+    to_read: Vec<Arc<str>>,
 }
 
 impl RoomInterest {
-    /// Rooms above `announce_max` users get `occupancy` frames at most
-    /// every `occupancy`.
-    pub(super) fn new(announce_max: u32, occupancy: Duration) -> Self {
+    /// Rooms in counts mode get `occupancy` frames at most every
+    /// `occupancy`, and are read again at most that often.
+    pub(super) fn new(occupancy: Duration) -> Self {
         Self {
-            announce_max: u64::from(announce_max),
             occupancy,
             ..Self::default()
         }
@@ -104,22 +191,21 @@ impl RoomInterest {
     /// Removes `session` from `room`; the room's channel when it was the
     /// last local member, to unsubscribe.
     fn leave(&mut self, session: SessionId, room: &str) -> Option<String> {
-        let sessions = self.members.get_mut(room)?;
-        sessions.remove(&session);
+        let local = self.rooms.get_mut(room)?;
+        if let Some((_, _, member)) = local.members.remove(&session) {
+            local.hidden.remove(&member);
+        }
         if let Some(rooms) = self.of_session.get_mut(&session) {
             rooms.remove(room);
             if rooms.is_empty() {
                 self.of_session.remove(&session);
             }
         }
-        if !sessions.is_empty() {
+        if !local.members.is_empty() {
             return None;
         }
-        self.members.remove(room);
-        self.large.remove(room);
-        self.subscribed
-            .remove(room)
-            .then(|| keys::room_events(room))
+        let local = self.rooms.remove(room)?;
+        local.subscribed.then(|| keys::room_events(room))
     }
 
     /// Removes a closed session from all its rooms; the channels to
@@ -132,95 +218,206 @@ impl RoomInterest {
             .collect()
     }
 
-    /// Hands `event` to the room's local members. In a large room a join,
-    /// leave or update only moves its counts; crossing the threshold, in
-    /// either direction, has every member read the room again, so that
-    /// each ends with the full list (below) or the counts alone (above).
-    pub(super) fn deliver(&mut self, event: RoomEvent) {
-        crate::metrics::METRICS.rooms.events.inc();
-        let Some(sessions) = self.members.get(&event.room) else {
+    /// Hands `event` to the room's local members, as the room's view
+    /// wants: every event while listed; in counts mode only its counts
+    /// (and signals, and a hidden member's own events); held while the
+    /// room is read.
+    pub(super) fn deliver(&mut self, event: Arc<RoomEvent>) {
+        let occupancy = self.occupancy;
+        let Some(local) = self.rooms.get_mut(&event.room) else {
             return;
         };
-        // Signals and a hidden member's own events are not counts.
-        if event.kind != Kind::Signal && event.to != To::User {
-            let large_now = event.users > self.announce_max;
-            match (self.large.get_mut(&event.room), large_now) {
-                (Some(large), true) => {
-                    large.users = event.users;
-                    large.devices = event.devices;
-                    large.changed = true;
-                    return;
-                }
-                (None, false) => {}
-                (was, _) => {
-                    if was.is_some() {
-                        self.large.remove(&event.room);
-                    } else {
-                        self.large.insert(
-                            event.room.clone(),
-                            Large {
+        local.track_hidden(&event);
+        if let View::Reading { held } = &mut local.view {
+            if held.len() < MAX_HELD {
+                held.push(event);
+            }
+            return;
+        }
+        if event.kind != Kind::Signal {
+            match (&mut local.view, event.large) {
+                (View::Listed, false) => {}
+                (View::Listed, true) => {
+                    let counts = Counts::new(event.users, event.devices);
+                    local.view = View::Counts(counts);
+                    if event.switched {
+                        // To counts: the counts are all the members need.
+                        if let Some(seq) = event.seq {
+                            let view = RoomView::Counts {
                                 users: event.users,
                                 devices: event.devices,
-                                changed: false,
-                                sent: Instant::now(),
-                            },
-                        );
+                            };
+                            send(local, &Arc::new(RoomEvent::room(&event.room, seq, view)));
+                        }
+                        return;
                     }
-                    for (_, resync) in sessions.values() {
-                        resync.do_send(RoomResync {
-                            room: event.room.clone(),
-                        });
-                    }
-                    return;
                 }
+                (View::Counts(counts) | View::ReadAt { counts, .. }, true) => {
+                    counts.users = event.users;
+                    counts.devices = event.devices;
+                }
+                (View::Counts(counts), false) => {
+                    if event.switched {
+                        // Back to the list: read once for every member,
+                        // not sooner than the interval after the last.
+                        let at = local.last_read.map_or_else(Instant::now, |t| t + occupancy);
+                        counts.users = event.users;
+                        counts.devices = event.devices;
+                        local.view = View::ReadAt {
+                            at,
+                            counts: *counts,
+                        };
+                    } else {
+                        local.view = View::Listed;
+                    }
+                }
+                (View::ReadAt { counts, .. }, false) => {
+                    counts.users = event.users;
+                    counts.devices = event.devices;
+                }
+                (View::Reading { .. }, _) => unreachable!("held above"),
+            }
+            if !matches!(local.view, View::Listed) && event.to != To::User {
+                return;
             }
         }
-        let event = Arc::new(event);
-        for (deliver, _) in sessions.values() {
-            deliver.do_send(RoomDeliver {
-                event: event.clone(),
-            });
-        }
+        send(local, &event);
     }
 
-    /// Sends each large room whose counts changed its `occupancy` frame,
-    /// unless one went out within the interval.
+    /// Sends each room in counts mode whose counts changed its `occupancy`
+    /// frame, unless one went out within the interval; and queues the
+    /// shared reads that are due.
     pub(super) fn flush(&mut self) {
         let now = Instant::now();
-        for (room, large) in &mut self.large {
-            if !large.changed || now.duration_since(large.sent) < self.occupancy {
-                continue;
-            }
-            large.changed = false;
-            large.sent = now;
-            let Some(sessions) = self.members.get(room) else {
-                continue;
+        for (room, local) in &mut self.rooms {
+            let counts = match &mut local.view {
+                View::ReadAt { at, .. } if *at <= now => {
+                    self.to_read.push(room.clone());
+                    continue;
+                }
+                View::Counts(counts) | View::ReadAt { counts, .. } => counts,
+                _ => continue,
             };
-            let event = Arc::new(RoomEvent::occupancy(room, large.users, large.devices));
-            for (deliver, _) in sessions.values() {
-                deliver.do_send(RoomDeliver {
-                    event: event.clone(),
-                });
+            let current = (counts.users, counts.devices);
+            if current == counts.shown || now.duration_since(counts.sent) < self.occupancy {
+                continue;
             }
+            counts.shown = current;
+            counts.sent = now;
+            let event = Arc::new(RoomEvent::occupancy(room, current.0, current.1));
+            send(local, &event);
         }
     }
 
-    /// Tells every local member to read its rooms again (after the
-    /// subscriptions were down, when events may have been missed).
-    pub(super) fn resync(&self) {
-        for (room, sessions) in &self.members {
-            for (_, resync) in sessions.values() {
-                resync.do_send(RoomResync { room: room.clone() });
+    /// Every room is to be read again (after the subscriptions were down,
+    /// when events may have been missed).
+    pub(super) fn resync(&mut self) {
+        let now = Instant::now();
+        for local in self.rooms.values_mut() {
+            let counts = match &local.view {
+                View::Counts(counts) | View::ReadAt { counts, .. } => *counts,
+                _ => Counts::new(0, 0),
+            };
+            if !matches!(local.view, View::Reading { .. }) {
+                local.view = View::ReadAt { at: now, counts };
             }
+        }
+        self.flush();
+    }
+
+    /// The rooms whose shared read starts now; each holds its events from
+    /// here on.
+    pub(super) fn take_reads(&mut self) -> Vec<Arc<str>> {
+        let rooms = std::mem::take(&mut self.to_read);
+        let now = Instant::now();
+        rooms
+            .into_iter()
+            .filter(|room| match self.rooms.get_mut(room) {
+                Some(local) if !matches!(local.view, View::Reading { .. }) => {
+                    local.view = View::Reading { held: Vec::new() };
+                    local.last_read = Some(now);
+                    true
+                }
+                _ => false,
+            })
+            .collect()
+    }
+
+    /// The shared read of `room` is back: the frame goes to every local
+    /// member (a member whose own view differs makes its own), then the
+    /// events held meanwhile.
+    fn read_done(&mut self, room: &Arc<str>, read: StoreResult<crate::store::rooms::RoomSnapshot>) {
+        let Some(local) = self.rooms.get_mut(room) else {
+            return;
+        };
+        let held = match std::mem::replace(&mut local.view, View::Listed) {
+            View::Reading { held } => held,
+            other => {
+                local.view = other;
+                return;
+            }
+        };
+        match read {
+            Ok(snapshot) => {
+                crate::metrics::METRICS.rooms.shared_reads.inc();
+                local.view = match snapshot.members {
+                    Some(_) => View::Listed,
+                    None => View::Counts(Counts::new(snapshot.users, snapshot.devices)),
+                };
+                let seq = snapshot.seq;
+                let frame = RoomEvent::room(room, seq, RoomView::Read(Arc::new(snapshot)));
+                send(local, &Arc::new(frame));
+            }
+            Err(e) => {
+                // Tried again after the interval; the members keep what
+                // they have, and the held events follow it.
+                log::warn!("room {room}: shared read failed ({e}); trying again");
+                local.view = View::ReadAt {
+                    at: Instant::now() + self.occupancy,
+                    counts: Counts::new(0, 0),
+                };
+            }
+        }
+        for event in held {
+            self.deliver(event);
         }
     }
 
-    /// Local rooms and memberships, for the metrics.
+    /// Local rooms and memberships, for the metrics: the hidden ones are
+    /// nobody's business, on a public `/metrics` too.
     pub(super) fn counts(&self) -> (usize, usize) {
+        let visible = |r: &Room| r.members.len() - r.hidden.len();
         (
-            self.members.len(),
-            self.members.values().map(HashMap::len).sum(),
+            self.rooms.values().filter(|r| visible(r) > 0).count(),
+            self.rooms.values().map(visible).sum(),
         )
+    }
+}
+
+/// Sends `event` to every local member of the room.
+fn send(local: &Room, event: &Arc<RoomEvent>) {
+    for (deliver, _, _) in local.members.values() {
+        deliver.do_send(RoomDeliver {
+            event: event.clone(),
+        });
+    }
+}
+
+impl Registry {
+    /// Starts the shared reads that are due, each answered to
+    /// [`RoomInterest::read_done`].
+    pub(super) fn start_room_reads(&mut self, ctx: &mut Context<Self>) {
+        for room in self.rooms.take_reads() {
+            let store = self.store.clone();
+            let read = {
+                let room = room.clone();
+                async move { store.read_room(&room, "").await }
+            };
+            ctx.spawn(
+                read.into_actor(self)
+                    .map(move |res, act, _| act.rooms.read_done(&room, res)),
+            );
+        }
     }
 }
 
@@ -229,20 +426,28 @@ impl Handler<JoinRoom> for Registry {
 
     fn handle(&mut self, join: JoinRoom, _: &mut Self::Context) -> Self::Result {
         let interest = &mut self.rooms;
-        interest
-            .members
+        let local = interest
+            .rooms
             .entry(join.room.clone())
-            .or_default()
-            .insert(join.session, (join.addr, join.resync));
+            .or_insert_with(|| Room {
+                members: HashMap::new(),
+                subscribed: false,
+                view: View::Listed,
+                last_read: None,
+                hidden: HashSet::new(),
+            });
+        local
+            .members
+            .insert(join.session, (join.addr, join.resync, join.member));
+        let subscribe = (!local.subscribed).then(|| {
+            let channel = Channel::Named(keys::room_events(&join.room));
+            self.subscriptions.clone().map(|subs| (subs, channel))
+        });
         interest
             .of_session
             .entry(join.session)
             .or_default()
             .insert(join.room.clone());
-        let subscribe = (!interest.subscribed.contains(&join.room)).then(|| {
-            let channel = Channel::Named(keys::room_events(&join.room));
-            self.subscriptions.clone().map(|subs| (subs, channel))
-        });
         let room = join.room;
         let wait = async move {
             match subscribe {
@@ -256,8 +461,8 @@ impl Handler<JoinRoom> for Registry {
         };
         Box::pin(wait.into_actor(self).map(move |res, act, _| {
             if res.is_ok() {
-                if act.rooms.members.contains_key(&room) {
-                    act.rooms.subscribed.insert(room);
+                if let Some(local) = act.rooms.rooms.get_mut(&room) {
+                    local.subscribed = true;
                 } else if let Some(subs) = &act.subscriptions {
                     // Every local member left while the subscription was
                     // on its way: nobody else will take it back.

@@ -34,6 +34,10 @@ pub enum Kind {
     Signal,
     /// A large room's counts (made by the node, never published).
     Occupancy,
+    /// A `room` frame read once by the node for all its members (made by
+    /// the node, never published): the room switched mode, or events were
+    /// missed.
+    Room,
 }
 
 /// Which member devices an event is for.
@@ -90,6 +94,12 @@ struct Wire<'a> {
     /// Who it is for.
     #[serde(default)]
     to: To,
+    /// The room is in counts mode after the step.
+    #[serde(default)]
+    large: bool,
+    /// The step switched the room's mode.
+    #[serde(default)]
+    switched: bool,
 }
 
 /// One room event, parsed once per node and shared by the local members.
@@ -112,8 +122,29 @@ pub struct RoomEvent {
     pub users: u64,
     /// Devices, likewise.
     pub devices: u64,
+    /// The room is in counts mode after it.
+    pub large: bool,
+    /// It switched the room's mode (to counts when `large`, else back to
+    /// the list).
+    pub switched: bool,
+    /// For a [`Kind::Room`] event with a list, the room as read, so that
+    /// a member whose own entry differs can make its own frame.
+    pub snapshot: Option<Arc<RoomSnapshot>>,
     /// The frame a member gets, serialized once.
     pub frame: ByteString,
+}
+
+/// What a node-made `room` frame shows.
+pub enum RoomView {
+    /// The room as read.
+    Read(Arc<RoomSnapshot>),
+    /// Only its counts (it is in counts mode).
+    Counts {
+        /// Users.
+        users: u64,
+        /// Devices.
+        devices: u64,
+    },
 }
 
 /// A room event for one local member session.
@@ -186,7 +217,46 @@ impl RoomEvent {
             seq: None,
             users,
             devices,
+            large: true,
+            switched: false,
+            snapshot: None,
             frame: ByteString::from(occupancy_frame(room, users, devices)),
+        }
+    }
+
+    /// A `room` frame the node made once for all its members of `room`:
+    /// the room as read (`snapshot`, read for nobody in particular), or
+    /// only its counts at `seq` (the room went to counts mode: no read).
+    pub fn room(room: &Arc<str>, seq: u64, view: RoomView) -> Self {
+        let (users, devices, snapshot, frame) = match view {
+            RoomView::Read(snapshot) => {
+                let frame = room_frame(room, &snapshot);
+                (snapshot.users, snapshot.devices, Some(snapshot), frame)
+            }
+            RoomView::Counts { users, devices } => {
+                let counts = RoomSnapshot {
+                    seq,
+                    users,
+                    devices,
+                    members: None,
+                    hidden: Vec::new(),
+                };
+                (users, devices, None, room_frame(room, &counts))
+            }
+        };
+        Self {
+            room: room.clone(),
+            kind: Kind::Room,
+            to: To::All,
+            user: String::new(),
+            device: String::new(),
+            seq: Some(seq),
+            users,
+            devices,
+            large: snapshot.as_ref().is_none_or(|s| s.members.is_none()),
+            switched: false,
+            snapshot,
+            frame: ByteString::from(frame),
         }
     }
 
@@ -212,8 +282,8 @@ impl RoomEvent {
             Kind::Leave => ("room_leave", None, wire.last, None, None),
             Kind::Update => ("room_update", None, None, wire.state, None),
             Kind::Signal => ("signal", None, None, None, wire.data),
-            Kind::Occupancy => {
-                log::warn!("ignoring a published occupancy event on {channel_room}'s channel");
+            Kind::Occupancy | Kind::Room => {
+                log::warn!("ignoring a published node-made event on {channel_room}'s channel");
                 return None;
             }
         };
@@ -243,6 +313,9 @@ impl RoomEvent {
             seq: wire.seq,
             users: wire.users.unwrap_or(0),
             devices: wire.devices.unwrap_or(0),
+            large: wire.large,
+            switched: wire.switched,
+            snapshot: None,
             frame: ByteString::from(frame),
         })
     }

@@ -93,25 +93,15 @@ impl Rooms {
     }
 
     /// The `room` frame of `room` went out showing its clock at `seq`: the
-    /// held events that came after it, to send now.
-    pub fn synced(&mut self, room: &str, seq: u64) -> Vec<ByteString> {
+    /// events held for it, to deliver now (those it showed already are
+    /// dropped as they are delivered).
+    pub fn synced(&mut self, room: &str, seq: u64) -> Vec<Arc<RoomEvent>> {
         let Some(held) = self.joined.get_mut(room) else {
             return Vec::new();
         };
         held.seq = Some(seq);
         held.confirmed = true;
-        let mut out = Vec::new();
-        for event in std::mem::take(&mut held.pending) {
-            match event.seq {
-                Some(s) if s <= seq => {}
-                Some(s) => {
-                    held.seq = Some(s);
-                    out.push(event.frame.clone());
-                }
-                None => out.push(event.frame.clone()),
-            }
-        }
-        out
+        std::mem::take(&mut held.pending)
     }
 }
 
@@ -137,7 +127,11 @@ mod tests {
         assert_eq!(rooms.deliver(event("bob", Some(6)), "me", "d"), None);
         assert_eq!(rooms.deliver(event("bob", None), "me", "d"), None);
         // The room frame showed the room at 5: the event at 4 was in it.
-        let sent = rooms.synced("r", 5);
+        let sent: Vec<_> = rooms
+            .synced("r", 5)
+            .into_iter()
+            .filter_map(|e| rooms.deliver(e, "me", "d"))
+            .collect();
         assert_eq!(sent.len(), 2);
         assert!(sent[0].contains("room_update"));
         assert!(sent[1].contains("signal"));

@@ -216,7 +216,7 @@ impl Handler<Refreshed> for Session {
                     self.lease.known_status = status.map(Box::new);
                     // Another device of the user changed its status.
                     if self.hidden() != was_hidden {
-                        self.visibility_changed(ctx);
+                        self.visibility_changed();
                     }
                 }
                 if came_online {

@@ -15,8 +15,9 @@ use crate::config::{RoomPolicy, MAX_SIGNAL_BYTES};
 use crate::protocol::{ErrorCode, ProtocolError};
 use crate::registry::{JoinRoom, LeaveRoom, RoomResync};
 use crate::rooms::events::room_frame;
-use crate::rooms::{allows, Held, RoomDeliver, Rooms};
-use crate::store::rooms::{Joined, RoomSnapshot};
+use crate::rooms::events::{Kind, To};
+use crate::rooms::{allows, Held, RoomDeliver, RoomEvent, Rooms};
+use crate::store::rooms::{Joined, Relayed, RoomSnapshot};
 use crate::store::StoreResult;
 
 /// A room request waiting its turn for Redis.
@@ -57,7 +58,9 @@ impl Session {
     }
 
     /// Whether the user is invisible, as this connection last saw its
-    /// status: its memberships are then hidden from everyone but itself.
+    /// status. Redis decides who sees a membership (the status sweep hides
+    /// every membership of the user at once); this is for noticing that
+    /// the status changed.
     pub(super) fn hidden(&self) -> bool {
         self.lease
             .known_status
@@ -65,24 +68,22 @@ impl Session {
             .is_some_and(|k| k.status == "invisible")
     }
 
-    /// The user turned invisible, or visible again: every room is joined
-    /// again with the new visibility (the others see the device leave, or
-    /// join), each answered with a fresh `room` frame.
-    pub(super) fn visibility_changed(&mut self, ctx: &mut ws::WebsocketContext<Self>) {
-        let Some(rooms) = self.rooms.as_mut() else {
+    /// A refresh found the user turned invisible, or visible again: the
+    /// node that made the change swept every room of the user's devices;
+    /// should it have died half way, this device's rooms are settled here.
+    pub(super) fn visibility_changed(&mut self) {
+        let rooms = self.room_names();
+        if rooms.is_empty() {
             return;
-        };
-        let again: Vec<(Arc<str>, String)> = rooms
-            .joined
-            .iter_mut()
-            .map(|(room, held)| {
-                held.seq = None;
-                (room.clone(), held.state.clone())
-            })
-            .collect();
-        for (room, state) in again {
-            self.request_always(Request::Room(RoomRequest::Join { room, state }), ctx);
         }
+        let store = self.node.store.clone();
+        let user = self.me.user.clone();
+        actix::spawn(async move {
+            let rooms: Vec<&str> = rooms.iter().map(|r| &**r).collect();
+            if let Err(e) = store.settle_rooms(&user, &rooms).await {
+                log::debug!("{user}: rooms not settled after a status change: {e}");
+            }
+        });
     }
 
     /// Joins `lost` again, with this device's state in each: their
@@ -308,21 +309,29 @@ impl Session {
             Err(e) => return self.send_error(ctx, &e),
         };
         let store = self.node.store.clone();
-        let (user, device) = (self.me.user.clone(), self.me.device.clone());
-        let hidden = self.hidden();
-        crate::metrics::METRICS.rooms.signals_relayed.inc();
+        let (user, device, owner) = self.me_parts();
         let send = async move {
             let res = store
-                .signal_room(&room, &user, &device, &data, hidden)
+                .signal_room(&room, &user, &device, &owner, &data)
                 .await;
             (room, res)
         };
-        ctx.spawn(send.into_actor(self).map(|(room, res), act, ctx| {
-            if let Err(e) = res {
-                log::debug!("{}/{}: signal not relayed: {e}", act.me.user, act.me.device);
-                act.send_error(ctx, &super::unavailable().in_room(&room));
-            }
-        }));
+        ctx.spawn(
+            send.into_actor(self)
+                .map(|(room, res), act, ctx| match res {
+                    Ok(Relayed::Everyone) => crate::metrics::METRICS.rooms.signals_relayed.inc(),
+                    // A hidden member's signals are nobody else's business, on a
+                    // public /metrics too.
+                    Ok(Relayed::OwnDevices | Relayed::Taken) => {}
+                    // Removed (its device deleted over HTTP, its membership
+                    // lapsed): nothing was relayed.
+                    Ok(Relayed::Absent) => act.send_error(ctx, &not_in_room(&room)),
+                    Err(e) => {
+                        log::debug!("{}/{}: signal not relayed: {e}", act.me.user, act.me.device);
+                        act.send_error(ctx, &super::unavailable().in_room(&room));
+                    }
+                }),
+        );
     }
 
     /// Runs a room request whose turn has come.
@@ -396,12 +405,12 @@ impl Session {
         let registry = self.node.registry.clone();
         let store = self.node.store.clone();
         let (user, device, owner) = self.me_parts();
-        let hidden = self.hidden();
         let subscribe = registry.send(JoinRoom {
             session: self.me.id,
             room: room.clone(),
             addr: ctx.address().recipient(),
             resync: ctx.address().recipient(),
+            member: Arc::from(format!("{user}:{device}")),
         });
         let join = async move {
             match subscribe.await {
@@ -416,9 +425,7 @@ impl Session {
                     &device,
                     &state,
                     &owner,
-                    hidden,
                     limits.max_room_devices,
-                    limits.announce_max,
                 )
                 .await
                 .map(|joined| (room.clone(), joined))
@@ -494,9 +501,8 @@ impl Session {
             }
         }
         self.send(ctx, room_frame(room, &snapshot));
-        let held = self.rooms_mut().synced(room, snapshot.seq);
-        for frame in held {
-            self.send(ctx, frame);
+        for event in self.rooms_mut().synced(room, snapshot.seq) {
+            self.room_event(event, ctx);
         }
         let again = self
             .rooms
@@ -548,19 +554,82 @@ fn not_in_room(room: &str) -> ProtocolError {
     .in_room(room)
 }
 
-impl Handler<RoomDeliver> for Session {
-    type Result = ();
-
-    fn handle(&mut self, msg: RoomDeliver, ctx: &mut Self::Context) {
+impl Session {
+    /// One room event for this session: a frame for its client, unless it
+    /// is not for this device or was shown already; held while the room's
+    /// own `room` frame is on its way.
+    fn room_event(&mut self, event: Arc<RoomEvent>, ctx: &mut ws::WebsocketContext<Self>) {
+        if event.kind == Kind::Room {
+            return self.shared_room(event, ctx);
+        }
+        let counted = event.to != To::User;
         let (user, device) = (&self.me.user, &self.me.device);
         let frame = self
             .rooms
             .as_mut()
-            .and_then(|r| r.deliver(msg.event, user, device));
+            .and_then(|r| r.deliver(event, user, device));
         if let Some(frame) = frame {
-            crate::metrics::METRICS.rooms.frames_sent.inc();
+            // A hidden member's own events are nobody else's business, on a
+            // public /metrics too.
+            if counted {
+                crate::metrics::METRICS.rooms.frames_sent.inc();
+            }
             self.send(ctx, frame);
         }
+    }
+
+    /// A `room` frame the node read once for all its members there. It
+    /// was read for nobody in particular: a member whose own device is not
+    /// listed (its user is hidden) reads its own view instead, and one
+    /// whose state change is on its way shows its own state in it.
+    fn shared_room(&mut self, event: Arc<RoomEvent>, ctx: &mut ws::WebsocketContext<Self>) {
+        let Some(held) = self
+            .rooms
+            .as_mut()
+            .and_then(|r| r.joined.get_mut(&event.room))
+        else {
+            return;
+        };
+        let seq = event.seq.unwrap_or(0);
+        match held.seq {
+            // Its own room frame is on its way: this follows it if newer.
+            None => return held.pending.push(event),
+            Some(shown) if seq <= shown => return,
+            Some(_) => {}
+        }
+        let listed = event.snapshot.as_ref().and_then(|s| {
+            let members = s.members.as_ref()?;
+            Some(
+                members
+                    .iter()
+                    .find(|m| m.user == self.me.user && m.device == self.me.device)
+                    .map(|m| m.state == held.state),
+            )
+        });
+        match (listed, &event.snapshot) {
+            (Some(None), _) => {
+                ctx.address().do_send(RoomResync {
+                    room: event.room.clone(),
+                });
+            }
+            (Some(Some(false)), Some(snapshot)) => {
+                let snapshot = snapshot.clone();
+                self.show_room(&event.room, &snapshot, ctx);
+            }
+            _ => {
+                held.seq = Some(seq);
+                crate::metrics::METRICS.rooms.frames_sent.inc();
+                self.send(ctx, event.frame.clone());
+            }
+        }
+    }
+}
+
+impl Handler<RoomDeliver> for Session {
+    type Result = ();
+
+    fn handle(&mut self, msg: RoomDeliver, ctx: &mut Self::Context) {
+        self.room_event(msg.event, ctx);
     }
 }
 
@@ -586,11 +655,10 @@ impl Handler<RoomResync> for Session {
         }
         held.seq = None;
         let store = self.node.store.clone();
-        let list_max = self.node.config.rooms.announce_max;
         let room = msg.room;
         let user = self.me.user.clone();
         let read = async move {
-            let snapshot: StoreResult<RoomSnapshot> = store.read_room(&room, list_max, &user).await;
+            let snapshot: StoreResult<RoomSnapshot> = store.read_room(&room, &user).await;
             (room, snapshot)
         };
         ctx.spawn(
@@ -605,8 +673,8 @@ impl Handler<RoomResync> for Session {
                         );
                         // Keep delivering live events rather than hold them forever.
                         let held = act.rooms.as_mut().map(|r| r.synced(&room, 0));
-                        for frame in held.into_iter().flatten() {
-                            act.send(ctx, frame);
+                        for event in held.into_iter().flatten() {
+                            act.room_event(event, ctx);
                         }
                     }
                 }),

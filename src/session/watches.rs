@@ -406,15 +406,12 @@ impl Session {
         ctx.spawn(set.into_actor(self).map(move |res, act, ctx| {
             match res {
                 Ok((since, own)) => {
-                    let was_hidden = act.hidden();
+                    // The store swept the user's rooms with the change.
                     let known = act.lease.known_status.get_or_insert_default();
                     known.status = status.as_str().to_string();
                     known.text = chosen_text;
                     known.since = since;
                     known.until = until.unwrap_or(0);
-                    if act.hidden() != was_hidden {
-                        act.visibility_changed(ctx);
-                    }
                     match own {
                         Ok(own) => {
                             if let Some(own) = own.into_iter().next() {

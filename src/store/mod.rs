@@ -128,6 +128,8 @@ pub struct Store {
     lease_clock: Arc<LeaseClock>,
     /// Seals the online list's cursors (the fleet's, from `presence-meta`).
     cursor_key: Arc<cursor::CursorKey>,
+    /// The most users and devices of a room whose members get every event.
+    room_lists: rooms::RoomLists,
 }
 
 impl Store {
@@ -149,6 +151,7 @@ impl Store {
             run: 0,
             lease_clock: Arc::default(),
             cursor_key: Arc::new(cursor::CursorKey::random()),
+            room_lists: rooms::RoomLists::default(),
         }
     }
 

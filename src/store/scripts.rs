@@ -85,6 +85,9 @@ pub(super) struct Scripts {
     pub(super) room_state: Script,
     pub(super) room_expire: Script,
     pub(super) room_read: Script,
+    pub(super) room_page: Script,
+    pub(super) room_signal: Script,
+    pub(super) room_visibility: Script,
 }
 
 /// Adds an EVALSHA of `script` to `pipe`; the caller chains the arguments.
@@ -111,6 +114,8 @@ pub(super) struct StatusSet {
     pub published: bool,
     /// When the current status was chosen, epoch ms.
     pub since: i64,
+    /// The status was `invisible` before this step.
+    pub was_invisible: bool,
 }
 
 /// What `reconcile.lua` did for one user.
@@ -147,12 +152,15 @@ impl Scripts {
             room_state: Script::new(room!("../lua/room_state.lua")),
             room_expire: Script::new(room!("../lua/room_expire.lua")),
             room_read: Script::new(room!("../lua/room_read.lua")),
+            room_page: Script::new(room!("../lua/room_page.lua")),
+            room_signal: Script::new(room!("../lua/room_signal.lua")),
+            room_visibility: Script::new(room!("../lua/room_visibility.lua")),
         };
         crate::redis::conn::name_scripts(scripts.named());
         scripts
     }
 
-    fn named(&self) -> [(&Script, &'static str); 17] {
+    fn named(&self) -> [(&Script, &'static str); 20] {
         [
             (&self.arrive, "arrive"),
             (&self.depart, "depart"),
@@ -171,6 +179,9 @@ impl Scripts {
             (&self.room_state, "room_state"),
             (&self.room_expire, "room_expire"),
             (&self.room_read, "room_read"),
+            (&self.room_page, "room_page"),
+            (&self.room_signal, "room_signal"),
+            (&self.room_visibility, "room_visibility"),
         ]
     }
 
@@ -462,6 +473,7 @@ pub(super) fn parse_status_set(value: &Value, user: &str) -> StoreResult<StatusS
     Ok(StatusSet {
         published: int(at(v, 0, &key)?, &key)? == 1,
         since: int(at(v, 1, &key)?, &key)?,
+        was_invisible: text(at(v, 2, &key)?, &key)? == "invisible",
     })
 }
 
@@ -523,8 +535,8 @@ pub(super) fn parse_read(value: &Value, user: &str) -> StoreResult<Observed> {
 pub(super) enum StatusEnd {
     /// No `until` left: the index entry goes.
     Nothing,
-    /// Ended now.
-    Ended,
+    /// Ended now; `true` when the status that ended was `invisible`.
+    Ended(bool),
     /// Not due yet: the entry's score becomes this.
     Later(i64),
 }
@@ -535,7 +547,7 @@ pub(super) fn parse_status_end(value: &Value, user: &str) -> StoreResult<StatusE
     let v = array(value, &key)?;
     Ok(match int(at(v, 0, &key)?, &key)? {
         0 => StatusEnd::Nothing,
-        1 => StatusEnd::Ended,
+        1 => StatusEnd::Ended(int(at(v, 2, &key)?, &key)? == 1),
         2 => StatusEnd::Later(int(at(v, 1, &key)?, &key)?),
         other => {
             return Err(super::StoreError::reply(

@@ -31,7 +31,8 @@ impl Store {
         let first = reply
             .first()
             .ok_or_else(|| StoreError::reply(&keys::status(user), "status: empty reply"))?;
-        let since = parse_status_set(&self.report(first, true), user)?.since;
+        let set = parse_status_set(&self.report(first, true), user)?;
+        let since = set.since;
         if status == Status::Invisible {
             // Others are shown the moment it went invisible as its last
             // seen, on every surface: the recently-seen list finds it there
@@ -46,6 +47,11 @@ impl Store {
                 .arg(user)
                 .ignore();
             self.query(&index).await?;
+        }
+        if set.was_invisible != (status == Status::Invisible) {
+            // Hidden (or shown) in every room of every device at once,
+            // whichever node each is on.
+            self.sync_room_visibility(user).await?;
         }
         Ok(since)
     }

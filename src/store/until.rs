@@ -36,6 +36,8 @@ impl Store {
             ));
         }
         let mut ended = 0;
+        // Users whose `invisible` ended: shown again in their rooms.
+        let mut shown = Vec::new();
         let mut follow = redis::pipe();
         for ((user, score), value) in due.iter().zip(&reply) {
             match parse_status_end(&self.report(value, true), user) {
@@ -50,8 +52,11 @@ impl Store {
                         .ignore();
                 }
                 Ok(outcome) => {
-                    if outcome == StatusEnd::Ended {
+                    if let StatusEnd::Ended(was_invisible) = outcome {
                         ended += 1;
+                        if was_invisible {
+                            shown.push(user.as_str());
+                        }
                     }
                     // Only this entry: a new `until` chosen meanwhile stays.
                     self.scripts
@@ -63,6 +68,11 @@ impl Store {
         }
         if !follow.is_empty() {
             self.query(&follow).await?;
+        }
+        for user in shown {
+            if let Err(e) = self.sync_room_visibility(user).await {
+                log::warn!("{user}: rooms not swept after its status ended: {e}");
+            }
         }
         Ok(ended)
     }
