@@ -8,7 +8,7 @@ use crate::common::*;
 use serde_json::{json, Value};
 
 /// Joins `room` with `state` and returns the `room` frame.
-async fn join(c: &mut Client, room: &str, state: Value) -> Value {
+pub(crate) async fn join(c: &mut Client, room: &str, state: Value) -> Value {
     c.send(json!({"type": "join", "room": room, "state": state}))
         .await;
     let frame = c.expect("room").await;
@@ -17,7 +17,13 @@ async fn join(c: &mut Client, room: &str, state: Value) -> Value {
 }
 
 /// The next frame, which must be `kind` about `user`/`device` in `room`.
-async fn expect_event(c: &mut Client, kind: &str, room: &str, user: &str, device: &str) -> Value {
+pub(crate) async fn expect_event(
+    c: &mut Client,
+    kind: &str,
+    room: &str,
+    user: &str,
+    device: &str,
+) -> Value {
     let v = c.expect(kind).await;
     assert_eq!(
         (v["room"].as_str(), v["user"].as_str(), v["device"].as_str()),
@@ -28,7 +34,7 @@ async fn expect_event(c: &mut Client, kind: &str, room: &str, user: &str, device
 }
 
 /// The next frame of `kind`, passing over the others.
-async fn next_of(c: &mut Client, kind: &str) -> Value {
+pub(crate) async fn next_of(c: &mut Client, kind: &str) -> Value {
     loop {
         let v = c.recv().await;
         if v["type"] == kind {
@@ -38,20 +44,20 @@ async fn next_of(c: &mut Client, kind: &str) -> Value {
 }
 
 /// Sends `frame`, which must be refused: the error frame.
-async fn refused(c: &mut Client, frame: Value) -> Value {
+pub(crate) async fn refused(c: &mut Client, frame: Value) -> Value {
     c.send(frame).await;
     c.expect("error").await
 }
 
 /// Nothing arrives within `window` (a frame is a failure, naming it).
-async fn expect_quiet(c: &mut Client, window: Duration) {
+pub(crate) async fn expect_quiet(c: &mut Client, window: Duration) {
     if let Some(Incoming::Frame(v)) = c.next_within(window).await {
         panic!("{}/{}: unexpected frame {v}", c.user, c.device);
     }
 }
 
 /// The users of a `room` frame, each with its devices, as `user:device`.
-fn members(frame: &Value) -> Vec<String> {
+pub(crate) fn members(frame: &Value) -> Vec<String> {
     frame["members"]
         .as_array()
         .expect("members listed")
@@ -68,7 +74,7 @@ fn members(frame: &Value) -> Vec<String> {
 }
 
 /// The room's counts in Redis: users, devices, memberships with a deadline.
-async fn redis_counts(redis: &Redis, room: &str) -> (i64, i64, i64) {
+pub(crate) async fn redis_counts(redis: &Redis, room: &str) -> (i64, i64, i64) {
     let mut c = redis.aconn().await;
     let users: i64 = redis::cmd("HLEN")
         .arg(format!("presence-room-users:{{r:{room}}}"))
@@ -688,12 +694,14 @@ async fn rooms_over_http() {
 
 /// Above `--room-announce-max` users a room's members get `occupancy`
 /// counts, at most every `--room-occupancy-ms`, instead of every join and
-/// leave; crossing the threshold either way sends each member a fresh
-/// `room` frame, without the member list above it and with it below.
+/// leave; crossing the threshold upwards sends each member a `room` frame
+/// of the counts, and coming back under it a tenth (at least one user)
+/// below sends the full list again (hysteresis: one user going and coming
+/// at the edge does not switch every member's view).
 #[tokio::test]
 async fn a_large_room_switches_to_counts_and_back() {
     let redis = Redis::start();
-    let flags = ["--room-announce-max", "2", "--room-occupancy-ms", "200"];
+    let flags = ["--room-announce-max", "3", "--room-occupancy-ms", "200"];
     let a = Node::start_with(&redis, "a", &flags);
     let b = Node::start_with(&redis, "b", &flags);
     let mut alice = Client::connect(&a, "alice", "web").await;
@@ -701,16 +709,21 @@ async fn a_large_room_switches_to_counts_and_back() {
     let mut bob = Client::connect(&b, "bob", "web").await;
     join(&mut bob, "big", json!({})).await;
     expect_event(&mut alice, "room_join", "big", "bob", "web").await;
-
-    // A third user: over the threshold.
     let mut carol = Client::connect(&a, "carol", "web").await;
-    let snap = join(&mut carol, "big", json!({})).await;
-    assert!(snap["members"].is_null(), "{snap}");
-    assert_eq!(snap["users"], 3);
+    join(&mut carol, "big", json!({})).await;
     for c in [&mut alice, &mut bob] {
+        expect_event(c, "room_join", "big", "carol", "web").await;
+    }
+
+    // A fourth user: over the threshold.
+    let mut dave = Client::connect(&a, "dave", "web").await;
+    let snap = join(&mut dave, "big", json!({})).await;
+    assert!(snap["members"].is_null(), "{snap}");
+    assert_eq!(snap["users"], 4);
+    for c in [&mut alice, &mut bob, &mut carol] {
         let frame = c.expect("room").await;
         assert!(frame["members"].is_null(), "{frame}");
-        assert_eq!(frame["users"], 3, "{frame}");
+        assert_eq!(frame["users"], 4, "{frame}");
     }
     // Joins and leaves now move the counts, a few frames at most.
     let mut more = Vec::new();
@@ -725,8 +738,8 @@ async fn a_large_room_switches_to_counts_and_back() {
         let v = alice.recv().await;
         assert_eq!(v["type"], "occupancy", "{v}");
         frames += 1;
-        if v["users"] == 8 {
-            assert_eq!(v["devices"], 8);
+        if v["users"] == 9 {
+            assert_eq!(v["devices"], 9);
             break;
         }
     }
@@ -735,26 +748,32 @@ async fn a_large_room_switches_to_counts_and_back() {
         "{frames} occupancy frames for 5 joins within {:?}",
         started.elapsed()
     );
-    // Back under: everyone gets the full list again.
+    // Back at the threshold: still counts.
     for c in more {
         c.close().await;
     }
-    carol.close().await;
+    dave.close().await;
     loop {
         let v = alice.recv().await;
-        if v["type"] == "room" {
-            assert_eq!(members(&v), ["alice:web", "bob:web"], "{v}");
+        assert_eq!(v["type"], "occupancy", "{v}");
+        if v["users"] == 3 {
             break;
         }
-        assert_eq!(v["type"], "occupancy", "{v}");
     }
+    // A tenth (one user) below it: everyone gets the full list again.
+    carol.close().await;
+    let v = next_of(&mut alice, "room").await;
+    assert_eq!(members(&v), ["alice:web", "bob:web"], "{v}");
     let frame = next_of(&mut bob, "room").await;
     assert_eq!(members(&frame), ["alice:web", "bob:web"]);
     // And every join and leave again.
-    let mut dave = Client::connect(&a, "dave", "d").await;
-    join(&mut dave, "big", json!({})).await;
+    let mut erin = Client::connect(&a, "erin", "d").await;
+    join(&mut erin, "big", json!({})).await;
+    expect_event(&mut alice, "room_join", "big", "erin", "d").await;
+    let mut frank = Client::connect(&b, "frank", "d").await;
+    join(&mut frank, "big", json!({})).await;
     let v = next_of(&mut alice, "room").await;
-    assert!(v["members"].is_null(), "three users again: {v}");
+    assert!(v["members"].is_null(), "four users again: {v}");
 }
 
 /// Redis restarts empty: the live members join their rooms again with
