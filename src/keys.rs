@@ -218,15 +218,16 @@ pub fn room_meta(room: &str) -> String {
 
 /// The sharded channel of one room's events (SPUBLISH from the room steps
 /// and for signals; a node SSUBSCRIBEs while one of its sessions is in the
-/// room).
+/// room). Named under `presence-events`, so that the least-privilege ACL
+/// user of docs/operations.md (`&presence-events*`) may use it.
 pub fn room_events(room: &str) -> String {
-    ["presence-room-events:", &room_tag(room)].concat()
+    ["presence-events-room:", &room_tag(room)].concat()
 }
 
 /// The room of a room events channel; `None` for any other channel.
 pub fn parse_room_events(channel: &str) -> Option<&str> {
     channel
-        .strip_prefix("presence-room-events:{r:")?
+        .strip_prefix("presence-events-room:{r:")?
         .strip_suffix('}')
 }
 

@@ -5,14 +5,16 @@
 -- KEYS[2] presence-room-deadlines:{r:<room>}     member -> deadline ms (hidden ones too)
 -- KEYS[3] presence-room-users:{r:<room>}         user -> its visible devices in the room
 -- KEYS[4] presence-room-meta:{r:<room>}          seq (the room's event clock); large (counts mode)
--- KEYS[5] presence-room-events:{r:<room>}        the room's sharded channel
+-- KEYS[5] presence-events-room:{r:<room>}        the room's sharded channel
 -- KEYS[6] presence-room-hidden:{r:<room>}        hidden member -> value, as KEYS[1]
 -- KEYS[7] presence-room-index:{r:<room>}         "<user> <device>" of each visible member, score 0
 -- KEYS[8] presence-room-hidden-index:{r:<room>}  likewise for the hidden members
 -- KEYS[9] presence-room-hidden-users:{r:<room>}  user -> its hidden devices in the room
 --
 -- ARGV[1] room, ARGV[2] most users and ARGV[3] most devices of a room
--- whose members get every event (above either, counts), for every step.
+-- whose members get every event (above either, counts), ARGV[4] the
+-- node's time in ms, for every step. (Not Redis's TIME: the documented
+-- least-privilege ACL user may not run it.)
 --
 -- A member is "<user>:<device>" (ids hold no ':'). A member is visible,
 -- or hidden (its user is invisible): in KEYS[6], KEYS[8] and KEYS[9]
@@ -31,6 +33,7 @@
 -- everyone but them), and first, last or state as the kind wants.
 
 local room_id = ARGV[1]
+local room_now = tonumber(ARGV[4])
 
 local VISIBLE = {values = KEYS[1], index = KEYS[7], users = KEYS[3]}
 local HIDDEN = {values = KEYS[6], index = KEYS[8], users = KEYS[9]}
@@ -155,14 +158,13 @@ local function room_emit(kind, user, device, seq, to, extra)
 end
 
 -- The room's clock, one tick on: never below the time in ms, so that it
--- keeps increasing when the room empties (its meta goes with it) or Redis
--- loses its data, and an event's `<room>:<seq>` is never used twice.
+-- keeps increasing when Redis loses its data, and an event's
+-- `<room>:<seq>` is never used twice (an empty room's meta lingers an
+-- hour, so that nodes' clocks a little apart do not go back on it).
 local function room_tick()
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   local seq = tonumber(redis.call('HGET', KEYS[4], 'seq') or '0')
-  if now > seq then
-    seq = now
+  if room_now > seq then
+    seq = room_now
   else
     seq = seq + 1
   end
@@ -174,11 +176,12 @@ local function flag(name, v)
   return ',"' .. name .. '":' .. (v and 'true' or 'false')
 end
 
--- The room is empty: its clock and mode go (the clock restarts from the
--- time, see room_tick).
+-- The room is empty: its mode goes, and its clock an hour later (see
+-- room_tick) unless a join comes back first.
 local function room_gc()
   if redis.call('ZCARD', KEYS[2]) == 0 then
-    redis.call('DEL', KEYS[4])
+    redis.call('HDEL', KEYS[4], 'large')
+    redis.call('PEXPIRE', KEYS[4], 3600000)
   end
 end
 

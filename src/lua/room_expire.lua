@@ -4,8 +4,8 @@
 -- indexes are its memberships, and repairs them when they are not.
 --
 -- KEYS: see room_common.lua
--- ARGV[1] room, ARGV[2..3] the list limits, ARGV[4] now ms, ARGV[5] most
--- memberships to remove, ARGV[6] the lease TTL in ms
+-- ARGV[1] room, ARGV[2..3] the list limits, ARGV[4] now ms (the pass's),
+-- ARGV[5] most memberships to remove, ARGV[6] the lease TTL in ms
 --
 -- Returns {removed, next, repaired, published events}: the members
 -- removed, the earliest deadline left (as a string) or '' when the room is

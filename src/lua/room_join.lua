@@ -10,8 +10,8 @@
 -- other devices in the room to the same side.
 --
 -- KEYS: see room_common.lua
--- ARGV[1] room, ARGV[2..3] the list limits, ARGV[4] user, ARGV[5] device,
--- ARGV[6] state (JSON object), ARGV[7] now ms, ARGV[8] deadline ms,
+-- ARGV[1] room, ARGV[2..3] the list limits, ARGV[4] now ms, ARGV[5] user,
+-- ARGV[6] device, ARGV[7] state (JSON object), ARGV[8] deadline ms,
 -- ARGV[9] owner (the connection), ARGV[10] most devices in the room (on
 -- each side: hidden members are bounded apart, so that a visible joiner's
 -- answer depends only on what it may see), ARGV[11] 1 when the user is
@@ -23,7 +23,7 @@
 -- joined the room with it (as those who see it see it); members the
 -- HGETALL of KEYS[1] unless the room is in counts mode, else 0; own hidden
 -- the user's hidden members, as pairs; hidden 1 when the device is hidden.
-local user, device, state, now = ARGV[4], ARGV[5], ARGV[6], ARGV[7]
+local user, device, state, now = ARGV[5], ARGV[6], ARGV[7], ARGV[4]
 local member = user .. ':' .. device
 local hidden = ARGV[11] == '1' or redis.call('HEXISTS', KEYS[9], user) == 1
 local home = VISIBLE
@@ -42,6 +42,8 @@ if old then
 elseif redis.call('HLEN', home.values) >= tonumber(ARGV[10]) then
   return {'full', 0, 0, 0, 0, 0, {}, 0, {}}
 end
+-- Back in use: its clock stays (see room_gc).
+redis.call('PERSIST', KEYS[4])
 room_set_visibility(user, hidden, now)
 local kind, first = 'updated', false
 if old then

@@ -2,21 +2,21 @@
 -- device removed over HTTP).
 --
 -- KEYS: see room_common.lua
--- ARGV[1] room, ARGV[2..3] the list limits, ARGV[4] user, ARGV[5] device,
--- ARGV[6] owner: the connection that joined, so that a late leave of an
+-- ARGV[1] room, ARGV[2..3] the list limits, ARGV[4] now ms, ARGV[5] user,
+-- ARGV[6] device, ARGV[7] owner: the connection that joined, so that a late leave of an
 -- old connection does not remove the membership a newer connection of the
 -- device holds; '' removes whoever holds it.
 --
 -- Returns {kind, last, published events}: kind is left, absent (not a
 -- member) or taken (another connection of the device holds it).
-local user, device = ARGV[4], ARGV[5]
+local user, device = ARGV[5], ARGV[6]
 local _, old = room_find(user .. ':' .. device)
 if not old then
   return {'absent', 0, {}}
 end
-if ARGV[6] ~= '' then
+if ARGV[7] ~= '' then
   local _, owner = room_value(old)
-  if owner ~= ARGV[6] then
+  if owner ~= ARGV[7] then
     return {'taken', 0, {}}
   end
 end

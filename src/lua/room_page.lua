@@ -4,12 +4,13 @@
 -- cursor on, then the page's members read by field.
 --
 -- KEYS: see room_common.lua
--- ARGV[1] room, ARGV[2..3] the list limits (unused), ARGV[4] the last user
--- of the page before ('' for the first page), ARGV[5] most users on the
--- page (0: the counts alone), ARGV[6] most devices on the page (one user's
--- devices are never split: a page holds at least one whole user), ARGV[7]
--- the reader's user ('' for none), whose own hidden members are listed
--- too, ARGV[8] 1 for the service view, which lists every hidden member
+-- ARGV[1] room, ARGV[2..4] the list limits and the time (unused), ARGV[5]
+-- the last user of the page before ('' for the first page), ARGV[6] most
+-- users on the page (0: the counts alone), ARGV[7] most devices on the
+-- page (one user's devices are never split: a page holds at least one
+-- whole user), ARGV[8] the reader's user ('' for none), whose own hidden
+-- members are listed too, ARGV[9] 1 for the service view, which lists
+-- every hidden member
 --
 -- Returns {seq, users, devices, page, next, own hidden, own visible,
 -- hidden users, hidden devices}: page the members as (member, value)
@@ -18,8 +19,8 @@
 -- room, own visible 1 when the reader's user is among the visible users;
 -- hidden users and devices the room's hidden counts (service view only,
 -- else 0).
-local after, max_users, max_devices = ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6])
-local viewer, all = ARGV[7], ARGV[8] == '1'
+local after, max_users, max_devices = ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7])
+local viewer, all = ARGV[8], ARGV[9] == '1'
 
 local function user_of(entry)
   return string.match(entry, '^(%S+) ')

@@ -4,19 +4,20 @@
 -- only, from the moment its status sweep hid it, on every node.
 --
 -- KEYS: see room_common.lua
--- ARGV[1] room, ARGV[2..3] the list limits, ARGV[4] user, ARGV[5] device,
--- ARGV[6] owner (the connection that joined), ARGV[7] data (JSON)
+-- ARGV[1] room, ARGV[2..3] the list limits, ARGV[4] now ms, ARGV[5] user,
+-- ARGV[6] device, ARGV[7] owner (the connection that joined), ARGV[8] data
+-- (JSON)
 --
 -- Returns sent (to every member), hidden (to the user's own devices), absent
 -- (not a member: it left, lapsed or was removed) or taken (another
 -- connection of the device holds the membership).
-local user, device = ARGV[4], ARGV[5]
+local user, device = ARGV[5], ARGV[6]
 local side, old = room_find(user .. ':' .. device)
 if not old then
   return 'absent'
 end
 local _, owner = room_value(old)
-if owner ~= ARGV[6] then
+if owner ~= ARGV[7] then
   return 'taken'
 end
 local to, sent = '', 'sent'
@@ -25,5 +26,5 @@ if side == HIDDEN then
 end
 redis.call('SPUBLISH', KEYS[5], '{"e":"signal","room":' .. cjson.encode(room_id)
   .. ',"user":' .. cjson.encode(user) .. ',"device":' .. cjson.encode(device) .. to
-  .. ',"data":' .. ARGV[7] .. '}')
+  .. ',"data":' .. ARGV[8] .. '}')
 return sent

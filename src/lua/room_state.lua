@@ -2,20 +2,21 @@
 -- own user's other devices) get an update.
 --
 -- KEYS: see room_common.lua
--- ARGV[1] room, ARGV[2..3] the list limits, ARGV[4] user, ARGV[5] device,
--- ARGV[6] state (JSON object), ARGV[7] owner (the connection that joined)
+-- ARGV[1] room, ARGV[2..3] the list limits, ARGV[4] now ms, ARGV[5] user,
+-- ARGV[6] device, ARGV[7] state (JSON object), ARGV[8] owner (the
+-- connection that joined)
 --
 -- Returns {kind, published events}: kind is updated, same (the state did
 -- not change), absent (not a member) or taken (another connection holds
 -- it).
-local user, device, state = ARGV[4], ARGV[5], ARGV[6]
+local user, device, state = ARGV[5], ARGV[6], ARGV[7]
 local member = user .. ':' .. device
 local side, old = room_find(member)
 if not old then
   return {'absent', {}}
 end
 local joined_at, owner, old_state = room_value(old)
-if owner ~= ARGV[7] then
+if owner ~= ARGV[8] then
   return {'taken', {}}
 end
 if old_state == state then

@@ -5,9 +5,9 @@
 -- hear nothing.
 --
 -- KEYS: see room_common.lua
--- ARGV[1] room, ARGV[2..3] the list limits, ARGV[4] user, ARGV[5] 1 to
--- hide, 0 to show, ARGV[6] now ms
+-- ARGV[1] room, ARGV[2..3] the list limits, ARGV[4] now ms, ARGV[5] user,
+-- ARGV[6] 1 to hide, 0 to show
 --
 -- Returns {moved, published events}: how many devices moved.
-local moved = room_set_visibility(ARGV[4], ARGV[5] == '1', ARGV[6])
+local moved = room_set_visibility(ARGV[5], ARGV[6] == '1', ARGV[4])
 return {moved, room_emitted}

@@ -312,13 +312,34 @@ async fn runs_as_the_documented_least_privilege_acl_user() {
     let b = start("acl-b");
     let mut watcher = Client::connect(&b, "watcher", "w").await;
     watcher.watch(&["alice"]).await;
-    let _phone = Client::connect(&a, "alice", "phone").await;
+    let mut phone = Client::connect(&a, "alice", "phone").await;
     watcher.expect_presence("alice", "online").await;
     let (status, body) = get(&format!("{}/api/presence/alice", b.http())).await;
     assert_eq!((status, &body["status"]), (200, &"online".into()), "{body}");
+    // Rooms too: their channels are among the ACL's.
+    for c in [&mut watcher, &mut phone] {
+        c.send(serde_json::json!({"type": "join", "room": "doc:1"}))
+            .await;
+        assert_eq!(c.expect("room").await["room"], "doc:1");
+    }
+    let joined = watcher.expect("room_join").await;
+    assert_eq!(joined["user"], "alice", "{joined}");
+    phone
+        .send(serde_json::json!({"type": "signal", "room": "doc:1", "data": "hi"}))
+        .await;
+    assert_eq!(watcher.expect("signal").await["data"], "hi");
     a.kill();
     let killed = Instant::now();
-    watcher.expect_presence("alice", "offline").await;
+    // Both, in either order.
+    let (mut offline, mut left) = (false, false);
+    while !(offline && left) {
+        let v = watcher.recv().await;
+        match v["type"].as_str() {
+            Some("presence") if v["user"] == "alice" && v["status"] == "offline" => offline = true,
+            Some("room_leave") if v["user"] == "alice" => left = true,
+            _ => panic!("unexpected {v}"),
+        }
+    }
     assert!(
         killed.elapsed() <= TTL + Duration::from_millis(1500),
         "{:?}",

@@ -206,8 +206,8 @@ impl Store {
         Ok(items)
     }
 
-    /// Adds one room step on `room`'s keys to `pipe`: the room id and the
-    /// list limits, then what `args` chains.
+    /// Adds one room step on `room`'s keys to `pipe`: the room id, the
+    /// list limits and the time, then what `args` chains.
     fn push_room_step(
         &self,
         pipe: &mut redis::Pipeline,
@@ -220,7 +220,8 @@ impl Store {
         eval(pipe, script, &keys)
             .arg(room)
             .arg(self.room_lists.users)
-            .arg(self.room_lists.devices);
+            .arg(self.room_lists.devices)
+            .arg(now_ms());
         args(pipe);
     }
 
@@ -279,7 +280,6 @@ impl Store {
                 pipe.arg(user)
                     .arg(device)
                     .arg(state)
-                    .arg(now)
                     .arg(deadline)
                     .arg(owner)
                     .arg(max_devices)

@@ -22,7 +22,7 @@ impl Store {
         let mut removed = 0;
         for (room, score) in &due {
             // One room that fails (logged) does not hold up the others.
-            match self.expire_room(&index, room, score, now, max).await {
+            match self.expire_room(&index, room, score, max).await {
                 Ok(n) => removed += n,
                 Err(e) => log::warn!("room deadline pass: {room}: {e}"),
             }
@@ -30,7 +30,7 @@ impl Store {
         Ok((due.len(), removed))
     }
 
-    /// Removes `room`'s memberships lapsed by `now`, then moves its entry
+    /// Removes `room`'s memberships lapsed by now, then moves its entry
     /// in `index` (read with `score`) to its next deadline, or takes it out
     /// when the room is empty.
     async fn expire_room(
@@ -38,13 +38,12 @@ impl Store {
         index: &str,
         room: &str,
         score: &str,
-        now: i64,
         max: usize,
     ) -> StoreResult<usize> {
         let k2 = keys::room_deadlines(room);
         let items = self
             .room_change(&self.scripts.room_expire, room, |pipe| {
-                pipe.arg(now).arg(max).arg(self.ttl_ms);
+                pipe.arg(max).arg(self.ttl_ms);
             })
             .await?;
         let items = &items[..];

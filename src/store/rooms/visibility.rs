@@ -22,7 +22,7 @@
 use std::collections::BTreeSet;
 
 use super::super::reply::{array, at, int};
-use super::super::{now_ms, Store, StoreResult};
+use super::super::{Store, StoreResult};
 use crate::keys;
 
 /// Rounds of write-then-read-again before a sweep gives up on a status
@@ -97,14 +97,13 @@ impl Store {
         } else {
             "0"
         };
-        let now = now_ms();
         let mut pipe = redis::pipe();
         // One room that fails (its shard is down) does not hold up the
         // others: its next join or the next change settles it.
         pipe.ignore_errors();
         for room in rooms {
             self.push_room_step(&mut pipe, &self.scripts.room_visibility, room, |pipe| {
-                pipe.arg(user).arg(hide).arg(now);
+                pipe.arg(user).arg(hide);
             });
         }
         let reply = self.query(&pipe).await?;
