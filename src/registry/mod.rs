@@ -21,6 +21,7 @@ mod handlers;
 mod messages;
 mod rooms;
 mod subscriptions;
+mod taken;
 mod watching;
 
 use crate::protocol::{try_again_reason, CLOSE_TRY_AGAIN, TRY_AGAIN_AFTER_MS};
@@ -62,8 +63,8 @@ pub const MAX_LINGERING: usize = 10_000;
 
 /// One open session of this node.
 struct Joined {
-    /// Where the shutdown notice goes.
-    going_away: Recipient<GoingAway>,
+    /// Where the shutdown notice, or word that its device was taken, goes.
+    end: Recipient<End>,
     /// Its TCP connection, to cut it from here.
     conn: Option<ConnHandle>,
     /// When its client was last heard from, epoch ms.
@@ -406,7 +407,10 @@ impl Actor for Registry {
         ctx.run_interval(LINGER / 4, |act, _| act.drop_lingering());
         ctx.run_interval(self.rooms.tick(), |act, _| act.rooms.flush());
         let addr = ctx.address();
-        let started = Subscriptions::start(&self.client, move |notice| {
+        // The node's own channel, for good: word about its sockets from the
+        // nodes that take their devices (`taken.rs`).
+        let own = vec![Channel::Named(crate::keys::node_events(self.store.run()))];
+        let started = Subscriptions::start(&self.client, own, move |notice| {
             if !addr.connected() {
                 return false;
             }

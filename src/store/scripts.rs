@@ -431,6 +431,18 @@ pub(super) fn parse_arrival(value: &Value, user: &str, deadline: i64) -> StoreRe
     })
 }
 
+/// The lease value a `depart.lua` call with owner `*` turned into the
+/// tombstone, when a socket held it: the connection to tell.
+pub(super) fn parse_taken(value: &Value, user: &str) -> StoreResult<Option<String>> {
+    let key = keys::count(user);
+    match array(value, &key)?.get(3) {
+        Some(taken) => {
+            Ok(Some(text(taken, &key)?).filter(|t| super::LeaseOwner::socket_run(t).is_some()))
+        }
+        None => Ok(None),
+    }
+}
+
 /// One reply of `depart.lua` for `user`'s device.
 pub(super) fn parse_departure(value: &Value, user: &str) -> StoreResult<Departure> {
     let key = keys::count(user);

@@ -81,7 +81,7 @@ pub(crate) async fn heartbeat(
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::BadRequest, e))?;
     require_self_or_admin(&req, &state, &user, query.token.as_deref()).await?;
     let store = &state.node.store;
-    let owner = store.lease_value();
+    let owner = store.lease_value().to_string();
     let arrival = store
         .arrive(
             &user,
@@ -115,8 +115,9 @@ pub(crate) async fn heartbeat(
     }
 }
 
-/// `DELETE /api/users/{user}/devices/{device}`: the device leaves at once
-/// (a socket holding the id is closed with 4001).
+/// `DELETE /api/users/{user}/devices/{device}`: the device leaves at once,
+/// its rooms too (a socket holding the id is closed with 4001, on whichever
+/// node it is).
 #[utoipa::path(delete, path = "/api/users/{user}/devices/{device}", tag = "devices",
     params(("user" = String, Path, description = "The user id"),
         ("device" = String, Path, description = "The device id"),
