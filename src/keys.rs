@@ -177,8 +177,8 @@ pub fn parse_events(channel: &str) -> Option<&str> {
 }
 
 /// The sharded pub/sub channel of one node run: what other nodes must tell
-/// that node about the sockets it holds (a device taken away by `DELETE`).
-/// A lease value names its node's run
+/// that node about the sockets it holds (a device taken away by `DELETE`,
+/// or taken over by an HTTP heartbeat). A lease value names its node's run
 /// ([`run`]), so whoever ends a device from outside its connection knows
 /// where to say so. The node subscribes to its own channel for its whole
 /// life; no node hears another's. `{n:<run>}`: a user id has no `:`, so no

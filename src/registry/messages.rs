@@ -168,7 +168,8 @@ pub struct Join {
 pub enum End {
     /// The node is shutting down.
     GoingAway,
-    /// The device was taken away (`DELETE`) from outside this connection.
+    /// The device was taken away (`DELETE`) or over (an HTTP heartbeat)
+    /// from outside this connection.
     Taken {
         /// The user the lease was taken from, checked by the session.
         user: String,

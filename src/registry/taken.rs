@@ -1,7 +1,7 @@
 //! Word from other nodes about this node's sockets, on the node's own
 //! channel (`presence-events-node:{n:<run>}`, subscribed for the node's whole
-//! life): a device one of its sessions held was taken away (`DELETE`)
-//! from outside the connection. The word names the
+//! life): a device one of its sessions held was taken away (`DELETE`) or
+//! over (an HTTP heartbeat) from outside the connection. The word names the
 //! connection by its lease value, which is its session's id here, so no
 //! table per session is kept for it; the session checks the user and
 //! device and closes with 4001 at once, rather than when its next refresh

@@ -451,10 +451,11 @@ impl Handler<End> for Session {
 
 impl Session {
     /// The device's lease was taken from this connection from outside it
-    /// (a `DELETE`), as a refresh would have found out later: close with
-    /// 4001 at once. Nothing is released: the lease is no longer ours, and
-    /// the memberships are gone already (`DELETE` took the device out of
-    /// its rooms).
+    /// (a `DELETE`, or an HTTP heartbeat), as a refresh would have found
+    /// out later: close with 4001 at once. Nothing is released: the lease
+    /// is no longer ours, and the memberships are either gone already
+    /// (`DELETE` took the device out of its rooms) or left to the device's
+    /// next connection, as after any takeover.
     fn taken(
         &mut self,
         user: &str,
@@ -476,6 +477,7 @@ impl Session {
         self.lease.claimed = false;
         let reason = match why {
             crate::store::TakenWhy::Removed => "device removed",
+            crate::store::TakenWhy::Replaced => "device connected elsewhere",
         };
         close(ctx, ws::CloseCode::Other(CLOSE_REPLACED), reason);
     }

@@ -1,8 +1,8 @@
 //! Devices ended from outside their connection: `DELETE
 //! /api/users/{user}/devices/{device}` takes a device away whoever holds
-//! it.
+//! it, and an HTTP heartbeat takes a device id over from a socket.
 //!
-//! A socket may still hold the device, on any node. That node is
+//! Either way a socket may still hold the device, on any node. That node is
 //! told at once on its own channel, `presence-events-node:{n:<run>}`, the run being
 //! the one the lease value names (see [`super::LeaseOwner`]); it closes the
 //! socket with 4001. Should the word be lost (the publisher died between
@@ -22,6 +22,8 @@ use crate::keys;
 pub enum TakenWhy {
     /// `DELETE`: the device left, memberships and all.
     Removed,
+    /// An HTTP heartbeat took the device id over: the newer wins.
+    Replaced,
 }
 
 /// What one node tells another on the receiver's own channel
@@ -79,6 +81,17 @@ impl Store {
         }
         self.leave_rooms(user, device, rooms?).await?;
         Ok(matches!(departure, Departure::Removed { .. }))
+    }
+
+    /// Tells the node whose socket held `user`'s `device` under the lease
+    /// value `owner` that an HTTP heartbeat took the device over, so that
+    /// it closes the socket now. Its memberships stay, as after any
+    /// takeover: the device's next connection joins again without a leave
+    /// or a join for the others.
+    pub async fn tell_taken(&self, user: &str, device: &str, owner: String) -> StoreResult<()> {
+        let mut pipe = redis::pipe();
+        Self::tell(&mut pipe, user, device, owner, TakenWhy::Replaced);
+        self.query(&pipe).await.map(drop)
     }
 
     /// Adds the word to the node holding the socket of lease value `owner`

@@ -59,6 +59,10 @@ pub enum Arrival {
         /// The rooms of [`Lease::rooms`] whose membership was gone (it
         /// lapsed, or Redis lost its data): the session joins them again.
         lost_rooms: Vec<std::sync::Arc<str>>,
+        /// A connect that took the device over from a socket: that
+        /// connection's lease value, for its node to close it at once
+        /// ([`Store::tell_taken`]).
+        took_over: Option<String>,
     },
     /// Another connection took this device over; this one should close.
     Replaced,
@@ -135,8 +139,11 @@ impl LeaseClock {
 /// [`Self::parse`]).
 ///
 /// The run also says where a socket holding the lease is: a node told that
-/// one of its leases was taken away ([`Self::socket_run`]) looks its
-/// session up by the whole value, which is the session's id on that node.
+/// one of its leases was taken away or over ([`Self::socket_run`]) looks
+/// its session up by the whole value, which is the session's id on that
+/// node. An HTTP heartbeat's value has run 0: no socket holds it, so nobody
+/// is told when it is taken over (its values need no uniqueness: they are
+/// never compared but to take the device over).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeaseOwner<'a> {
     /// Node id, written in the lease by schema 4 and older.
@@ -158,8 +165,8 @@ impl LeaseOwner<'_> {
     }
 
     /// The run of the node whose socket holds a lease of value `value`;
-    /// `None` when no socket does (run 0: a tombstone), or the value is
-    /// not one of [`Self::format`].
+    /// `None` when no socket does (an HTTP heartbeat's value, a
+    /// tombstone), or the value is not one of [`Self::format`].
     pub fn socket_run(value: &str) -> Option<u64> {
         let run = value.parse::<u64>().ok()? & crate::keys::MAX_RUN;
         (run != 0).then_some(run)
@@ -485,8 +492,8 @@ mod tests {
             crate::keys::MAX_RUN,
         );
         assert!(late.parse::<i64>().is_ok(), "{late}");
-        // The run of a socket's value; none for run 0, the tombstone of a
-        // DELETE, or a value of schema 4.
+        // The run of a socket's value; none for an HTTP heartbeat's, the
+        // tombstone of a DELETE, or a value of schema 4.
         assert_eq!(LeaseOwner::socket_run(&v), Some(17));
         assert_eq!(LeaseOwner::socket_run(&LeaseOwner::format(9, 0)), None);
         assert_eq!(LeaseOwner::socket_run("0"), None);

@@ -1,7 +1,8 @@
 //! Issue 37, item 9: a device a WebSocket holds, ended from outside its
 //! connection, ends at once on whichever node holds the socket. `DELETE`
 //! closes the socket with `4001` and removes the device's memberships (the
-//! others get `room_leave`, once).
+//! others get `room_leave`, once); an HTTP heartbeat that takes the device
+//! id over closes the socket with `4001` too.
 //!
 //! The nodes run with a long heartbeat, so that neither the socket's next
 //! ping nor its next lease refresh (which finds the lease replaced, the
@@ -179,6 +180,40 @@ async fn delete_of_a_socket_device_closes_it_and_leaves_its_rooms_at_once() {
     assert_eq!(leave(&b, "alice", "phone", None).await.0, 204);
     assert_eq!(leave(&a, "nobody", "none", None).await.0, 204);
     quiet(&mut bob, Duration::from_millis(300)).await;
+}
+
+/// An HTTP heartbeat that takes over a device id whose socket is on
+/// another node closes that socket with 4001 at once: the newer wins. Its
+/// memberships are left to the device's next connection, as after any
+/// takeover.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_heartbeat_taking_over_a_socket_on_another_node_closes_it_at_once() {
+    let redis = Redis::start();
+    let a = Node::start_with(&redis, "a", LONG_HEARTBEAT);
+    let b = Node::start_with(&redis, "b", LONG_HEARTBEAT);
+    let mut watcher = Client::connect(&a, "watcher", "w").await;
+    watcher.watch(&["alice"]).await;
+    let mut phone = Client::connect(&a, "alice", "phone").await;
+    watcher.expect_presence("alice", "online").await;
+
+    let (code, body) = heartbeat(&b, "alice", "phone", "mobile").await;
+    assert_eq!(code, 200, "{body}");
+    let what = "a heartbeat for alice/phone on the other node";
+    assert_eq!(closed_within(&mut phone, AT_ONCE, what).await, 4001);
+    // No flicker: the device stays, held by the heartbeats now.
+    quiet(&mut watcher, Duration::from_millis(500)).await;
+    assert_eq!(count(&redis, "alice").await, 1);
+    // Heartbeats after it, on either node, hold the device as before.
+    for node in [&a, &b] {
+        assert_eq!(heartbeat(node, "alice", "phone", "mobile").await.0, 200);
+    }
+    // A socket takes the id back (on node B this time), and a heartbeat on
+    // node A takes it over again: closed at once as well.
+    let mut again = Client::connect(&b, "alice", "phone").await;
+    assert_eq!(heartbeat(&a, "alice", "phone", "mobile").await.0, 200);
+    let what = "a second takeover of alice/phone";
+    assert_eq!(closed_within(&mut again, AT_ONCE, what).await, 4001);
+    quiet(&mut watcher, Duration::from_millis(300)).await;
 }
 
 /// On a Redis Cluster, where the user's keys and the node's channel live
