@@ -176,6 +176,30 @@ pub fn parse_events(channel: &str) -> Option<&str> {
     channel.strip_prefix("presence-events:{")?.strip_suffix('}')
 }
 
+/// The sharded pub/sub channel of one node run: what other nodes must tell
+/// that node about the sockets it holds (a device taken away by `DELETE`,
+/// or taken over by an HTTP heartbeat). A lease value names its node's run
+/// ([`run`]), so whoever ends a device from outside its connection knows
+/// where to say so. The node subscribes to its own channel for its whole
+/// life; no node hears another's. `{n:<run>}`: a user id has no `:`, so no
+/// user's tag is a run's. Named under `presence-events` so that the
+/// documented least-privilege ACL user (`&presence-events*`,
+/// docs/operations.md) may subscribe to it: a fleet keeps its ACL across
+/// the upgrade, where a channel it may not hear would stop every node's
+/// subscriptions, and so its start.
+pub fn node_events(run: u64) -> String {
+    format!("presence-events-node:{{n:{run}}}")
+}
+
+/// The run of a [`node_events`] channel; `None` for any other channel.
+pub fn parse_node_events(channel: &str) -> Option<u64> {
+    channel
+        .strip_prefix("presence-events-node:{n:")?
+        .strip_suffix('}')?
+        .parse()
+        .ok()
+}
+
 /// The hash tag of one room: every key of the room and its channel share
 /// it, so that each room step is one script on one slot. A user id has no
 /// `:`, so no user's tag can equal a room's.
@@ -359,6 +383,16 @@ mod tests {
         assert_eq!(leases(3), "presence-leases:{b03}");
         assert!(Buckets::new(0).is_none() && Buckets::new(101).is_none());
         assert_eq!(Buckets::new(1).unwrap().of("anyone"), 0);
+    }
+
+    #[test]
+    fn node_channels_parse_back() {
+        assert_eq!(node_events(17), "presence-events-node:{n:17}");
+        assert_eq!(parse_node_events(&node_events(8_191)), Some(8_191));
+        assert_eq!(parse_node_events(&events("n:17")), None);
+        // Not a user's events channel, though under the same ACL prefix.
+        assert_eq!(parse_events(&node_events(17)), None);
+        assert_eq!(parse_node_events("presence-events-node:{n:x}"), None);
     }
 
     #[test]

@@ -1,7 +1,6 @@
 //! Starting a node: Redis checks, the three kinds of actors, the HTTP server.
 
 use std::net::TcpListener;
-use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -106,7 +105,6 @@ pub async fn run(
     });
     let state = web::Data::new(AppState {
         node,
-        next_session: AtomicU64::new(1),
         auth: Arc::new(security.auth),
         origins: security.origins,
         budgets: budgets(&config),

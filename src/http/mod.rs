@@ -17,7 +17,6 @@ mod users;
 
 pub use routes::{internal_routes, public_routes, route_table, routes, Router};
 
-use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use actix_web::http::StatusCode;
@@ -47,8 +46,6 @@ pub struct AppState {
     /// The node's store, refresher, registry and settings, which every
     /// session shares too.
     pub node: Arc<Node>,
-    /// Next session id on this node.
-    pub next_session: AtomicU64,
     /// How clients prove who they are; sessions keep it to verify the
     /// fresh tokens their clients send.
     pub auth: Arc<Auth>,

@@ -1,7 +1,7 @@
 //! `GET /ws`: the WebSocket upgrade. Checks the origin and the handshake's
 //! credentials, then starts a [`Session`] actor for the device.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 
 use actix_http::ws::Codec;
@@ -145,8 +145,11 @@ async fn open_session(
         Some(s) => Some(Status::parse(s).map_err(|e| ApiError::from(ProtocolError::from(e)))?),
     };
     crate::metrics::METRICS.sessions_opened.inc();
-    let id = state.next_session.fetch_add(1, Ordering::Relaxed);
-    let owner = state.node.store.lease_value();
+    // The lease value is unique on the node, so it is the session's id
+    // too: a node told that a lease was taken from one of its sockets finds
+    // the session by the value alone (`store/devices.rs`).
+    let id = state.node.store.lease_value();
+    let owner = id.to_string();
     if user.is_empty() {
         log::info!("device {device}: websocket from {ip}, awaiting its auth frame");
     } else {

@@ -29,7 +29,7 @@
 --          the default, is no field)
 --
 -- Returns {held, came_online, status, text, since, show_online, show_last_seen,
--- until}, or just {held, came_online} for a refresh that holds the lease and
+-- until, replaced}, or just {held, came_online} for a refresh that holds the lease and
 -- finds status, text, since, privacy and until exactly as ARGV[8..10, 12, 13,
 -- 15] (the common case: the refreshing connection already knows them):
 --   held        1 when the lease now belongs to ARGV[1], 0 when another
@@ -41,6 +41,9 @@
 --               publishes a `devices_only` event with the new count)
 --   status, text, since: the user's chosen status now ("" when none)
 --   show_online, show_last_seen: the user's privacy settings ("" when unset)
+--   replaced    (connect only) the lease value this call took the device
+--               over from, "" when none: its socket, if one holds it, is
+--               told at once rather than at its next refresh
 local current = redis.call('GET', KEYS[1])
 if ARGV[5] == 'refresh' and current and current ~= ARGV[1] then
   return {0, 0, '', '', '0', '', '', '0'}
@@ -155,4 +158,8 @@ if ARGV[5] == 'refresh' and status == ARGV[8] and text == ARGV[9] and since == A
     and status_until == (ARGV[15] or '0') and not restored_until then
   return {1, came_online}
 end
-return {1, came_online, status, text, since, show_online, show_last_seen, status_until}
+local replaced = ''
+if ARGV[5] == 'connect' and current and current ~= ARGV[1] then
+  replaced = current
+end
+return {1, came_online, status, text, since, show_online, show_last_seen, status_until, replaced}

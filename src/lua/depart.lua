@@ -18,7 +18,7 @@
 -- ARGV[4] user id
 -- ARGV[5] the user's events channel, presence-events:{<user>} (SPUBLISH)
 --
--- Returns {outcome, went_offline, value}:
+-- Returns {outcome, went_offline, value, taken}:
 --   outcome 0  a lease still exists (another connection's, or not yet lapsed);
 --              value = its remaining TTL in ms (-1 when it has none)
 --   outcome 1  this call removed the device; went_offline = 1 when it was the
@@ -27,24 +27,29 @@
 --              is left as it was); otherwise a `devices_only` event with the
 --              new count has been published
 --   outcome 2  nothing to do: the device was already gone
+--   taken      with ARGV[1] "*", the lease value this call turned into the
+--              tombstone: the connection to tell (its node closes its socket
+--              at once rather than at its next refresh); "" otherwise
 local current = redis.call('GET', KEYS[1])
+local taken = ''
 if current then
   if ARGV[1] == '*' then
     redis.call('SET', KEYS[1], '0', 'KEEPTTL')
+    taken = current
   elseif ARGV[1] == '' or current ~= ARGV[1] then
-    return {0, 0, redis.call('PTTL', KEYS[1])}
+    return {0, 0, redis.call('PTTL', KEYS[1]), taken}
   else
     redis.call('DEL', KEYS[1])
   end
 end
 if redis.call('HDEL', KEYS[3], 'd:' .. ARGV[2]) == 0 then
-  return {2, 0, 0}
+  return {2, 0, 0, taken}
 end
 redis.call('HDEL', KEYS[3], 'k:' .. ARGV[2])
 local count = redis.call('DECR', KEYS[2])
 if count > 0 then
   publish_event(ARGV[5], KEYS[3], ARGV[4], count, nil, next_seq(KEYS[3], ARGV[3], ARGV[1] == ''), true)
-  return {1, 0, 0}
+  return {1, 0, 0, taken}
 end
 redis.call('DEL', KEYS[2])
 -- A lapsed lease was last seen at the user's last activity, not when Redis
@@ -61,4 +66,4 @@ end
 local shown = stamp_last_seen(KEYS[3], last_seen)
 publish_event(ARGV[5], KEYS[3], ARGV[4], 0, shown, next_seq(KEYS[3], ARGV[3], ARGV[1] == ''))
 -- The real time still goes back: it keeps the retention index honest.
-return {1, 1, last_seen}
+return {1, 1, last_seen, taken}

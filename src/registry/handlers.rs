@@ -167,7 +167,7 @@ impl Handler<Join> for Registry {
 
     fn handle(&mut self, msg: Join, _: &mut Self::Context) {
         if self.shutting_down {
-            msg.addr.do_send(GoingAway);
+            msg.addr.do_send(End::GoingAway);
         }
         let home = match self.homes.iter().position(|h| h.thread == msg.home.thread) {
             Some(i) => i,
@@ -179,7 +179,7 @@ impl Handler<Join> for Registry {
         self.sessions.insert(
             msg.session,
             Joined {
-                going_away: msg.addr,
+                end: msg.addr,
                 conn: msg.conn,
                 alive: msg.alive,
                 home,
@@ -207,7 +207,7 @@ impl Handler<Shutdown> for Registry {
     fn handle(&mut self, _: Shutdown, _: &mut Self::Context) -> usize {
         self.shutting_down = true;
         for s in self.sessions.values() {
-            s.going_away.do_send(GoingAway);
+            s.end.do_send(End::GoingAway);
         }
         self.sessions.len()
     }
@@ -240,6 +240,9 @@ impl Registry {
     /// A payload on a user's events channel: a transition, or word that its
     /// contacts changed.
     fn published(&mut self, channel: &str, payload: &str) {
+        if keys::parse_node_events(channel).is_some() {
+            return self.node_notice(payload);
+        }
         if let Some(room) = keys::parse_room_events(channel) {
             if let Some(event) = crate::rooms::RoomEvent::parse(room, payload) {
                 // A hidden member's own events are nobody else's business,

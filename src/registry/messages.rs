@@ -142,14 +142,16 @@ pub struct Unwatch {
     pub users: Vec<String>,
 }
 
-/// Announces a session of this node, so that a shutdown can reach it.
+/// Announces a session of this node, so that a shutdown, or word that its
+/// device was taken from it, can reach it.
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct Join {
-    /// The new session.
+    /// The new session: its lease value, which is how word from another
+    /// node names it.
     pub session: SessionId,
-    /// Where the shutdown notice goes.
-    pub addr: Recipient<GoingAway>,
+    /// Where [`End`] goes.
+    pub addr: Recipient<End>,
     /// Its TCP connection, cut if the session falls too far behind.
     pub conn: Option<ConnHandle>,
     /// When its client was last heard from, epoch ms (kept by the session).
@@ -158,10 +160,25 @@ pub struct Join {
     pub home: Home,
 }
 
-/// Tells a session that the node is shutting down.
-#[derive(Message, Clone, Copy)]
+/// Tells a session to end: the node is shutting down, or its device was
+/// taken from it. One message for both, so that the registry holds one
+/// address per session.
+#[derive(Message, Clone, Debug, PartialEq, Eq)]
 #[rtype(result = "()")]
-pub struct GoingAway;
+pub enum End {
+    /// The node is shutting down.
+    GoingAway,
+    /// The device was taken away (`DELETE`) or over (an HTTP heartbeat)
+    /// from outside this connection.
+    Taken {
+        /// The user the lease was taken from, checked by the session.
+        user: String,
+        /// The device, likewise.
+        device: String,
+        /// Why.
+        why: crate::store::TakenWhy,
+    },
+}
 
 /// Asks every session of this node to close with 1001; returns how many.
 #[derive(Message)]

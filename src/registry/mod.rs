@@ -21,6 +21,7 @@ mod handlers;
 mod messages;
 mod rooms;
 mod subscriptions;
+mod taken;
 mod watching;
 
 use crate::protocol::{try_again_reason, CLOSE_TRY_AGAIN, TRY_AGAIN_AFTER_MS};
@@ -62,8 +63,8 @@ pub const MAX_LINGERING: usize = 10_000;
 
 /// One open session of this node.
 struct Joined {
-    /// Where the shutdown notice goes.
-    going_away: Recipient<GoingAway>,
+    /// Where the shutdown notice, or word that its device was taken, goes.
+    end: Recipient<End>,
     /// Its TCP connection, to cut it from here.
     conn: Option<ConnHandle>,
     /// When its client was last heard from, epoch ms.
@@ -410,7 +411,10 @@ impl Actor for Registry {
             act.start_room_reads(ctx);
         });
         let addr = ctx.address();
-        let started = Subscriptions::start(&self.client, move |notice| {
+        // The node's own channel, for good: word about its sockets from the
+        // nodes that take their devices (`taken.rs`).
+        let own = vec![Channel::Named(crate::keys::node_events(self.store.run()))];
+        let started = Subscriptions::start(&self.client, own, move |notice| {
             if !addr.connected() {
                 return false;
             }

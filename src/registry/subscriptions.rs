@@ -114,13 +114,16 @@ impl Subscriptions {
     /// Starts the task on the current runtime: it connects through `source`
     /// (to the primary it names, asking again on every reconnection so that
     /// it follows a Sentinel failover; or to a cluster), as RESP3 whatever
-    /// the URL says, and hands every [`Notice`] to `on_notice`.
+    /// the URL says, and hands every [`Notice`] to `on_notice`. `held` are
+    /// wanted from the start, for good: the first [`Notice::Ready`] comes
+    /// once they are subscribed.
     pub fn start(
         source: &Source,
+        held: Vec<Channel>,
         on_notice: impl FnMut(Notice) -> bool + Send + 'static,
     ) -> RedisResult<Self> {
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(run(source.clone(), rx, on_notice));
+        tokio::spawn(run(source.clone(), held, rx, on_notice));
         Ok(Self { tx })
     }
 
@@ -328,10 +331,12 @@ impl Wanted {
 /// The subscription task.
 async fn run(
     source: Source,
+    held: Vec<Channel>,
     mut requests: mpsc::UnboundedReceiver<Request>,
     mut on_notice: impl FnMut(Notice) -> bool,
 ) {
     let mut channels = Channels::default();
+    held.into_iter().for_each(|c| channels.wanted.insert(c));
     let mut backoff = BACKOFF_MIN;
     loop {
         let (push_tx, mut pushes) = mpsc::unbounded_channel::<PushInfo>();

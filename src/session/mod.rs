@@ -47,7 +47,7 @@ use crate::protocol::{
     try_again_reason, ErrorCode, ProtocolError, CLOSE_TRY_AGAIN, TRY_AGAIN_AFTER_MS,
 };
 use crate::registry::fanout;
-use crate::registry::{self, GoingAway, SessionId};
+use crate::registry::{self, End, SessionId};
 use crate::store::{now_ms, Arrival, StoreResult};
 
 /// Sustained flooding this many times the allowed rate, within one refill
@@ -337,7 +337,7 @@ impl Session {
         // The claim outlives the session: one that closes while its claim
         // is in Redis has the lease the claim took released after it, not
         // left online for a TTL. (Unless the node is going away: leases
-        // then lapse, see [`GoingAway`].)
+        // then lapse, see [`End::GoingAway`].)
         let addr = ctx.address();
         let store = self.node.store.clone();
         let state = self.lease.state.clone();
@@ -430,16 +430,56 @@ impl Handler<Claimed> for Session {
     }
 }
 
-impl Handler<GoingAway> for Session {
+impl Handler<End> for Session {
     type Result = ();
 
-    /// The node is shutting down for a deploy: tell the client to reconnect
-    /// elsewhere and leave the lease to lapse, so that a device that is back
-    /// on another node within its TTL shows no transition at all.
-    fn handle(&mut self, _: GoingAway, ctx: &mut Self::Context) {
+    fn handle(&mut self, end: End, ctx: &mut Self::Context) {
+        match end {
+            // The node is shutting down for a deploy: tell the client to
+            // reconnect elsewhere and leave the lease to lapse, so that a
+            // device that is back on another node within its TTL shows no
+            // transition at all.
+            End::GoingAway => {
+                self.lease.claimed = false;
+                self.lease.state.leave();
+                close(ctx, ws::CloseCode::Away, "server shutting down, reconnect");
+            }
+            End::Taken { user, device, why } => self.taken(&user, &device, why, ctx),
+        }
+    }
+}
+
+impl Session {
+    /// The device's lease was taken from this connection from outside it
+    /// (a `DELETE`, or an HTTP heartbeat), as a refresh would have found
+    /// out later: close with 4001 at once. Nothing is released: the lease
+    /// is no longer ours, and the memberships are either gone already
+    /// (`DELETE` took the device out of its rooms) or left to the device's
+    /// next connection, as after any takeover.
+    fn taken(
+        &mut self,
+        user: &str,
+        device: &str,
+        why: crate::store::TakenWhy,
+        ctx: &mut ws::WebsocketContext<Self>,
+    ) {
+        // The word names the lease value, this session's id; the user and
+        // device must agree too (a value of an earlier node of the same run).
+        if (user, device) != (self.me.user.as_str(), self.me.device.as_str()) {
+            log::debug!(
+                "{}/{}: word that {user}/{device} was taken is not about this session",
+                self.me.user,
+                self.me.device
+            );
+            return;
+        }
+        log::debug!("{user}/{device}: taken from this connection ({why:?})");
         self.lease.claimed = false;
-        self.lease.state.leave();
-        close(ctx, ws::CloseCode::Away, "server shutting down, reconnect");
+        let reason = match why {
+            crate::store::TakenWhy::Removed => "device removed",
+            crate::store::TakenWhy::Replaced => "device connected elsewhere",
+        };
+        close(ctx, ws::CloseCode::Other(CLOSE_REPLACED), reason);
     }
 }
 

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use redis::Pipeline;
 
-use super::scripts::{parse_arrival, parse_departure};
+use super::scripts::{parse_arrival, parse_departure, parse_taken};
 use super::{now_ms, Store, StoreError, StoreResult};
 use crate::keys::{self, Buckets};
 use crate::model::ChosenStatus;
@@ -59,6 +59,10 @@ pub enum Arrival {
         /// The rooms of [`Lease::rooms`] whose membership was gone (it
         /// lapsed, or Redis lost its data): the session joins them again.
         lost_rooms: Vec<std::sync::Arc<str>>,
+        /// A connect that took the device over from a socket: that
+        /// connection's lease value, for its node to close it at once
+        /// ([`Store::tell_taken`]).
+        took_over: Option<String>,
     },
     /// Another connection took this device over; this one should close.
     Replaced,
@@ -133,6 +137,13 @@ impl LeaseClock {
 /// `presence-run:<run>`. Values of schema 4 and older,
 /// `<node> <connection> <connected_at>`, are still read (see
 /// [`Self::parse`]).
+///
+/// The run also says where a socket holding the lease is: a node told that
+/// one of its leases was taken away or over ([`Self::socket_run`]) looks
+/// its session up by the whole value, which is the session's id on that
+/// node. An HTTP heartbeat's value has run 0: no socket holds it, so nobody
+/// is told when it is taken over (its values need no uniqueness: they are
+/// never compared but to take the device over).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeaseOwner<'a> {
     /// Node id, written in the lease by schema 4 and older.
@@ -145,7 +156,20 @@ impl LeaseOwner<'_> {
     /// The lease value of a connection of node run `run` (1 to
     /// [`crate::keys::MAX_RUN`]) stamped `stamp` by its [`LeaseClock`].
     pub fn format(stamp: u64, run: u64) -> String {
-        ((stamp << LEASE_RUN_BITS) | (run & crate::keys::MAX_RUN)).to_string()
+        Self::value(stamp, run).to_string()
+    }
+
+    /// [`Self::format`] as the integer it is.
+    pub fn value(stamp: u64, run: u64) -> u64 {
+        (stamp << LEASE_RUN_BITS) | (run & crate::keys::MAX_RUN)
+    }
+
+    /// The run of the node whose socket holds a lease of value `value`;
+    /// `None` when no socket does (an HTTP heartbeat's value, a
+    /// tombstone), or the value is not one of [`Self::format`].
+    pub fn socket_run(value: &str) -> Option<u64> {
+        let run = value.parse::<u64>().ok()? & crate::keys::MAX_RUN;
+        (run != 0).then_some(run)
     }
 
     /// Reads a lease value back: one of [`Self::format`], or of schema 4
@@ -366,7 +390,7 @@ impl Store {
         device: &str,
         (owner, deadline): (&str, i64),
     ) -> StoreResult<Departure> {
-        let (departure, mut follow) = self.depart_step(user, device, owner).await?;
+        let (departure, _, mut follow) = self.depart_step(user, device, owner).await?;
         if !matches!(departure, Departure::Leased { .. }) {
             // Our own deadline only: a newer connection's entry stays.
             self.scripts
@@ -393,13 +417,14 @@ impl Store {
     /// The departure step of a close (`owner`: the lease value it must
     /// find, `*` for any): the script, then the last-seen index update of a
     /// user who went offline, in a pipeline the caller completes with its
-    /// own index removal and sends.
+    /// own index removal and sends. With `*`, also the lease value of the
+    /// socket it took the device from, if one held it.
     pub(super) async fn depart_step(
         &self,
         user: &str,
         device: &str,
         owner: &str,
-    ) -> StoreResult<(Departure, Pipeline)> {
+    ) -> StoreResult<(Departure, Option<String>, Pipeline)> {
         let mut pipe = redis::pipe();
         self.scripts
             .depart(&mut pipe, user, device, owner, now_ms());
@@ -408,7 +433,9 @@ impl Store {
         let first = reply
             .first()
             .ok_or_else(|| StoreError::reply(&keys::count(user), "depart: empty reply"))?;
-        let departure = parse_departure(&self.report(first, false), user)?;
+        let step = self.report(first, false);
+        let departure = parse_departure(&step, user)?;
+        let taken = parse_taken(&step, user)?;
         let mut follow = redis::pipe();
         if let Departure::Removed {
             last_seen: Some(ts),
@@ -416,7 +443,7 @@ impl Store {
         {
             record_offline(&mut follow, self.buckets, user, ts);
         }
-        Ok((departure, follow))
+        Ok((departure, taken, follow))
     }
 }
 
@@ -465,6 +492,12 @@ mod tests {
             crate::keys::MAX_RUN,
         );
         assert!(late.parse::<i64>().is_ok(), "{late}");
+        // The run of a socket's value; none for an HTTP heartbeat's, the
+        // tombstone of a DELETE, or a value of schema 4.
+        assert_eq!(LeaseOwner::socket_run(&v), Some(17));
+        assert_eq!(LeaseOwner::socket_run(&LeaseOwner::format(9, 0)), None);
+        assert_eq!(LeaseOwner::socket_run("0"), None);
+        assert_eq!(LeaseOwner::socket_run("n1 c42 1700"), None);
         // Schema 4 and older.
         let o = LeaseOwner::parse("n1 c42 1700");
         assert_eq!((o.node, o.connected_at), (Some("n1"), Some(1700)));

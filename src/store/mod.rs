@@ -4,7 +4,8 @@
 //! - [`scripts`]: the atomic per-user steps (Lua files in `src/lua/`), each
 //!   called through one function, each reply parsed into a named type.
 //! - [`leases`]: a device arriving (connect, batched refresh) and departing.
-//! - `devices`: a device taken away from outside its connection (HTTP).
+//! - `devices`: a device taken away or over from outside its connection
+//!   (HTTP), and the word to the node whose socket held it.
 //! - [`records`]: reading users: one, a snapshot or a bulk query, and the
 //!   device detail.
 //! - [`lists`]: the online list and the last-seen retention.
@@ -43,6 +44,7 @@ use std::time::Duration;
 use redis::{Pipeline, RedisError, Value};
 
 pub use crate::redis::RedisConn;
+pub use devices::{NodeNotice, TakenWhy};
 pub use leases::{Arrival, ArriveMode, Departure, Lease, LeaseClock, LeaseOwner};
 pub use lists::{Cursor, OnlinePage, OnlineUser};
 pub use records::{DeviceInfo, Observed, Reader};
@@ -184,9 +186,15 @@ impl Store {
     }
 
     /// The lease value of a connection made now: unique in the fleet (see
-    /// [`LeaseOwner`]).
-    pub fn lease_value(&self) -> String {
-        LeaseOwner::format(self.lease_clock.next(now_ms()), self.run)
+    /// [`LeaseOwner`]), and the session's id on this node.
+    pub fn lease_value(&self) -> u64 {
+        LeaseOwner::value(self.lease_clock.next(now_ms()), self.run)
+    }
+
+    /// The lease value of an HTTP heartbeat made now: run 0, since no
+    /// socket holds it (see [`LeaseOwner`]).
+    pub fn http_lease_value(&self) -> String {
+        LeaseOwner::format(self.lease_clock.next(now_ms()), 0)
     }
 
     /// How the indexes over all users are split.

@@ -409,7 +409,7 @@ pub(super) fn parse_arrival(value: &Value, user: &str, deadline: i64) -> StoreRe
     let came_online = int(at(v, 1, &key)?, &key)? == 1;
     let status = match v.len() {
         2 => None,
-        8 => Some(ChosenStatus {
+        8 | 9 => Some(ChosenStatus {
             status: text(&v[2], &key)?,
             text: text(&v[3], &key)?,
             since: int(&v[4], &key)?,
@@ -424,12 +424,20 @@ pub(super) fn parse_arrival(value: &Value, user: &str, deadline: i64) -> StoreRe
             ))
         }
     };
+    // Only a socket's value names anyone to tell (see `LeaseOwner`).
+    let took_over = match v.get(8) {
+        Some(replaced) => {
+            Some(text(replaced, &key)?).filter(|r| super::LeaseOwner::socket_run(r).is_some())
+        }
+        None => None,
+    };
     Ok(match held {
         1 => Arrival::Held {
             came_online,
             status,
             deadline,
             lost_rooms: Vec::new(),
+            took_over,
         },
         -1 => Arrival::TooManyDevices,
         0 => Arrival::Replaced,
@@ -440,6 +448,18 @@ pub(super) fn parse_arrival(value: &Value, user: &str, deadline: i64) -> StoreRe
             ))
         }
     })
+}
+
+/// The lease value a `depart.lua` call with owner `*` turned into the
+/// tombstone, when a socket held it: the connection to tell.
+pub(super) fn parse_taken(value: &Value, user: &str) -> StoreResult<Option<String>> {
+    let key = keys::count(user);
+    match array(value, &key)?.get(3) {
+        Some(taken) => {
+            Ok(Some(text(taken, &key)?).filter(|t| super::LeaseOwner::socket_run(t).is_some()))
+        }
+        None => Ok(None),
+    }
 }
 
 /// One reply of `depart.lua` for `user`'s device.

@@ -7,7 +7,8 @@
 //! lease, counter, transitions and webhooks (`arrive.lua`, `depart.lua`),
 //! and the same expiry when its heartbeats stop. Each heartbeat claims the
 //! lease as a new connection would, so it takes the device id over from a
-//! socket that held it (which then closes with 4001 at its next refresh).
+//! socket that held it, whose node is told to close it with 4001 at once
+//! (`store/devices.rs`).
 
 mod status;
 
@@ -81,7 +82,8 @@ pub(crate) async fn heartbeat(
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::BadRequest, e))?;
     require_self_or_admin(&req, &state, &user, query.token.as_deref()).await?;
     let store = &state.node.store;
-    let owner = store.lease_value();
+    // No socket holds it: a later takeover of it has nobody to tell.
+    let owner = store.http_lease_value();
     let arrival = store
         .arrive(
             &user,
@@ -93,7 +95,14 @@ pub(crate) async fn heartbeat(
         )
         .await?;
     match arrival {
-        Arrival::Held { .. } => {
+        Arrival::Held { took_over, .. } => {
+            if let Some(socket) = took_over {
+                // The lease is ours either way; a socket that missed the
+                // word finds it replaced at its next refresh.
+                if let Err(e) = store.tell_taken(&user, &device, socket).await {
+                    log::warn!("{user}/{device}: taken over, but telling its socket failed: {e}");
+                }
+            }
             crate::metrics::METRICS.http_heartbeats.inc();
             let config = &state.node.config;
             Ok(HttpResponse::Ok().json(HeartbeatAnswer {
@@ -115,8 +124,9 @@ pub(crate) async fn heartbeat(
     }
 }
 
-/// `DELETE /api/users/{user}/devices/{device}`: the device leaves at once
-/// (a socket holding the id is closed with 4001).
+/// `DELETE /api/users/{user}/devices/{device}`: the device leaves at once,
+/// its rooms too (a socket holding the id is closed with 4001, on whichever
+/// node it is).
 #[utoipa::path(delete, path = "/api/users/{user}/devices/{device}", tag = "devices",
     params(("user" = String, Path, description = "The user id"),
         ("device" = String, Path, description = "The device id"),

@@ -7,6 +7,7 @@
 mod cluster;
 mod lists;
 mod statuses;
+mod taken;
 
 use std::time::{Duration, Instant};
 
