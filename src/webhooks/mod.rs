@@ -22,7 +22,8 @@
 //! node lives; what is queued when it dies is lost, and a node stopped with
 //! SIGTERM delivers its queue first (docs/http-api.md, "Webhooks").
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+mod queue;
+
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -34,6 +35,7 @@ use tokio::time::Instant;
 
 use crate::metrics::METRICS;
 use crate::model::Event;
+use queue::{Owner, Queue};
 
 /// Default most events in one POST.
 pub const DEFAULT_BATCH_SIZE: usize = 100;
@@ -256,112 +258,6 @@ struct Sink {
     /// Rung on each queued event, so the sender can fill a batch.
     wake: Notify,
     limit: usize,
-}
-
-/// Events waiting for one receiver, oldest first, each with a number that
-/// tells the sender which ones its last POST carried (numbers increase
-/// from front to back).
-#[derive(Default)]
-struct Queue {
-    events: VecDeque<Queued>,
-    next: u64,
-    /// The number of each user's status event waiting.
-    status_of: HashMap<Arc<str>, u64>,
-    /// The status events waiting: number -> user, oldest first.
-    statuses: BTreeMap<u64, Arc<str>>,
-    /// How many events each user has waiting.
-    per_user: HashMap<Arc<str>, usize>,
-}
-
-struct Queued {
-    number: u64,
-    since: Instant,
-    json: Arc<str>,
-    owner: Owner,
-}
-
-/// Whose event it is, and whether it is a status change (which a newer
-/// one of the same user replaces, and which goes first when full).
-#[derive(Clone)]
-struct Owner {
-    key: Arc<str>,
-    status: bool,
-}
-
-impl Queue {
-    /// Removes the event numbered `number`, if still there.
-    fn remove(&mut self, number: u64) -> bool {
-        let Ok(at) = self.events.binary_search_by_key(&number, |e| e.number) else {
-            return false;
-        };
-        let gone = self.events.remove(at).expect("found just now");
-        self.forget(&gone);
-        true
-    }
-
-    /// Removes the oldest event, returning whether there was one.
-    fn pop_front(&mut self) -> bool {
-        let Some(gone) = self.events.pop_front() else {
-            return false;
-        };
-        self.forget(&gone);
-        true
-    }
-
-    fn forget(&mut self, gone: &Queued) {
-        if gone.owner.status {
-            self.statuses.remove(&gone.number);
-            self.status_of.remove(&gone.owner.key);
-        }
-        if let Some(n) = self.per_user.get_mut(&gone.owner.key) {
-            *n -= 1;
-            if *n == 0 {
-                self.per_user.remove(&gone.owner.key);
-            }
-        }
-    }
-
-    /// Makes room for one more event of `owner`: the events it may replace
-    /// or crowd out, and what a full queue gives up. Returns how many went.
-    fn make_room(&mut self, owner: &Owner, limit: usize) -> u64 {
-        let mut dropped = 0;
-        if owner.status {
-            if let Some(old) = self.status_of.get(&owner.key).copied() {
-                dropped += u64::from(self.remove(old));
-            }
-        }
-        let cap = (limit / 2).clamp(1, MAX_QUEUED_PER_USER);
-        if self.per_user.get(&owner.key).is_some_and(|n| *n >= cap) {
-            let own = self.events.iter().find(|e| e.owner.key == owner.key);
-            if let Some(number) = own.map(|e| e.number) {
-                dropped += u64::from(self.remove(number));
-            }
-        }
-        if self.events.len() >= limit {
-            let removed = match self.statuses.keys().next().copied() {
-                Some(number) => self.remove(number),
-                None => self.pop_front(),
-            };
-            dropped += u64::from(removed);
-        }
-        dropped
-    }
-
-    fn push_back(&mut self, json: Arc<str>, owner: Owner) {
-        let number = self.next;
-        self.next += 1;
-        if owner.status {
-            self.status_of.insert(owner.key.clone(), number);
-            self.statuses.insert(number, owner.key.clone());
-        }
-        *self.per_user.entry(owner.key.clone()).or_default() += 1;
-        self.events.push_back(Queued {
-            number,
-            since: Instant::now(),
-            json,
-            owner,
-        });
-    }
 }
 
 impl Webhooks {
