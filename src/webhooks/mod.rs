@@ -14,12 +14,17 @@
 //! [`WebhookConfig::batch_interval`], POSTs them, and on a failure (no
 //! answer, or any status but 2xx) retries the front of the queue with
 //! exponential backoff. One user cannot crowd the others out: only its
-//! latest status event waits (a newer one replaces it), it may have at most
-//! [`MAX_QUEUED_PER_USER`] events waiting (beyond, its own oldest go), and a
-//! full queue drops its oldest status event, and only when none waits its
-//! oldest transition (`presence_webhook_dropped_total` counts each event
-//! that will not be sent). Delivery is at least once while the
-//! node lives; what is queued when it dies is lost, and a node stopped with
+//! latest status event waits (a newer one replaces it), and it may have at
+//! most [`MAX_QUEUED_PER_USER`] events waiting, the room events it causes
+//! included (a room's `room_occupied` and `room_vacated` count for the user
+//! whose join or leave made them). What gives way, to a user over that
+//! share (among its own events) or to a full queue (among all), goes by
+//! class (`queue::Class`): room events first, then status changes, and
+//! online and offline only when nothing else waits; oldest first within a
+//! class, and a new event of a class that would give way first is itself
+//! dropped (`presence_webhook_dropped_total` counts each event that will
+//! not be sent). Delivery is at least once while the node lives; what is
+//! queued when it dies is lost, and a node stopped with
 //! SIGTERM delivers its queue first (docs/http-api.md, "Webhooks").
 
 mod queue;
@@ -35,7 +40,7 @@ use tokio::time::Instant;
 
 use crate::metrics::METRICS;
 use crate::model::Event;
-use queue::{Owner, Queue};
+use queue::{Class, Owner, Queue};
 
 /// Default most events in one POST.
 pub const DEFAULT_BATCH_SIZE: usize = 100;
@@ -43,8 +48,8 @@ pub const DEFAULT_BATCH_SIZE: usize = 100;
 pub const DEFAULT_BATCH_INTERVAL: Duration = Duration::from_millis(200);
 /// Default most events waiting per URL; beyond it the oldest are dropped.
 pub const DEFAULT_QUEUE_LIMIT: usize = 10_000;
-/// Most events of one user (or, for `room_occupied` and `room_vacated`,
-/// one room) waiting per URL; at most half the queue.
+/// Most events of one user waiting per URL (the room events it causes
+/// included); at most half the queue.
 pub const MAX_QUEUED_PER_USER: usize = 64;
 /// First wait before a failed POST is retried; doubled on each failure.
 pub const RETRY_MIN: Duration = Duration::from_millis(250);
@@ -322,22 +327,25 @@ impl Webhooks {
         };
         let owner = Owner {
             key: event.user.as_str().into(),
-            status: kind == Kind::Status,
+            class: match kind {
+                Kind::Status => Class::Status,
+                Kind::Online | Kind::Offline => Class::Transition,
+            },
         };
         self.push(json, owner);
     }
 
-    /// Queues a room event this node's step made.
-    pub fn room(&self, event: &RoomWebhookEvent) {
+    /// Queues a room event this node's step made; `by` is the user whose
+    /// join or leave made it. Occupied and vacated name no user, yet count
+    /// for `by` too: otherwise a user joining and leaving rooms of its own
+    /// makes events of a new owner with each room, beyond any share.
+    pub fn room(&self, event: &RoomWebhookEvent, by: &str) {
         match serde_json::to_string(event) {
             Ok(json) => {
-                // Occupied and vacated name no user: the room answers for
-                // them (a user id has no `#`).
-                let key = match &event.user {
-                    Some(user) => user.as_str().into(),
-                    None => format!("#{}", event.room).into(),
+                let owner = Owner {
+                    key: by.into(),
+                    class: Class::Room,
                 };
-                let owner = Owner { key, status: false };
                 self.push(json.into(), owner);
             }
             Err(e) => log::warn!("webhook: cannot encode {event:?}: {e}"),
@@ -378,17 +386,21 @@ impl Sink {
 
     fn push(&self, json: Arc<str>, owner: Owner) {
         let mut q = self.lock();
-        let dropped = q.make_room(&owner, self.limit);
-        q.push_back(json, owner);
+        let (keep, dropped) = q.make_room(&owner, self.limit);
+        if keep {
+            q.push_back(json, owner);
+        }
         drop(q);
-        METRICS.webhooks.dropped.inc_by(dropped);
+        METRICS.webhooks.dropped.inc_by(dropped + u64::from(!keep));
         METRICS
             .webhooks
             .queued
             .sub(i64::try_from(dropped).unwrap_or(i64::MAX));
         METRICS.webhooks.events.inc();
-        METRICS.webhooks.queued.inc();
-        self.wake.notify_one();
+        if keep {
+            METRICS.webhooks.queued.inc();
+            self.wake.notify_one();
+        }
     }
 
     /// Up to `max` events from the front, and the number of the last.

@@ -3,6 +3,7 @@
 //! each transition sent once by the fleet (clean closes, an expired lease of
 //! a SIGKILLed node heard by two live nodes).
 
+mod fairness;
 mod receiver;
 
 use std::collections::HashMap;
