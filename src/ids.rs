@@ -31,6 +31,14 @@ pub enum IdError {
         /// "user", "device" or "node".
         what: &'static str,
     },
+    /// A room id holds a character outside its alphabet.
+    #[error(
+        "room id may only contain printable ASCII other than {{ }} \" * and spaces (found {found:?}); `*` only ends a prefix in a rooms claim"
+    )]
+    RoomChar {
+        /// The first offending character.
+        found: char,
+    },
     /// The id holds a character outside the alphabet.
     #[error(
         "{what} id may only contain printable ASCII other than : {{ }} \" and spaces (found {found:?})"
@@ -59,14 +67,19 @@ pub fn validate(what: &'static str, id: &str) -> Result<(), IdError> {
 
 /// Checks a room id: the id alphabet, but `:` is allowed (`doc:42`,
 /// `team:7:general`); a room's keys put it inside the `{r:<room>}` tag,
-/// which holds no braces, so it still parses back.
+/// which holds no braces, so it still parses back. `*` is not: it ends a
+/// prefix in a token's rooms claim (`team:7:*`), and a room named with it
+/// would make a grant mean a room and a prefix at once.
 pub fn validate_room(room: &str) -> Result<(), IdError> {
     let what = "room";
     if room.is_empty() {
         return Err(IdError::Empty { what });
     }
-    if let Some(found) = room.chars().find(|c| *c != ':' && !is_id_char(*c)) {
-        return Err(IdError::BadChar { what, found });
+    if let Some(found) = room
+        .chars()
+        .find(|c| *c == '*' || (*c != ':' && !is_id_char(*c)))
+    {
+        return Err(IdError::RoomChar { found });
     }
     if room.len() > MAX_ID_LEN {
         return Err(IdError::TooLong { what });
@@ -102,6 +115,21 @@ mod tests {
         ] {
             assert_eq!(validate("user", id), Ok(()), "{id:?} refused");
         }
+    }
+
+    #[test]
+    fn room_ids_take_colons_but_no_star() {
+        for ok in ["doc:42", "team:7:general", ":", "a/b=c~!#$%&'()+,;<>?[]^`"] {
+            assert_eq!(validate_room(ok), Ok(()), "{ok:?} refused");
+        }
+        for bad in ["doc:abc*", "*", "team:7*", "a*b", "x{y}", "a b", "a\"b"] {
+            let err = validate_room(bad).expect_err(bad);
+            assert!(matches!(err, IdError::RoomChar { .. }), "{bad:?}: {err:?}");
+        }
+        assert!(validate_room("doc:*")
+            .unwrap_err()
+            .to_string()
+            .contains("'*'"));
     }
 
     #[test]

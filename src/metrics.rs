@@ -183,8 +183,8 @@ pub struct WebhookSeries {
     /// Webhook events a receiver took (2xx).
     pub delivered: IntCounter,
     /// Webhook events that will not be sent: replaced by a newer status
-    /// event of the same user, or dropped from a full queue (status events
-    /// first) or beyond one user's share.
+    /// event of the same user, or dropped from a full queue (room events
+    /// first, then status events) or beyond one user's share.
     pub dropped: IntCounter,
     /// Webhook POSTs that failed (no answer or not 2xx) and will be retried.
     pub failures: IntCounter,
@@ -205,7 +205,7 @@ impl WebhookSeries {
             ),
             dropped: s.counter(
                 "presence_webhook_dropped_total",
-                "Webhook events not sent: replaced by a newer status event of their user, or dropped from a full queue (status events first).",
+                "Webhook events not sent: replaced by a newer status event of their user, or dropped from a full queue (room events first, then status events) or beyond one user's share.",
             ),
             failures: s.counter(
                 "presence_webhook_failures_total",

@@ -11,12 +11,12 @@ use actix_web_actors::ws;
 
 use super::watches::Request;
 use super::Session;
-use crate::config::{RoomPolicy, MAX_SIGNAL_BYTES};
+use crate::config::MAX_SIGNAL_BYTES;
 use crate::protocol::{ErrorCode, ProtocolError};
 use crate::registry::{JoinRoom, LeaveRoom, RoomResync};
 use crate::rooms::events::room_frame;
 use crate::rooms::events::{Kind, To};
-use crate::rooms::{allows, Held, RoomDeliver, RoomEvent, Rooms};
+use crate::rooms::{Held, RoomDeliver, RoomEvent, Rooms};
 use crate::store::rooms::{Joined, Relayed, RoomSnapshot};
 use crate::store::StoreResult;
 
@@ -158,19 +158,12 @@ impl Session {
         ctx: &mut ws::WebsocketContext<Self>,
     ) {
         let limits = self.node.config.rooms.clone();
-        if limits.policy == RoomPolicy::Claim {
-            let grants = self
-                .token
-                .as_ref()
-                .map(|t| t.rooms.as_slice())
-                .unwrap_or(&[]);
-            if !allows(grants, &room) {
-                let err = ProtocolError::new(
-                    ErrorCode::Forbidden,
-                    format!("the token's rooms claim does not include {room:?}"),
-                );
-                return self.send_error(ctx, &err.in_room(&room));
-            }
+        if !self.granted(&room) {
+            let err = ProtocolError::new(
+                ErrorCode::Forbidden,
+                format!("the token's rooms claim does not include {room:?}"),
+            );
+            return self.send_error(ctx, &err.in_room(&room));
         }
         let state = state.unwrap_or_else(|| serde_json::json!({}));
         let state = match Self::serialized(&state, "state", limits.max_state_bytes, &room) {
@@ -222,18 +215,21 @@ impl Session {
 
     /// A `leave` frame: out of the room now, in Redis in turn.
     pub(super) fn leave_room(&mut self, room: String, ctx: &mut ws::WebsocketContext<Self>) {
-        let Some((room, _)) = self
-            .rooms
-            .as_mut()
-            .and_then(|r| r.joined.remove_entry(room.as_str()))
-        else {
+        let Some(room) = self.take_room(&room) else {
             return self.send_error(ctx, &not_in_room(&room));
         };
+        self.request(Request::Room(RoomRequest::Leave { room }), ctx);
+    }
+
+    /// Out of `room` in this session (no more of its events, its frames
+    /// `not_in_room`), for a leave step to follow; `None` when not in it.
+    pub(super) fn take_room(&mut self, room: &str) -> Option<Arc<str>> {
+        let (room, _) = self.rooms.as_mut()?.joined.remove_entry(room)?;
         self.node.registry.do_send(LeaveRoom {
             session: self.me.id,
             room: room.clone(),
         });
-        self.request(Request::Room(RoomRequest::Leave { room }), ctx);
+        Some(room)
     }
 
     /// A state or signal frame for `room`: the device must be in it, and

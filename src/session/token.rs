@@ -1,12 +1,18 @@
 //! Token lifetime under JWT auth: the first-frame deadline, the
 //! `auth` frame, `auth_expiring`, the expiry close and fresh tokens.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use actix::prelude::*;
 use actix_web_actors::ws;
 
 use crate::auth::{Auth, AuthError};
+use crate::config::RoomPolicy;
+use crate::rooms::allows;
+
+use super::rooms::RoomRequest;
+use super::watches::Request;
 
 use super::*;
 use crate::protocol::{self, ClientFrame, ErrorCode, ProtocolError};
@@ -106,8 +112,8 @@ impl Session {
             Ok(verified) => {
                 if let Some(clock) = &mut act.token {
                     clock.state = TokenState::Valid(verified.exp);
-                    // The rooms claim of the newest token decides later
-                    // joins (rooms joined before stay joined).
+                    // The rooms claim of the newest token decides: later
+                    // joins, and the rooms the device may stay in.
                     clock.rooms = verified.rooms;
                 }
                 if first {
@@ -118,6 +124,7 @@ impl Session {
                     log::debug!("{}/{}: token refreshed", act.me.user, act.me.device);
                     act.schedule_expiry(ctx);
                 }
+                act.leave_ungranted_rooms(ctx);
             }
             Err(e) if first => {
                 log::debug!("device {}: auth frame refused: {e}", act.me.device);
@@ -131,6 +138,49 @@ impl Session {
                 act.send_error(ctx, &ProtocolError::new(code, e.to_string()));
             }
         }));
+    }
+
+    /// Whether the session may be in `room`: always, unless the room
+    /// policy is `claim` and the current token's rooms claim (none before
+    /// the first token is verified) does not cover it.
+    pub(super) fn granted(&self, room: &str) -> bool {
+        if self.node.config.rooms.policy != RoomPolicy::Claim {
+            return true;
+        }
+        let grants = self.token.as_ref().map(|t| t.rooms.as_slice());
+        allows(grants.unwrap_or(&[]), room)
+    }
+
+    /// A fresh token was verified: the device leaves every room its rooms
+    /// claim no longer covers, as with a leave frame (the others get
+    /// `room_leave`), and is told `forbidden` about each. A revoked grant
+    /// must end the access it gave, not only refuse the next join.
+    fn leave_ungranted_rooms(&mut self, ctx: &mut ws::WebsocketContext<Self>) {
+        let revoked: Vec<Arc<str>> = self
+            .rooms
+            .iter()
+            .flat_map(|r| r.joined.keys())
+            .filter(|room| !self.granted(room))
+            .cloned()
+            .collect();
+        for room in revoked {
+            let Some(room) = self.take_room(&room) else {
+                continue;
+            };
+            log::debug!(
+                "{}/{}: the fresh token's rooms claim leaves out {room}; leaving it",
+                self.me.user,
+                self.me.device
+            );
+            let err = ProtocolError::new(
+                ErrorCode::Forbidden,
+                format!("the fresh token's rooms claim does not include {room:?}: left it"),
+            );
+            self.send_error(ctx, &err.in_room(&room));
+            // The session's own request: the cap on a client's requests
+            // must not keep it in a room it may no longer be in.
+            self.request_always(Request::Room(RoomRequest::Leave { room }), ctx);
+        }
     }
 
     /// Arms the `auth_expiring` notice and the expiry close for the current

@@ -14,6 +14,7 @@ mod devices_watch;
 mod docs;
 mod edge;
 mod fuzz;
+mod grants;
 mod hostile;
 mod http_api;
 mod http_devices;

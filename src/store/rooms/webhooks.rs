@@ -85,8 +85,11 @@ impl Store {
             };
             match serde_json::from_slice::<Emitted>(payload) {
                 Ok(e) => {
+                    // The member's user causes all of them (occupied and
+                    // vacated too), and answers for them in the queue.
+                    let by = e.user.clone();
                     for event in room_webhooks(e, at) {
-                        webhooks.room(&event);
+                        webhooks.room(&event, &by);
                     }
                 }
                 Err(e) => log::warn!("webhook: unreadable room event ({e})"),

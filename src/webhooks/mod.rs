@@ -14,15 +14,21 @@
 //! [`WebhookConfig::batch_interval`], POSTs them, and on a failure (no
 //! answer, or any status but 2xx) retries the front of the queue with
 //! exponential backoff. One user cannot crowd the others out: only its
-//! latest status event waits (a newer one replaces it), it may have at most
-//! [`MAX_QUEUED_PER_USER`] events waiting (beyond, its own oldest go), and a
-//! full queue drops its oldest status event, and only when none waits its
-//! oldest transition (`presence_webhook_dropped_total` counts each event
-//! that will not be sent). Delivery is at least once while the
-//! node lives; what is queued when it dies is lost, and a node stopped with
+//! latest status event waits (a newer one replaces it), and it may have at
+//! most [`MAX_QUEUED_PER_USER`] events waiting, the room events it causes
+//! included (a room's `room_occupied` and `room_vacated` count for the user
+//! whose join or leave made them). What gives way, to a user over that
+//! share (among its own events) or to a full queue (among all), goes by
+//! class (`queue::Class`): room events first, then status changes, and
+//! online and offline only when nothing else waits; oldest first within a
+//! class, and a new event of a class that would give way first is itself
+//! dropped (`presence_webhook_dropped_total` counts each event that will
+//! not be sent). Delivery is at least once while the node lives; what is
+//! queued when it dies is lost, and a node stopped with
 //! SIGTERM delivers its queue first (docs/http-api.md, "Webhooks").
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+mod queue;
+
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -34,6 +40,7 @@ use tokio::time::Instant;
 
 use crate::metrics::METRICS;
 use crate::model::Event;
+use queue::{Class, Owner, Queue};
 
 /// Default most events in one POST.
 pub const DEFAULT_BATCH_SIZE: usize = 100;
@@ -41,8 +48,8 @@ pub const DEFAULT_BATCH_SIZE: usize = 100;
 pub const DEFAULT_BATCH_INTERVAL: Duration = Duration::from_millis(200);
 /// Default most events waiting per URL; beyond it the oldest are dropped.
 pub const DEFAULT_QUEUE_LIMIT: usize = 10_000;
-/// Most events of one user (or, for `room_occupied` and `room_vacated`,
-/// one room) waiting per URL; at most half the queue.
+/// Most events of one user waiting per URL (the room events it causes
+/// included); at most half the queue.
 pub const MAX_QUEUED_PER_USER: usize = 64;
 /// First wait before a failed POST is retried; doubled on each failure.
 pub const RETRY_MIN: Duration = Duration::from_millis(250);
@@ -258,112 +265,6 @@ struct Sink {
     limit: usize,
 }
 
-/// Events waiting for one receiver, oldest first, each with a number that
-/// tells the sender which ones its last POST carried (numbers increase
-/// from front to back).
-#[derive(Default)]
-struct Queue {
-    events: VecDeque<Queued>,
-    next: u64,
-    /// The number of each user's status event waiting.
-    status_of: HashMap<Arc<str>, u64>,
-    /// The status events waiting: number -> user, oldest first.
-    statuses: BTreeMap<u64, Arc<str>>,
-    /// How many events each user has waiting.
-    per_user: HashMap<Arc<str>, usize>,
-}
-
-struct Queued {
-    number: u64,
-    since: Instant,
-    json: Arc<str>,
-    owner: Owner,
-}
-
-/// Whose event it is, and whether it is a status change (which a newer
-/// one of the same user replaces, and which goes first when full).
-#[derive(Clone)]
-struct Owner {
-    key: Arc<str>,
-    status: bool,
-}
-
-impl Queue {
-    /// Removes the event numbered `number`, if still there.
-    fn remove(&mut self, number: u64) -> bool {
-        let Ok(at) = self.events.binary_search_by_key(&number, |e| e.number) else {
-            return false;
-        };
-        let gone = self.events.remove(at).expect("found just now");
-        self.forget(&gone);
-        true
-    }
-
-    /// Removes the oldest event, returning whether there was one.
-    fn pop_front(&mut self) -> bool {
-        let Some(gone) = self.events.pop_front() else {
-            return false;
-        };
-        self.forget(&gone);
-        true
-    }
-
-    fn forget(&mut self, gone: &Queued) {
-        if gone.owner.status {
-            self.statuses.remove(&gone.number);
-            self.status_of.remove(&gone.owner.key);
-        }
-        if let Some(n) = self.per_user.get_mut(&gone.owner.key) {
-            *n -= 1;
-            if *n == 0 {
-                self.per_user.remove(&gone.owner.key);
-            }
-        }
-    }
-
-    /// Makes room for one more event of `owner`: the events it may replace
-    /// or crowd out, and what a full queue gives up. Returns how many went.
-    fn make_room(&mut self, owner: &Owner, limit: usize) -> u64 {
-        let mut dropped = 0;
-        if owner.status {
-            if let Some(old) = self.status_of.get(&owner.key).copied() {
-                dropped += u64::from(self.remove(old));
-            }
-        }
-        let cap = (limit / 2).clamp(1, MAX_QUEUED_PER_USER);
-        if self.per_user.get(&owner.key).is_some_and(|n| *n >= cap) {
-            let own = self.events.iter().find(|e| e.owner.key == owner.key);
-            if let Some(number) = own.map(|e| e.number) {
-                dropped += u64::from(self.remove(number));
-            }
-        }
-        if self.events.len() >= limit {
-            let removed = match self.statuses.keys().next().copied() {
-                Some(number) => self.remove(number),
-                None => self.pop_front(),
-            };
-            dropped += u64::from(removed);
-        }
-        dropped
-    }
-
-    fn push_back(&mut self, json: Arc<str>, owner: Owner) {
-        let number = self.next;
-        self.next += 1;
-        if owner.status {
-            self.status_of.insert(owner.key.clone(), number);
-            self.statuses.insert(number, owner.key.clone());
-        }
-        *self.per_user.entry(owner.key.clone()).or_default() += 1;
-        self.events.push_back(Queued {
-            number,
-            since: Instant::now(),
-            json,
-            owner,
-        });
-    }
-}
-
 impl Webhooks {
     /// Starts one sender task per URL on the current tokio runtime.
     pub fn start(config: WebhookConfig, node: &str) -> anyhow::Result<Self> {
@@ -426,22 +327,25 @@ impl Webhooks {
         };
         let owner = Owner {
             key: event.user.as_str().into(),
-            status: kind == Kind::Status,
+            class: match kind {
+                Kind::Status => Class::Status,
+                Kind::Online | Kind::Offline => Class::Transition,
+            },
         };
         self.push(json, owner);
     }
 
-    /// Queues a room event this node's step made.
-    pub fn room(&self, event: &RoomWebhookEvent) {
+    /// Queues a room event this node's step made; `by` is the user whose
+    /// join or leave made it. Occupied and vacated name no user, yet count
+    /// for `by` too: otherwise a user joining and leaving rooms of its own
+    /// makes events of a new owner with each room, beyond any share.
+    pub fn room(&self, event: &RoomWebhookEvent, by: &str) {
         match serde_json::to_string(event) {
             Ok(json) => {
-                // Occupied and vacated name no user: the room answers for
-                // them (a user id has no `#`).
-                let key = match &event.user {
-                    Some(user) => user.as_str().into(),
-                    None => format!("#{}", event.room).into(),
+                let owner = Owner {
+                    key: by.into(),
+                    class: Class::Room,
                 };
-                let owner = Owner { key, status: false };
                 self.push(json.into(), owner);
             }
             Err(e) => log::warn!("webhook: cannot encode {event:?}: {e}"),
@@ -482,17 +386,21 @@ impl Sink {
 
     fn push(&self, json: Arc<str>, owner: Owner) {
         let mut q = self.lock();
-        let dropped = q.make_room(&owner, self.limit);
-        q.push_back(json, owner);
+        let (keep, dropped) = q.make_room(&owner, self.limit);
+        if keep {
+            q.push_back(json, owner);
+        }
         drop(q);
-        METRICS.webhooks.dropped.inc_by(dropped);
+        METRICS.webhooks.dropped.inc_by(dropped + u64::from(!keep));
         METRICS
             .webhooks
             .queued
             .sub(i64::try_from(dropped).unwrap_or(i64::MAX));
         METRICS.webhooks.events.inc();
-        METRICS.webhooks.queued.inc();
-        self.wake.notify_one();
+        if keep {
+            METRICS.webhooks.queued.inc();
+            self.wake.notify_one();
+        }
     }
 
     /// Up to `max` events from the front, and the number of the last.
