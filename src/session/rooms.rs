@@ -110,6 +110,20 @@ impl Session {
         }
     }
 
+    /// A step found this session's membership of `room` gone: joined
+    /// again, unless a join of it is on its way already.
+    fn membership_gone(&mut self, room: &str, ctx: &mut ws::WebsocketContext<Self>) {
+        let shown = self
+            .rooms
+            .as_ref()
+            .and_then(|r| r.joined.get_key_value(room))
+            .filter(|(_, held)| held.seq.is_some())
+            .map(|(room, _)| room.clone());
+        if let Some(room) = shown {
+            self.rejoin_rooms(std::slice::from_ref(&room), ctx);
+        }
+    }
+
     /// A client's room request refused by the queue's cap: a join that
     /// did not happen is out of the room again. The error, about the room.
     pub(super) fn refused_room(
@@ -319,9 +333,12 @@ impl Session {
                     // A hidden member's signals are nobody else's business, on a
                     // public /metrics too.
                     Ok(Relayed::OwnDevices | Relayed::Taken) => {}
-                    // Removed (its device deleted over HTTP, its membership
-                    // lapsed): nothing was relayed.
-                    Ok(Relayed::Absent) => act.send_error(ctx, &not_in_room(&room)),
+                    // The membership is gone from Redis while this session
+                    // holds the room (Redis lost it, or it lapsed while the
+                    // node was frozen): nothing was relayed, and the room is
+                    // joined again as a refresh would (a device deleted over
+                    // HTTP is closed meanwhile).
+                    Ok(Relayed::Absent) => act.membership_gone(&room, ctx),
                     Err(e) => {
                         log::debug!("{}/{}: signal not relayed: {e}", act.me.user, act.me.device);
                         act.send_error(ctx, &super::unavailable().in_room(&room));
