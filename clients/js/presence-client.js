@@ -277,6 +277,10 @@
       const code = error.code;
       if (this._pending && REFUSED.includes(code)) {
         this._stop(); // refused: not joined again on reconnect
+      } else if (code === "forbidden") {
+        // A fresh token no longer covers this room: the server made the
+        // device leave it, for good.
+        this._stop();
       } else if (code === "unavailable" || (this._pending && code === "rate_limited")) {
         // Redis could not answer: try the join again after a short backoff.
         this.joined = false;

@@ -259,6 +259,12 @@ test("rooms: joined after hello and again after each reconnect, except refused o
     { type: "join", room: "doc:1", state: { page: 2 } },
     { type: "join", room: "busy:1", state: {} },
   ]);
+  // A fresh token without busy:1: the server made the device leave it.
+  ws.frame({ type: "room", room: "busy:1", users: 1, devices: 1, members: [] });
+  assert.equal(busy.joined, true);
+  ws.frame({ type: "error", code: "forbidden", message: "the token's rooms claim does not include \"busy:1\"", room: "busy:1" });
+  assert.equal(busy.joined, false);
+  assert.equal(c.rooms.has("busy:1"), false, "out for good: not joined again on reconnect");
   doc.leave();
   assert.deepEqual(ws.sent.at(-1), { type: "leave", room: "doc:1" });
   assert.equal(c.rooms.has("doc:1"), false);
