@@ -313,3 +313,77 @@ async fn occupancy_goes_out_only_when_the_counts_change() {
         (Some(4), Some(4))
     );
 }
+
+/// Pages hold whole users, at most `limit` devices (or one user with more),
+/// in user order; a member sees its own hidden devices where they sort,
+/// and the service view pages through the hidden members too.
+#[tokio::test]
+async fn pages_hold_whole_users_and_the_service_pages_the_hidden_too() {
+    const SERVICE: &str = "service-key-for-pages-123";
+    let redis = Redis::start();
+    let node = Node::start_with(&redis, "n1", &["--service-key", SERVICE]);
+    let base = node.http();
+    let mut devices = Vec::new();
+    // a0 and c0 with 3 devices, b0 and d0 hidden with 2, e0 with 1.
+    for (user, n, hidden) in [
+        ("a0", 3, false),
+        ("b0", 2, true),
+        ("c0", 3, false),
+        ("d0", 2, true),
+        ("e0", 1, false),
+    ] {
+        for d in 0..n {
+            let mut c = Client::connect(&node, user, &format!("d{d}")).await;
+            if hidden && d == 0 {
+                go_invisible(&mut c).await;
+            }
+            join(&mut c, "paged", json!({ "d": d })).await;
+            devices.push(c);
+        }
+    }
+    // Follows the pages of `query`; each page's users with their devices.
+    let pages = |query: String, bearer: Option<&'static str>| {
+        let base = base.clone();
+        async move {
+            let mut out = Vec::new();
+            let mut cursor = String::new();
+            loop {
+                let (status, page) =
+                    get_as(&format!("{base}/api/rooms/paged?{query}{cursor}"), bearer).await;
+                assert_eq!(status, 200, "{page}");
+                out.push(members(&page));
+                match page["next_cursor"].as_str() {
+                    Some(next) => cursor = format!("&cursor={next}"),
+                    None => return (out, page["users"].clone(), page["devices"].clone()),
+                }
+            }
+        }
+    };
+    let (seen, users, devs) = pages("viewer=x&limit=4".into(), None).await;
+    assert_eq!(
+        seen,
+        [
+            vec!["a0:d0", "a0:d1", "a0:d2"],
+            vec!["c0:d0", "c0:d1", "c0:d2", "e0:d0"],
+        ]
+    );
+    assert_eq!((users, devs), (json!(3), json!(7)));
+    // One user with more devices than the limit: whole, alone on its page.
+    let (seen, ..) = pages("viewer=x&limit=2".into(), None).await;
+    assert_eq!(seen[0], ["a0:d0", "a0:d1", "a0:d2"]);
+    assert_eq!(seen.len(), 3, "{seen:?}");
+    // b0 sees itself where it sorts, not d0.
+    let (seen, users, devs) = pages("viewer=b0&limit=5".into(), None).await;
+    let flat: Vec<String> = seen.concat();
+    assert_eq!(
+        flat,
+        ["a0:d0", "a0:d1", "a0:d2", "b0:d0", "b0:d1", "c0:d0", "c0:d1", "c0:d2", "e0:d0"]
+    );
+    assert_eq!((users, devs), (json!(4), json!(9)));
+    // The service sees everyone, in order, over pages.
+    let (seen, users, devs) = pages("limit=3".into(), Some(SERVICE)).await;
+    assert_eq!(seen.concat().len(), 11, "{seen:?}");
+    assert_eq!(seen[1], ["b0:d0", "b0:d1"]);
+    assert_eq!(seen[3], ["d0:d0", "d0:d1", "e0:d0"]);
+    assert_eq!((users, devs), (json!(5), json!(11)));
+}
