@@ -10,6 +10,9 @@
 //! nodes share three primaries with a replica each, and instead of Redis
 //! restarting empty a primary is SIGKILLed and its replica promoted.
 //!
+//! [`failover`] is a primary's failover on its own, with nodes of
+//! different heartbeat settings, checked at each step.
+//!
 //! A short run of each is part of `cargo test`; a longer one:
 //! `ROOM_CHAOS_SECS=120 cargo test --release --test it rooms_chaos:: -- --nocapture`
 
@@ -21,6 +24,8 @@ use crate::common::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
+
+mod failover;
 
 const NODES: usize = 3;
 const DEVICES: usize = 24;
@@ -157,6 +162,21 @@ impl Backend {
             }
         }
     }
+}
+
+/// The read of `room`'s memberships as Redis holds them: its members, the
+/// members with a deadline, and its per-user device counts.
+fn memberships(room: &str) -> redis::Pipeline {
+    let mut pipe = redis::pipe();
+    pipe.cmd("HKEYS")
+        .arg(format!("presence-room:{{r:{room}}}"))
+        .cmd("ZRANGE")
+        .arg(format!("presence-room-deadlines:{{r:{room}}}"))
+        .arg(0)
+        .arg(-1)
+        .cmd("HVALS")
+        .arg(format!("presence-room-users:{{r:{room}}}"));
+    pipe
 }
 
 struct World {
