@@ -226,10 +226,12 @@ impl Store {
     /// The arrival step for many leases at once, in two round trips
     /// whatever their number: one pipeline of `arrive.lua` calls, then, for
     /// the leases still held, per bucket one `ZADD GT` of their deadlines
-    /// into `presence-leases:{b<k>}`.
+    /// into `presence-leases:{b<k>}`, with their memberships' deadlines.
     /// Returns one outcome per lease, in order; `Err` when the first round
-    /// trip failed as a whole. A failed second round trip fails the leases
-    /// that were held (as one refresh on its own would).
+    /// trip failed as a whole. A second round trip that failed as a whole
+    /// fails the leases that were held (as one refresh on its own would);
+    /// one not answered within a quarter of the TTL is not waited for
+    /// (see `beside_wait`).
     pub async fn arrive_batch<L: Borrow<Lease>>(
         &self,
         mode: ArriveMode,
@@ -305,26 +307,84 @@ impl Store {
             for deadlines in by_bucket.into_values() {
                 pipe.add_command(deadlines).ignore();
             }
-            match self.query(&pipe).await {
-                Ok(pushed) => {
-                    for ((i, room), pushed) in memberships.into_iter().zip(pushed) {
-                        if let (redis::Value::Int(0), Ok(Arrival::Held { lost_rooms, .. })) =
-                            (pushed, &mut out[i])
-                        {
-                            lost_rooms.push(room.clone());
-                        }
-                    }
-                }
-                Err(e) => {
-                    for arrival in &mut out {
-                        if let Ok(Arrival::Held { .. }) = arrival {
-                            *arrival = Err(e.clone());
-                        }
+            self.send_beside(pipe, &memberships, &mut out).await;
+        }
+        Ok(out)
+    }
+
+    /// The second round trip of [`Store::arrive_batch`]: `pipe`, the index
+    /// writes and the pushes of `memberships` (lease in `out`, room), whose
+    /// replies tell which memberships were gone.
+    async fn send_beside(
+        &self,
+        mut pipe: Pipeline,
+        memberships: &[(usize, &std::sync::Arc<str>)],
+        out: &mut [StoreResult<Arrival>],
+    ) {
+        // One shard's failure fails its own writes, not the replies of the
+        // others.
+        pipe.ignore_errors();
+        match self.query_within(pipe, self.beside_wait()).await {
+            Some(Ok(pushed)) => {
+                for ((i, room), pushed) in memberships.iter().zip(pushed) {
+                    if let (redis::Value::Int(0), Ok(Arrival::Held { lost_rooms, .. })) =
+                        (pushed, &mut out[*i])
+                    {
+                        lost_rooms.push((*room).clone());
                     }
                 }
             }
+            Some(Err(e)) => {
+                for arrival in out.iter_mut() {
+                    if let Ok(Arrival::Held { .. }) = arrival {
+                        *arrival = Err(e.clone());
+                    }
+                }
+            }
+            // The leases are refreshed; which memberships were gone is
+            // learnt at the next refresh.
+            None => log::debug!(
+                "a refresh batch's index and membership writes are still out after {:?}; answered without them",
+                self.beside_wait()
+            ),
         }
-        Ok(out)
+    }
+
+    /// How long [`Store::arrive_batch`] waits for its second round trip (the
+    /// indexes and the membership deadlines, which touch the slots of every
+    /// shard) before it answers without it: a quarter of the TTL.
+    ///
+    /// A shard in failover holds its commands until its replica takes over
+    /// (the cluster client retries them meanwhile), and a session refreshes
+    /// again only once its refresh is answered. Had the refresh waited for
+    /// that, no lease of the node would be refreshed for the failover's
+    /// length, even on the shards that stayed up: a lease shorter than the
+    /// failover lapsed, and its device left every room. Answered after a
+    /// quarter of the TTL, a session refreshes again at its next pong (a
+    /// third of the TTL with the derived TTL); the writes still land once
+    /// the shard is back.
+    fn beside_wait(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.ttl_ms / 4)
+    }
+
+    /// Sends `pipe` and waits at most `wait` for its replies; `None` when
+    /// they did not come in time. The pipeline goes on by itself then, so
+    /// that its writes land and only their replies are lost.
+    async fn query_within(
+        &self,
+        pipe: Pipeline,
+        wait: std::time::Duration,
+    ) -> Option<StoreResult<Vec<redis::Value>>> {
+        let store = self.clone();
+        let sent = tokio::spawn(async move { store.query(&pipe).await });
+        match tokio::time::timeout(wait, sent).await {
+            Ok(Ok(reply)) => Some(reply),
+            Ok(Err(e)) => Some(Err(StoreError::reply(
+                "arrive",
+                format!("index writes: {e}"),
+            ))),
+            Err(_) => None,
+        }
     }
 
     /// Adds to `back` the push of one membership's deadline (its reply

@@ -8,7 +8,8 @@
 //! A membership lapses on its own: its deadline is pushed on with its
 //! device's lease in the refresh batch ([`Store::arrive_batch`]), and the
 //! room deadline pass ([`Store::reap_rooms`], `pass.rs`) removes the
-//! memberships past it, each with the same leave as a clean one.
+//! memberships past it whose lease is gone (`leased.rs`), each with the
+//! same leave as a clean one.
 //!
 //! - `read.rs`: the reads, each bounded by what was asked for: a `room`
 //!   frame's list (only in a room small enough to list), a page of
@@ -16,7 +17,10 @@
 //! - `visibility.rs`: a user turning invisible (or visible again) hides
 //!   (or shows) every membership of its devices at once.
 //! - `webhooks.rs`: the webhooks of the events a step published.
+//! - `pass.rs`, `leased.rs`: the room deadline pass, which asks a lapsed
+//!   membership's lease before it removes it.
 
+mod leased;
 mod pass;
 mod read;
 mod visibility;

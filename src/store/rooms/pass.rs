@@ -1,7 +1,8 @@
 //! The room deadline pass: each room whose earliest membership deadline
-//! may have passed loses its lapsed memberships (`room_expire.lua`, which
-//! also checks and repairs the room's counts and indexes), and its entry in
-//! the bucket's index follows its next deadline.
+//! may have passed loses its lapsed memberships whose lease is gone
+//! (`leased.rs` asks the leases; `room_expire.lua` removes them, and checks
+//! and repairs the room's counts and indexes), and its entry in the
+//! bucket's index follows its next deadline.
 
 use redis::Value;
 
@@ -12,15 +13,18 @@ use crate::keys;
 impl Store {
     /// The room deadline pass over one bucket: each room whose earliest
     /// membership deadline may have passed loses its lapsed memberships
-    /// (at most `max` per room), and its index entry follows its next
-    /// deadline. Returns the rooms looked at and the visible memberships
+    /// whose lease is gone (at most `max` per room), and its index entry
+    /// follows its next deadline. Returns the rooms looked at and the visible memberships
     /// removed.
     pub async fn reap_rooms(&self, bucket: u32, max: usize) -> StoreResult<(usize, usize)> {
         let now = now_ms();
         let index = keys::room_due(bucket);
         let due = self.scored_up_to(&index, now, max).await?;
+        // A lapsed membership whose lease holds is kept (its room's shard
+        // was away): the step removes only those whose lease is gone.
+        let limits = self.keep_leased(&due, now, max).await?;
         let mut removed = 0;
-        for (room, score) in &due {
+        for ((room, score), max) in due.iter().zip(limits) {
             // One room that fails (logged) does not hold up the others.
             match self.expire_room(&index, room, score, max).await {
                 Ok(n) => removed += n,

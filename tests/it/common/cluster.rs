@@ -21,10 +21,11 @@ pub struct ClusterNode {
 }
 
 impl ClusterNode {
-    fn spawn(port: u16, bus: u16) -> Self {
+    fn spawn(port: u16, bus: u16, node_timeout_ms: u64, extra: &[&str]) -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let child = presence_bench::procs::cluster_server(port, bus, dir.path(), NODE_TIMEOUT_MS)
+        let child = presence_bench::procs::cluster_server(port, bus, dir.path(), node_timeout_ms)
             .expect("a copy of redis.conf")
+            .args(extra)
             .spawn()
             .expect("redis-server must be installed (apt-get install -y redis-server)");
         Self {
@@ -81,13 +82,20 @@ impl Cluster {
     /// Starts six servers, joins them into a cluster and waits until every
     /// node says `cluster_state:ok` and every replica is in sync.
     pub fn start() -> Self {
+        Self::start_with(NODE_TIMEOUT_MS, &[])
+    }
+
+    /// [`Cluster::start`] with another `cluster-node-timeout`, ms (a longer
+    /// one makes a failover as long as a production cluster's), and `extra`
+    /// arguments for every redis-server.
+    pub fn start_with(node_timeout_ms: u64, extra: &[&str]) -> Self {
         let mut nodes = Vec::new();
         while nodes.len() < 6 {
             let (port, bus) = (free_port(), free_port());
             if port == bus {
                 continue;
             }
-            let mut node = ClusterNode::spawn(port, bus);
+            let mut node = ClusterNode::spawn(port, bus, node_timeout_ms, extra);
             if Self::wait_ping(&mut node) {
                 nodes.push(node);
             }
@@ -150,6 +158,12 @@ impl Cluster {
             );
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// Whether the cluster is healthy now, `dead` left out (see
+    /// [`Cluster::wait_healthy`]).
+    pub fn is_healthy(&self, dead: &[u16]) -> bool {
+        self.healthy(dead)
     }
 
     fn healthy(&self, dead: &[u16]) -> bool {
@@ -233,6 +247,11 @@ impl Cluster {
             .map(|n| n.port)
             .collect();
         self.try_shards(&dead).expect("CLUSTER NODES")
+    }
+
+    /// The shards as a live node sees them, `dead` left out.
+    pub fn shards_without(&self, dead: &[u16]) -> Vec<Shard> {
+        self.try_shards(dead).unwrap_or_default()
     }
 
     fn try_shards(&self, dead: &[u16]) -> Option<Vec<Shard>> {

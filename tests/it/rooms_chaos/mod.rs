@@ -6,9 +6,16 @@
 //! in it, and every member's view (kept from its `room` frames and events,
 //! as a client keeps it) must match it.
 //!
+//! The nodes run with different heartbeat settings, as a fleet does in the
+//! middle of a rolling change of config: one with a 1.5 s lease, the
+//! others with the default TTL of three 1.5 s heartbeats.
+//!
 //! On a Redis Cluster (`rooms_stay_right_through_chaos_on_a_cluster`) the
-//! nodes share three primaries with a replica each, and instead of Redis
-//! restarting empty a primary is SIGKILLed and its replica promoted.
+//! nodes share three primaries with a replica each, rooms on every shard,
+//! and instead of Redis restarting empty the primaries of two shards are
+//! SIGKILLed in turn, each while the chaos goes on; the cluster's
+//! `cluster-node-timeout` makes each failover outlast the short lease.
+//! [`failover`] is the same failover on its own, with checks at each step.
 //!
 //! A short run of each is part of `cargo test`; a longer one:
 //! `ROOM_CHAOS_SECS=120 cargo test --release --test it rooms_chaos:: -- --nocapture`
@@ -22,15 +29,31 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 
+mod failover;
+
 const NODES: usize = 3;
 const DEVICES: usize = 24;
+/// Rooms on one Redis.
 const ROOMS: usize = 4;
+/// Rooms on each shard of a cluster.
+const ROOMS_PER_SHARD: usize = 2;
 const FLAGS: [&str; 4] = [
     "--max-frames-per-sec",
     "1000",
     "--max-room-messages-per-sec",
     "1000",
 ];
+/// Each node's heartbeat settings: a rolling change of config, half done.
+const HEARTBEATS: [&[&str]; NODES] = [
+    &["--heartbeat-ms", "500", "--ttl-ms", "1500"],
+    &["--heartbeat-ms", "1500"],
+    &["--heartbeat-ms", "1500"],
+];
+/// The longest lease of the fleet: three of the longest heartbeats.
+const LONGEST_TTL: Duration = Duration::from_millis(3 * 1500);
+/// `cluster-node-timeout` of the chaos cluster: a failover outlasts the
+/// shortest lease, as it may in production.
+const NODE_TIMEOUT_MS: u64 = 1500;
 
 /// One device: what it means to be in (its rooms, with its state in
 /// each), its connection, and what it has been told of each room.
@@ -109,58 +132,109 @@ enum Backend {
 }
 
 impl Backend {
-    fn node(&self, id: &str) -> Node {
+    /// Node `n` of the fleet (`id` names this run of it), with its
+    /// heartbeat settings.
+    fn node(&self, n: usize, id: &str) -> Node {
+        let mut flags = FLAGS.to_vec();
+        flags.extend(HEARTBEATS[n]);
         match self {
-            Self::One(redis) => Node::start_with(redis, id, &FLAGS),
-            Self::Cluster(cluster) => cluster.node_with(id, &FLAGS),
+            Self::One(redis) => Node::start_with(redis, id, &flags),
+            Self::Cluster(cluster) => cluster.node_with(id, &flags),
         }
     }
 
-    /// One Redis fault: the server restarts empty, or a primary of the
-    /// cluster is SIGKILLed and its replica takes over.
-    fn fault(&mut self) -> &'static str {
+    /// The rooms: on a cluster, [`ROOMS_PER_SHARD`] on each shard.
+    fn rooms(&self) -> Vec<String> {
         match self {
-            Self::One(redis) => {
+            Self::One(_) => (0..ROOMS).map(|r| format!("room{r}")).collect(),
+            Self::Cluster(cluster) => cluster
+                .shards()
+                .iter()
+                .enumerate()
+                .flat_map(|(i, shard)| {
+                    (0..)
+                        .map(move |r| format!("room{i}:{r}"))
+                        .filter(|r| shard.serves(cluster.slot(&format!("r:{r}"))))
+                        .take(ROOMS_PER_SHARD)
+                })
+                .collect(),
+        }
+    }
+
+    /// Redis fault number `n`: the server restarts empty (once), or the
+    /// primary of shard `n` of the cluster is SIGKILLed, for its replica to
+    /// take over while the chaos goes on (its port joins `killed`). `None`
+    /// when there is no such fault, or the last failover is not over yet.
+    fn fault(&mut self, n: usize, killed: &mut Vec<u16>) -> Option<&'static str> {
+        match self {
+            Self::One(redis) if n == 0 => {
                 redis.restart_empty();
-                "redis restart (empty)"
+                Some("redis restart (empty)")
             }
+            Self::One(_) => None,
             Self::Cluster(cluster) => {
-                let victim = cluster.shards()[0].primary;
+                if n >= 2 || !cluster.is_healthy(killed) {
+                    return None;
+                }
+                let victim = cluster.shards_without(killed).get(n)?.primary;
                 cluster.kill(victim);
-                tokio::task::block_in_place(|| cluster.wait_healthy(&[victim]));
-                "primary SIGKILL (replica promoted)"
+                killed.push(victim);
+                Some("primary SIGKILL (replica promoted)")
             }
         }
     }
 
-    /// The members of `room` as Redis holds them.
-    async fn members(&self, room: &str) -> BTreeSet<String> {
-        let key = format!("presence-room:{{r:{room}}}");
+    /// Waits until every failover is over.
+    fn settle(&self, killed: &[u16]) {
+        if let Self::Cluster(cluster) = self {
+            tokio::task::block_in_place(|| cluster.wait_healthy(killed));
+        }
+    }
+
+    /// `room`'s memberships as Redis holds them (see [`memberships`]).
+    async fn memberships(
+        &self,
+        room: &str,
+        killed: &[u16],
+    ) -> (BTreeSet<String>, BTreeSet<String>, Vec<u64>) {
         match self {
-            Self::One(redis) => {
-                let mut c = redis.aconn().await;
-                redis::cmd("HKEYS")
-                    .arg(&key)
-                    .query_async(&mut c)
-                    .await
-                    .unwrap()
-            }
+            Self::One(redis) => memberships(room)
+                .query_async(&mut redis.aconn().await)
+                .await
+                .unwrap(),
             Self::Cluster(cluster) => {
-                let slot = cluster.slot(&key);
+                let slot = cluster.slot(&format!("r:{room}"));
                 let shard = cluster
-                    .shards()
+                    .shards_without(killed)
                     .into_iter()
                     .find(|s| s.serves(slot))
                     .unwrap();
-                let mut c = cluster.conn(shard.primary);
-                redis::cmd("HKEYS").arg(&key).query(&mut c).unwrap()
+                memberships(room)
+                    .query(&mut cluster.conn(shard.primary))
+                    .unwrap()
             }
         }
     }
 }
 
+/// The read of `room`'s memberships as Redis holds them: its members, the
+/// members with a deadline, and its per-user device counts.
+fn memberships(room: &str) -> redis::Pipeline {
+    let mut pipe = redis::pipe();
+    pipe.cmd("HKEYS")
+        .arg(format!("presence-room:{{r:{room}}}"))
+        .cmd("ZRANGE")
+        .arg(format!("presence-room-deadlines:{{r:{room}}}"))
+        .arg(0)
+        .arg(-1)
+        .cmd("HVALS")
+        .arg(format!("presence-room-users:{{r:{room}}}"));
+    pipe
+}
+
 struct World {
     backend: Backend,
+    rooms: Vec<String>,
     nodes: Vec<Option<Node>>,
     devices: Vec<Device>,
     rng: StdRng,
@@ -226,7 +300,7 @@ impl World {
             *self.ops.entry("connect").or_default() += 1;
             return;
         }
-        let room = format!("room{}", self.rng.random_range(0..ROOMS));
+        let room = self.rooms[self.rng.random_range(0..self.rooms.len())].clone();
         let state = json!({"n": self.rng.random_range(0..1000)});
         let member = self.devices[i].member();
         let d = &mut self.devices[i];
@@ -299,7 +373,7 @@ async fn rooms_stay_right_through_chaos() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rooms_stay_right_through_chaos_on_a_cluster() {
-    run(Backend::Cluster(Cluster::start())).await;
+    run(Backend::Cluster(Cluster::start_with(NODE_TIMEOUT_MS, &[]))).await;
 }
 
 async fn run(backend: Backend) {
@@ -307,8 +381,9 @@ async fn run(backend: Backend) {
     let secs: u64 = env_u64("ROOM_CHAOS_SECS", 8);
     let seed: u64 = env_u64("CHAOS_SEED", 7);
     let nodes = (0..NODES)
-        .map(|n| Some(backend.node(&format!("n{n}"))))
+        .map(|n| Some(backend.node(n, &format!("n{n}"))))
         .collect();
+    let rooms = backend.rooms();
     let devices = (0..DEVICES)
         .map(|i| Device {
             user: format!("u{}", i / 2),
@@ -321,6 +396,7 @@ async fn run(backend: Backend) {
         .collect();
     let mut world = World {
         backend,
+        rooms,
         nodes,
         devices,
         rng: StdRng::seed_from_u64(seed),
@@ -328,33 +404,52 @@ async fn run(backend: Backend) {
     };
     let start = Instant::now();
     let end = start + Duration::from_secs(secs);
-    let (mut killed, mut redis_restarted) = (None, false);
+    // Two nodes SIGKILLed, at a quarter and at three quarters of the run
+    // (each started again a second later), and the Redis faults from a
+    // third of the run on (a second failover once the first is over).
+    let (mut node_kills, mut killed): (usize, Option<(usize, Instant)>) = (0, None);
+    let mut dead_primaries: Vec<u16> = Vec::new();
+    let (mut faults, mut fault_look) = (0, Instant::now());
     while Instant::now() < end {
         world.step().await;
         world.drain().await;
         let elapsed = start.elapsed();
-        if killed.is_none() && elapsed > Duration::from_secs(secs) / 4 {
+        if killed.is_none()
+            && node_kills < 2
+            && elapsed > Duration::from_secs(secs) * (1 + 2 * node_kills as u32) / 4
+        {
             let n = world.live_node();
             if let Some(mut node) = world.nodes[n].take() {
                 node.kill();
             }
             killed = Some((n, Instant::now()));
+            node_kills += 1;
             *world.ops.entry("node SIGKILL").or_default() += 1;
         }
         if let Some((n, at)) = killed {
-            if world.nodes[n].is_none() && at.elapsed() > Duration::from_secs(1) {
-                world.nodes[n] = Some(world.backend.node(&format!("n{n}b")));
+            if at.elapsed() > Duration::from_secs(1) {
+                world.nodes[n] = Some(world.backend.node(n, &format!("n{n}r{node_kills}")));
+                killed = None;
             }
         }
-        if !redis_restarted && elapsed > Duration::from_secs(secs) / 2 {
-            let fault = world.backend.fault();
-            redis_restarted = true;
-            *world.ops.entry(fault).or_default() += 1;
+        // Whether the last failover is over is asked a few times a second:
+        // each look opens a connection to every Redis server.
+        let due = elapsed > Duration::from_secs(secs) * (1 + faults as u32) / 3;
+        if due && fault_look.elapsed() > Duration::from_millis(200) {
+            fault_look = Instant::now();
+            if let Some(fault) = world.backend.fault(faults, &mut dead_primaries) {
+                faults += 1;
+                *world.ops.entry(fault).or_default() += 1;
+            }
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    // Quiet: dropped devices' memberships lapse, lost ones are joined again.
-    let until = Instant::now() + TTL + Duration::from_secs(3);
+    // Quiet: the last failover ends, dropped devices' memberships lapse,
+    // lost ones are joined again. A leave that failed in a failover while
+    // its device stays connected lapses a lease TTL after its deadline:
+    // two of the longest leases, and the pass.
+    world.backend.settle(&dead_primaries);
+    let until = Instant::now() + 2 * LONGEST_TTL + Duration::from_secs(2);
     while Instant::now() < until {
         world.drain().await;
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -362,25 +457,24 @@ async fn run(backend: Backend) {
     world.drain().await;
     eprintln!("rooms chaos, {secs} s: {:?}", world.ops);
 
-    for r in 0..ROOMS {
-        let room = format!("room{r}");
+    for room in &world.rooms {
         let joined: BTreeSet<String> = world
             .devices
             .iter()
-            .filter(|d| d.client.is_some() && d.rooms.contains_key(&room))
+            .filter(|d| d.client.is_some() && d.rooms.contains_key(room))
             .map(Device::member)
             .collect();
-        assert_eq!(
-            world.backend.members(&room).await,
-            joined,
-            "{room}: Redis against the devices in it"
-        );
+        let (members, deadlines, counts) = world.backend.memberships(room, &dead_primaries).await;
+        assert_eq!(members, joined, "{room}: Redis against the devices in it");
+        assert_eq!(deadlines, joined, "{room}: the memberships with a deadline");
+        let counted: u64 = counts.iter().sum();
+        assert_eq!(counted, joined.len() as u64, "{room}: the per-user counts");
         for d in world
             .devices
             .iter()
             .filter(|d| joined.contains(&d.member()))
         {
-            let view = d.views.get(&room).cloned().unwrap_or_default();
+            let view = d.views.get(room).cloned().unwrap_or_default();
             let seen: BTreeSet<String> = view.keys().cloned().collect();
             assert_eq!(seen, joined, "{room}: the view of {}", d.member());
             for other in world
@@ -388,13 +482,13 @@ async fn run(backend: Backend) {
                 .iter()
                 .filter(|o| joined.contains(&o.member()))
             {
-                if view.get(&other.member()) != other.rooms.get(&room) {
+                if view.get(&other.member()) != other.rooms.get(room) {
                     panic!(
                         "{room}: {}'s state is {:?} as {} sees it, {:?} as it set it",
                         other.member(),
                         view.get(&other.member()),
                         d.member(),
-                        other.rooms.get(&room)
+                        other.rooms.get(room)
                     );
                 }
             }
