@@ -122,6 +122,8 @@ async fn rooms() {
         "200",
         "--memory-rooms",
         "10",
+        "--state-bytes",
+        "1024",
     ])
     .await;
 }

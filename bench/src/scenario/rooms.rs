@@ -14,9 +14,11 @@
 //!    from the `join` (or `leave`) frame sent to each resident's
 //!    `room_join` (or `room_leave`), and Redis's CPU per join and leave.
 //!    `--room-announce-max` is raised so that every join is announced.
-//! 3. **Redis memory per membership.** `--memberships` devices (one user
-//!    each) connect, then each joins one of `--memory-rooms` rooms;
-//!    `used_memory` after the joins less before them, per membership.
+//! 3. **Memory per membership.** `--memberships` devices (one user each)
+//!    connect, then each joins one of `--memory-rooms` rooms with a state
+//!    of `--state-bytes`; Redis's `used_memory` and both nodes' RSS after
+//!    the joins less before them, per membership (`--state-bytes 1024`:
+//!    what one membership costs at the default state limit).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -64,6 +66,10 @@ pub struct RoomsArgs {
     /// Rooms the measured memberships are spread over.
     #[arg(long, default_value_t = 100)]
     pub memory_rooms: usize,
+    /// Size of each measured membership's state, serialized, in bytes
+    /// (below 8: `{}`); the nodes' `--max-room-state-bytes` is 1024.
+    #[arg(long, default_value_t = 0)]
+    pub state_bytes: usize,
 }
 
 /// The signalled room, the churned one, and the prefix of the measured ones.
@@ -203,14 +209,15 @@ async fn leave_all(members: Vec<Member>, stop: tokio::sync::watch::Sender<bool>)
     tokio::time::sleep(Duration::from_millis(500)).await;
 }
 
-/// Both nodes' CPU time so far (user + system), µs, when the bench spawned
-/// them.
+/// The sum over both nodes of `of(pid)` (CPU time, RSS), when the bench
+/// spawned them.
+fn nodes_total(setup: &Setup, of: fn(u32) -> Option<u64>) -> Option<u64> {
+    setup.nodes.iter().map(|n| n.pid().and_then(of)).sum()
+}
+
+/// Both nodes' CPU time so far (user + system), µs.
 fn nodes_cpu_us(setup: &Setup) -> Option<u64> {
-    setup
-        .nodes
-        .iter()
-        .map(|n| n.pid().and_then(procs::cpu_us))
-        .sum()
+    nodes_total(setup, procs::cpu_us)
 }
 
 /// Phase 1: one member signals the others.
@@ -496,22 +503,27 @@ async fn churn(args: &RoomsArgs, setup: &Setup, report: &mut Report) -> anyhow::
     Ok(())
 }
 
-/// Phase 3: Redis memory per membership.
+/// Phase 3: Redis and node memory per membership.
 async fn memory(args: &RoomsArgs, setup: &Setup, report: &mut Report) -> anyhow::Result<()> {
     let rooms = args.memory_rooms.max(1);
+    let state = client::state_of(args.state_bytes);
     eprintln!(
-        "rooms: {} devices joining {rooms} rooms, Redis memory",
-        args.memberships
+        "rooms: {} devices joining {rooms} rooms with {} B states, memory",
+        args.memberships,
+        state.to_string().len()
     );
     let mut redis = setup.redis_conn().await?;
     let sockets = connect_spread(setup, "mm", args.memberships).await?;
     let before = redis_used_memory(&mut redis).await?;
+    let rss_before = nodes_total(setup, procs::rss_bytes);
     let sem = Arc::new(Semaphore::new(CONCURRENCY));
     let mut tasks = Vec::with_capacity(sockets.len());
     for (i, mut ws) in sockets.into_iter().enumerate() {
         let permit = sem.clone().acquire_owned().await?;
+        let state = state.clone();
         tasks.push(tokio::spawn(async move {
-            client::join(&mut ws, &format!("{MEMORY_ROOM}:{}", i % rooms)).await?;
+            let room = format!("{MEMORY_ROOM}:{}", i % rooms);
+            client::join_with(&mut ws, &room, &state).await?;
             drop(permit);
             anyhow::Ok(Held::new(ws))
         }));
@@ -521,14 +533,27 @@ async fn memory(args: &RoomsArgs, setup: &Setup, report: &mut Report) -> anyhow:
         held.push(t.await??);
     }
     let after = redis_used_memory(&mut redis).await?;
+    let rss_after = nodes_total(setup, procs::rss_bytes);
+    let per = |a: u64, b: u64| b.saturating_sub(a) as f64 / args.memberships.max(1) as f64;
+    let state_bytes = state.to_string().len();
     report.figure(
         "redis_bytes_per_membership",
-        after.saturating_sub(before) as f64 / args.memberships.max(1) as f64,
+        per(before, after),
         "B",
         json!({"memberships": args.memberships, "rooms": rooms,
-               "devices": args.memberships, "used_memory_before": before,
-               "used_memory_after": after}),
+               "devices": args.memberships, "state_bytes": state_bytes,
+               "used_memory_before": before, "used_memory_after": after}),
     );
+    if let (Some(a), Some(b)) = (rss_before, rss_after) {
+        report.figure(
+            "node_bytes_per_membership",
+            per(a, b),
+            "B",
+            json!({"memberships": args.memberships, "nodes": setup.nodes.len(),
+                   "state_bytes": state_bytes, "rss_before": a, "rss_after": b,
+                   "what": "both nodes' RSS after the joins less before them"}),
+        );
+    }
     drop(held);
     Ok(())
 }
