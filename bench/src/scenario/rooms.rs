@@ -117,9 +117,31 @@ pub async fn run(common: &Common, args: &RoomsArgs) -> anyhow::Result<()> {
 }
 
 /// A member device: its writing half, and a task reading the other half.
-struct Member {
-    tx: SplitSink<Ws, Message>,
-    reader: JoinHandle<()>,
+pub(crate) struct Member {
+    pub(crate) tx: SplitSink<Ws, Message>,
+    pub(crate) reader: JoinHandle<()>,
+}
+
+/// How each member device joins its room.
+pub(crate) struct Joining<'a> {
+    /// The room.
+    pub(crate) room: &'a str,
+    /// Its state there.
+    pub(crate) state: serde_json::Value,
+    /// It turns invisible first (`{"type":"status","status":"invisible"}`),
+    /// so that its membership is hidden.
+    pub(crate) invisible: bool,
+}
+
+impl<'a> Joining<'a> {
+    /// A visible member with state `{}`.
+    pub(crate) fn plain(room: &'a str) -> Self {
+        Self {
+            room,
+            state: json!({}),
+            invisible: false,
+        }
+    }
 }
 
 /// Connects devices of users `<prefix>0` to `<prefix>{n-1}`, alternately
@@ -143,14 +165,14 @@ async fn connect_spread(setup: &Setup, prefix: &str, n: usize) -> anyhow::Result
     Ok(sockets.into_iter().map(|(_, ws)| ws).collect())
 }
 
-/// Connects `users` alternately to the setup's two nodes, joins each to
-/// `room` (in parallel, like `fanout`'s watches) and hands every frame a
-/// member reads afterwards to `on_frame(member, frame, at)`.
-async fn members<F>(
+/// Connects `users` alternately to the setup's two nodes, joins each as
+/// `joining` says (in parallel, like `fanout`'s watches) and hands every
+/// frame a member reads afterwards to `on_frame(member, frame, at)`.
+pub(crate) async fn members<F>(
     setup: &Setup,
     prefix: &str,
     n: usize,
-    room: &str,
+    joining: &Joining<'_>,
     stop: &tokio::sync::watch::Receiver<bool>,
     on_frame: F,
 ) -> anyhow::Result<Vec<Member>>
@@ -163,9 +185,14 @@ where
     let mut tasks = Vec::with_capacity(n);
     for (i, mut ws) in sockets.into_iter().enumerate() {
         let permit = sem.clone().acquire_owned().await?;
-        let (room, stop, on_frame) = (room.to_string(), stop.clone(), on_frame.clone());
+        let (room, state) = (joining.room.to_string(), joining.state.clone());
+        let (invisible, stop, on_frame) = (joining.invisible, stop.clone(), on_frame.clone());
         tasks.push(tokio::spawn(async move {
-            client::join(&mut ws, &room).await?;
+            if invisible {
+                let frame = json!({"type": "status", "status": "invisible"});
+                ws.send(Message::Text(frame.to_string().into())).await?;
+            }
+            client::join_with(&mut ws, &room, &state).await?;
             drop(permit);
             let (tx, rx) = ws.split();
             let reader = spawn_reader(rx, stop, move |v, at| on_frame(i, v, at));
@@ -192,7 +219,7 @@ async fn idle_cpu_us(took: Duration, cpu: impl Fn() -> Option<u64>) -> Option<u6
 /// Closes every member cleanly (so that the nodes remove their leases and
 /// memberships at once, not at their deadlines during a later phase) and
 /// waits for the server's answers, briefly; then stops what still reads.
-async fn leave_all(members: Vec<Member>, stop: tokio::sync::watch::Sender<bool>) {
+pub(crate) async fn leave_all(members: Vec<Member>, stop: tokio::sync::watch::Sender<bool>) {
     let mut readers = Vec::with_capacity(members.len());
     for mut m in members {
         let _ = m.tx.close().await;
@@ -238,7 +265,7 @@ async fn signals(
         setup,
         "sm",
         args.members,
-        SIGNAL_ROOM,
+        &Joining::plain(SIGNAL_ROOM),
         &stop_rx,
         move |_, v, at| {
             if v["type"] == "signal" {
@@ -388,7 +415,7 @@ async fn churn(args: &RoomsArgs, setup: &Setup, report: &mut Report) -> anyhow::
         setup,
         "cr",
         args.residents,
-        CHURN_ROOM,
+        &Joining::plain(CHURN_ROOM),
         &stop_rx,
         move |_, v, at| {
             let (kind, flag) = match v["type"].as_str() {
