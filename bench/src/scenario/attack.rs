@@ -162,6 +162,7 @@ impl Statuses {
         }
     }
 
+    /// The counts so far: 200, 429, 503, other.
     fn get(&self) -> [u64; 4] {
         self.counts.each_ref().map(|c| c.load(Ordering::Relaxed))
     }
@@ -169,9 +170,11 @@ impl Statuses {
 
 /// What every phase shares.
 struct Ctx {
+    /// Redis and the two nodes.
     setup: Setup,
     /// HTTP from the attacker's address.
     attacker: reqwest::Client,
+    /// The attacker's address, for its WebSockets.
     attacker_ip: IpAddr,
     /// HTTP from the probe's address.
     probe: reqwest::Client,
@@ -180,6 +183,7 @@ struct Ctx {
 }
 
 impl Ctx {
+    /// Node A (0) or B (1).
     fn node(&self, i: usize) -> SocketAddr {
         self.setup.nodes[i].addr
     }
@@ -201,7 +205,10 @@ pub async fn run(common: &Common, args: &AttackArgs) -> anyhow::Result<()> {
             .max(cross_devices)
             + 500,
     )?;
-    let relist_at = args.announce_max - (args.announce_max / 10).max(1);
+    // A room in counts mode lists again a tenth (at least one) below.
+    let relist_at = args
+        .announce_max
+        .saturating_sub((args.announce_max / 10).max(1));
     anyhow::ensure!(
         args.residents + args.churners > args.announce_max
             && args.residents.saturating_sub(args.churners) <= relist_at,
@@ -266,20 +273,26 @@ pub async fn run(common: &Common, args: &AttackArgs) -> anyhow::Result<()> {
 struct Probe {
     /// Latency of each presence read that answered 200, µs.
     reads: Mutex<Histogram<u64>>,
+    /// Statuses of the presence reads.
     read_statuses: Statuses,
+    /// Statuses of `/healthz`.
     health: Statuses,
 }
 
 /// What runs beside one attack: the probe, and Redis's memory sampled.
 struct Monitor {
+    /// Stops the probe and the sampler.
     stop: watch::Sender<bool>,
+    /// The probe's reads, its health checks and the memory sampler.
     tasks: Vec<JoinHandle<()>>,
+    /// What the probe got.
     probe: Arc<Probe>,
     /// Redis's `used_memory` just before the attack, and its peak since.
     memory_before: u64,
     memory_peak: Arc<AtomicU64>,
     /// Redis's and node A's CPU time at the start, µs.
     cpu: [Option<u64>; 2],
+    /// When the attack started, for the CPU shares.
     started: Instant,
 }
 
@@ -311,6 +324,7 @@ where
 }
 
 impl Monitor {
+    /// Reads Redis's memory, then starts the probe and the sampler.
     async fn start(ctx: &Ctx) -> anyhow::Result<Self> {
         let mut redis = ctx.setup.redis_conn().await?;
         let memory_before = redis_used_memory(&mut redis).await?;

@@ -41,6 +41,8 @@ const CONCURRENCY: usize = 200;
 /// A resident device's view of the crossed room, as a client keeps it.
 #[derive(Default)]
 struct View {
+    /// The room's users and devices, from the last `room` or `occupancy`
+    /// frame (counted from the list while there is one).
     users: u64,
     devices: u64,
     /// Each user's devices, while the room lists its members.
@@ -84,11 +86,13 @@ impl View {
         }
     }
 
+    /// Takes the counts of a `room` or `occupancy` frame.
     fn set_counts(&mut self, v: &Value) {
         self.users = v["users"].as_u64().unwrap_or(0);
         self.devices = v["devices"].as_u64().unwrap_or(0);
     }
 
+    /// Counts the list, while there is one.
     fn recount(&mut self) {
         if let Some(list) = &self.members {
             self.users = list.len() as u64;
@@ -117,7 +121,9 @@ fn listed(m: &Value) -> (String, BTreeSet<String>) {
 struct Resident {
     /// Its user's number.
     user: usize,
+    /// Its socket's writing half and reader.
     member: Member,
+    /// Kept by its reader.
     view: Arc<Mutex<View>>,
 }
 
@@ -180,7 +186,9 @@ async fn send_all<'a>(
 /// The crossed room's residents, the attacker's churners, and what they
 /// got.
 struct Crowd {
+    /// The resident devices.
     residents: Vec<Resident>,
+    /// The attacker's devices, one per churning user.
     churners: Vec<Member>,
     /// `room` frames the residents got.
     room_frames: Arc<AtomicU64>,
