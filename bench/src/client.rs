@@ -283,7 +283,12 @@ where
 /// frame that answers it (frames of other rooms' events meanwhile are
 /// skipped).
 pub async fn join(ws: &mut Ws, room: &str) -> anyhow::Result<Value> {
-    let frame = serde_json::json!({"type": "join", "room": room, "state": {}});
+    join_with(ws, room, &serde_json::json!({})).await
+}
+
+/// [`join`] with `state` as the device's state in the room.
+pub async fn join_with(ws: &mut Ws, room: &str, state: &Value) -> anyhow::Result<Value> {
+    let frame = serde_json::json!({"type": "join", "room": room, "state": state});
     ws.send(Message::Text(frame.to_string().into())).await?;
     let fut = async {
         loop {
@@ -298,4 +303,14 @@ pub async fn join(ws: &mut Ws, room: &str) -> anyhow::Result<Value> {
     tokio::time::timeout(HANDSHAKE_TIMEOUT, fut)
         .await
         .with_context(|| format!("no room frame for {room}"))?
+}
+
+/// A room state that serializes (compactly, as the server measures it) to
+/// `bytes` bytes: `{"s":"xx.."}`, or `{}` below the 8 bytes of `{"s":""}`.
+pub fn state_of(bytes: usize) -> Value {
+    const EMPTY: usize = r#"{"s":""}"#.len();
+    if bytes < EMPTY {
+        return serde_json::json!({});
+    }
+    serde_json::json!({ "s": "x".repeat(bytes - EMPTY) })
 }

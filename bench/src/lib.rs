@@ -106,6 +106,11 @@ pub enum Scenario {
     /// raw-write floor, join/leave churn to the members, Redis memory per
     /// membership.
     Rooms(scenario::rooms::RoomsArgs),
+    /// Rooms under attack (issue 37): one address at its read limits (room
+    /// pages, counts of a hidden room, churn across the list limit) while a
+    /// probe on another reads presence and `/healthz`: its latency, Redis
+    /// memory and CPU, stale member views.
+    RoomsAttack(scenario::attack::AttackArgs),
     /// A fleet on one box (issue 29): N nodes on a Redis Cluster, devices
     /// spread over worker processes, one node SIGKILLed: memory per device,
     /// time until its devices are back, spurious offline events, watcher
@@ -150,6 +155,7 @@ where
         Scenario::Watches(a) => scenario::watches::run(c, a).await,
         Scenario::Fleet(a) => scenario::fleet::run(c, a).await,
         Scenario::Rooms(a) => scenario::rooms::run(c, a).await,
+        Scenario::RoomsAttack(a) => scenario::attack::run(c, a).await,
         Scenario::Storm(a) => scenario::storm::run(c, a).await,
         Scenario::StormWorker(a) => scenario::storm::run_worker(a).await,
     }

@@ -477,6 +477,13 @@ impl Node {
         let logs = self.logs.lock().unwrap_or_else(|e| e.into_inner());
         Vec::from(logs.clone()).join("\n")
     }
+
+    /// The node's last log lines at WARN or ERROR.
+    pub fn warnings(&self) -> Vec<String> {
+        let logs = self.logs.lock().unwrap_or_else(|e| e.into_inner());
+        let odd = |l: &&String| l.contains(" WARN ") || l.contains(" ERROR ");
+        logs.iter().filter(odd).cloned().collect()
+    }
 }
 
 impl Drop for Node {

@@ -106,6 +106,29 @@ impl Report {
         ));
     }
 
+    /// Counts of kinds of one thing (e.g. answers by status), as one line
+    /// and one row: `200=16 429=184`.
+    pub fn counts(&mut self, name: &str, counts: &[(&str, u64)], unit: &str, extra: Value) {
+        let mut line = Map::new();
+        line.insert("figure".into(), json!(name));
+        line.insert("unit".into(), json!(unit));
+        for (kind, n) in counts {
+            line.insert((*kind).into(), json!(n));
+        }
+        if let Value::Object(m) = extra {
+            line.extend(m);
+        }
+        self.emit(line);
+        let row: Vec<String> = counts.iter().map(|(k, n)| format!("{k}={n}")).collect();
+        let row = (
+            name.to_string(),
+            row.join(" "),
+            unit.to_string(),
+            String::new(),
+        );
+        self.rows.push(row);
+    }
+
     /// The readable table of everything measured.
     pub fn print_table(&self) {
         let w0 = self

@@ -122,6 +122,41 @@ async fn rooms() {
         "200",
         "--memory-rooms",
         "10",
+        "--state-bytes",
+        "1024",
+    ])
+    .await;
+}
+
+/// Every phase of `rooms-attack` tiny: rooms of a few devices, one burst,
+/// a second of queries, two seconds of crossing a list limit lowered to 10
+/// users (so that 10 residents and 2 churners cross it both ways).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rooms_attack() {
+    bench(&[
+        "rooms-attack",
+        "--page-devices",
+        "20",
+        "--bursts",
+        "1",
+        "--burst-size",
+        "20",
+        "--burst-secs",
+        "1",
+        "--hidden-members",
+        "10",
+        "--flood-secs",
+        "1",
+        "--announce-max",
+        "10",
+        "--residents",
+        "10",
+        "--resident-devices",
+        "2",
+        "--churners",
+        "2",
+        "--crossing-secs",
+        "2",
     ])
     .await;
 }

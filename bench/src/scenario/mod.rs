@@ -1,5 +1,6 @@
 //! One module per subcommand, each with its flags (`*Args`) and `run`.
 
+pub mod attack;
 pub mod churn;
 pub mod connections;
 pub mod expiry;

@@ -14,9 +14,12 @@
 //!    from the `join` (or `leave`) frame sent to each resident's
 //!    `room_join` (or `room_leave`), and Redis's CPU per join and leave.
 //!    `--room-announce-max` is raised so that every join is announced.
-//! 3. **Redis memory per membership.** `--memberships` devices (one user
-//!    each) connect, then each joins one of `--memory-rooms` rooms;
-//!    `used_memory` after the joins less before them, per membership.
+//! 3. **Memory per membership.** `--memberships` devices (one user each)
+//!    connect, then each joins one of `--memory-rooms` rooms with a state
+//!    of `--state-bytes`; Redis's `used_memory` after the joins and both
+//!    nodes' RSS 2 s after them, less before them, per membership
+//!    (`--state-bytes 1024`: what one membership costs at the default state
+//!    limit).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -64,6 +67,10 @@ pub struct RoomsArgs {
     /// Rooms the measured memberships are spread over.
     #[arg(long, default_value_t = 100)]
     pub memory_rooms: usize,
+    /// Size of each measured membership's state, serialized, in bytes
+    /// (below 8: `{}`); the nodes' `--max-room-state-bytes` is 1024.
+    #[arg(long, default_value_t = 0)]
+    pub state_bytes: usize,
 }
 
 /// The signalled room, the churned one, and the prefix of the measured ones.
@@ -77,6 +84,11 @@ const FLOOR_FRAME: &str =
 const CONCURRENCY: usize = 200;
 /// How long the residents may take to see the last churn.
 const DRAIN: Duration = Duration::from_secs(30);
+/// How long after the joins the nodes' RSS is read: the joins' frames on
+/// their way to members are freed by then, and the server's jemalloc hands
+/// freed pages back within about a second (its `dirty_decay_ms`). With
+/// 1 KiB states, RSS right after the joins was 1.7 times what stays.
+const RSS_SETTLE: Duration = Duration::from_secs(2);
 
 /// Nodes' flags: no room-message limit in the way of the bench.
 fn node_flags(announce_max: Option<usize>) -> Vec<String> {
@@ -111,9 +123,31 @@ pub async fn run(common: &Common, args: &RoomsArgs) -> anyhow::Result<()> {
 }
 
 /// A member device: its writing half, and a task reading the other half.
-struct Member {
-    tx: SplitSink<Ws, Message>,
-    reader: JoinHandle<()>,
+pub(crate) struct Member {
+    pub(crate) tx: SplitSink<Ws, Message>,
+    pub(crate) reader: JoinHandle<()>,
+}
+
+/// How each member device joins its room.
+pub(crate) struct Joining<'a> {
+    /// The room.
+    pub(crate) room: &'a str,
+    /// Its state there.
+    pub(crate) state: serde_json::Value,
+    /// It turns invisible first (`{"type":"status","status":"invisible"}`),
+    /// so that its membership is hidden.
+    pub(crate) invisible: bool,
+}
+
+impl<'a> Joining<'a> {
+    /// A visible member with state `{}`.
+    pub(crate) fn plain(room: &'a str) -> Self {
+        Self {
+            room,
+            state: json!({}),
+            invisible: false,
+        }
+    }
 }
 
 /// Connects devices of users `<prefix>0` to `<prefix>{n-1}`, alternately
@@ -137,14 +171,14 @@ async fn connect_spread(setup: &Setup, prefix: &str, n: usize) -> anyhow::Result
     Ok(sockets.into_iter().map(|(_, ws)| ws).collect())
 }
 
-/// Connects `users` alternately to the setup's two nodes, joins each to
-/// `room` (in parallel, like `fanout`'s watches) and hands every frame a
-/// member reads afterwards to `on_frame(member, frame, at)`.
-async fn members<F>(
+/// Connects `users` alternately to the setup's two nodes, joins each as
+/// `joining` says (in parallel, like `fanout`'s watches) and hands every
+/// frame a member reads afterwards to `on_frame(member, frame, at)`.
+pub(crate) async fn members<F>(
     setup: &Setup,
     prefix: &str,
     n: usize,
-    room: &str,
+    joining: &Joining<'_>,
     stop: &tokio::sync::watch::Receiver<bool>,
     on_frame: F,
 ) -> anyhow::Result<Vec<Member>>
@@ -157,9 +191,14 @@ where
     let mut tasks = Vec::with_capacity(n);
     for (i, mut ws) in sockets.into_iter().enumerate() {
         let permit = sem.clone().acquire_owned().await?;
-        let (room, stop, on_frame) = (room.to_string(), stop.clone(), on_frame.clone());
+        let (room, state) = (joining.room.to_string(), joining.state.clone());
+        let (invisible, stop, on_frame) = (joining.invisible, stop.clone(), on_frame.clone());
         tasks.push(tokio::spawn(async move {
-            client::join(&mut ws, &room).await?;
+            if invisible {
+                let frame = json!({"type": "status", "status": "invisible"});
+                ws.send(Message::Text(frame.to_string().into())).await?;
+            }
+            client::join_with(&mut ws, &room, &state).await?;
             drop(permit);
             let (tx, rx) = ws.split();
             let reader = spawn_reader(rx, stop, move |v, at| on_frame(i, v, at));
@@ -186,7 +225,7 @@ async fn idle_cpu_us(took: Duration, cpu: impl Fn() -> Option<u64>) -> Option<u6
 /// Closes every member cleanly (so that the nodes remove their leases and
 /// memberships at once, not at their deadlines during a later phase) and
 /// waits for the server's answers, briefly; then stops what still reads.
-async fn leave_all(members: Vec<Member>, stop: tokio::sync::watch::Sender<bool>) {
+pub(crate) async fn leave_all(members: Vec<Member>, stop: tokio::sync::watch::Sender<bool>) {
     let mut readers = Vec::with_capacity(members.len());
     for mut m in members {
         let _ = m.tx.close().await;
@@ -203,14 +242,15 @@ async fn leave_all(members: Vec<Member>, stop: tokio::sync::watch::Sender<bool>)
     tokio::time::sleep(Duration::from_millis(500)).await;
 }
 
-/// Both nodes' CPU time so far (user + system), µs, when the bench spawned
-/// them.
+/// The sum over both nodes of `of(pid)` (CPU time, RSS), when the bench
+/// spawned them.
+fn nodes_total(setup: &Setup, of: fn(u32) -> Option<u64>) -> Option<u64> {
+    setup.nodes.iter().map(|n| n.pid().and_then(of)).sum()
+}
+
+/// Both nodes' CPU time so far (user + system), µs.
 fn nodes_cpu_us(setup: &Setup) -> Option<u64> {
-    setup
-        .nodes
-        .iter()
-        .map(|n| n.pid().and_then(procs::cpu_us))
-        .sum()
+    nodes_total(setup, procs::cpu_us)
 }
 
 /// Phase 1: one member signals the others.
@@ -231,7 +271,7 @@ async fn signals(
         setup,
         "sm",
         args.members,
-        SIGNAL_ROOM,
+        &Joining::plain(SIGNAL_ROOM),
         &stop_rx,
         move |_, v, at| {
             if v["type"] == "signal" {
@@ -381,7 +421,7 @@ async fn churn(args: &RoomsArgs, setup: &Setup, report: &mut Report) -> anyhow::
         setup,
         "cr",
         args.residents,
-        CHURN_ROOM,
+        &Joining::plain(CHURN_ROOM),
         &stop_rx,
         move |_, v, at| {
             let (kind, flag) = match v["type"].as_str() {
@@ -496,22 +536,27 @@ async fn churn(args: &RoomsArgs, setup: &Setup, report: &mut Report) -> anyhow::
     Ok(())
 }
 
-/// Phase 3: Redis memory per membership.
+/// Phase 3: Redis and node memory per membership.
 async fn memory(args: &RoomsArgs, setup: &Setup, report: &mut Report) -> anyhow::Result<()> {
     let rooms = args.memory_rooms.max(1);
+    let state = client::state_of(args.state_bytes);
     eprintln!(
-        "rooms: {} devices joining {rooms} rooms, Redis memory",
-        args.memberships
+        "rooms: {} devices joining {rooms} rooms with {} B states, memory",
+        args.memberships,
+        state.to_string().len()
     );
     let mut redis = setup.redis_conn().await?;
     let sockets = connect_spread(setup, "mm", args.memberships).await?;
     let before = redis_used_memory(&mut redis).await?;
+    let rss_before = nodes_total(setup, procs::rss_bytes);
     let sem = Arc::new(Semaphore::new(CONCURRENCY));
     let mut tasks = Vec::with_capacity(sockets.len());
     for (i, mut ws) in sockets.into_iter().enumerate() {
         let permit = sem.clone().acquire_owned().await?;
+        let state = state.clone();
         tasks.push(tokio::spawn(async move {
-            client::join(&mut ws, &format!("{MEMORY_ROOM}:{}", i % rooms)).await?;
+            let room = format!("{MEMORY_ROOM}:{}", i % rooms);
+            client::join_with(&mut ws, &room, &state).await?;
             drop(permit);
             anyhow::Ok(Held::new(ws))
         }));
@@ -521,14 +566,30 @@ async fn memory(args: &RoomsArgs, setup: &Setup, report: &mut Report) -> anyhow:
         held.push(t.await??);
     }
     let after = redis_used_memory(&mut redis).await?;
+    let rss_at_once = nodes_total(setup, procs::rss_bytes);
+    tokio::time::sleep(RSS_SETTLE).await;
+    let rss_after = nodes_total(setup, procs::rss_bytes);
+    let per = |a: u64, b: u64| b.saturating_sub(a) as f64 / args.memberships.max(1) as f64;
+    let state_bytes = state.to_string().len();
     report.figure(
         "redis_bytes_per_membership",
-        after.saturating_sub(before) as f64 / args.memberships.max(1) as f64,
+        per(before, after),
         "B",
         json!({"memberships": args.memberships, "rooms": rooms,
-               "devices": args.memberships, "used_memory_before": before,
-               "used_memory_after": after}),
+               "devices": args.memberships, "state_bytes": state_bytes,
+               "used_memory_before": before, "used_memory_after": after}),
     );
+    if let (Some(a), Some(b)) = (rss_before, rss_after) {
+        report.figure(
+            "node_bytes_per_membership",
+            per(a, b),
+            "B",
+            json!({"memberships": args.memberships, "nodes": setup.nodes.len(),
+                   "state_bytes": state_bytes, "rss_before": a, "rss_after": b,
+                   "rss_right_after_the_joins": rss_at_once,
+                   "what": "both nodes' RSS 2 s after the joins less before them"}),
+        );
+    }
     drop(held);
     Ok(())
 }
