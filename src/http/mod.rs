@@ -15,6 +15,7 @@ pub mod static_files;
 mod upgrade;
 mod users;
 
+pub use rooms::ROOM_PAGE_MAX_LIMIT;
 pub use routes::{internal_routes, public_routes, route_table, routes, Router};
 
 use std::sync::Arc;

@@ -10,7 +10,8 @@
 -- page (one user's devices are never split: a page holds at least one
 -- whole user), ARGV[8] the reader's user ('' for none), whose own hidden
 -- members are listed too, ARGV[9] 1 for the service view, which lists
--- every hidden member
+-- every hidden member, ARGV[10] most bytes of the page's member values (a
+-- page holds at least one whole user)
 --
 -- Returns {seq, users, devices, page, next, own hidden, own visible,
 -- hidden users, hidden devices}: page the members as (member, value)
@@ -20,7 +21,7 @@
 -- hidden users and devices the room's hidden counts (service view only,
 -- else 0).
 local after, max_users, max_devices = ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7])
-local viewer, all = ARGV[8], ARGV[9] == '1'
+local viewer, all, max_bytes = ARGV[8], ARGV[9] == '1', tonumber(ARGV[10])
 
 local function user_of(entry)
   return string.match(entry, '^(%S+) ')
@@ -147,7 +148,26 @@ if max_users > 0 then
       end
     end
   end
-  for k = 1, #taken do
+  -- Whole users while their values take at most max_bytes (at least one
+  -- user): what the page costs Redis's reply and the node to pass on is
+  -- bounded in bytes too, whatever the members' states.
+  local kept, bytes, k = #taken, 0, 1
+  while k <= #taken do
+    local user = user_of(taken[k][1])
+    local j, size = k, 0
+    while j <= #taken and user_of(taken[j][1]) == user do
+      size = size + #(values[j][2] or '')
+      j = j + 1
+    end
+    if k > 1 and bytes + size > max_bytes then
+      kept = k - 1
+      next_cursor = user_of(taken[k - 1][1])
+      break
+    end
+    bytes = bytes + size
+    k = j
+  end
+  for k = 1, kept do
     -- An entry without its value (only a loss of data makes one) is
     -- passed over; the room pass repairs the index.
     if values[k][2] then

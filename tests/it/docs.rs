@@ -199,6 +199,19 @@ fn the_fixed_limits_in_the_docs_are_the_code_constants() {
     assert_quotes("users per bulk query", config::MAX_QUERY_USERS);
     assert_quotes("contacts per user", http::MAX_CONTACTS);
     assert_quotes("`GET /api/online` page", http::ONLINE_MAX_LIMIT);
+    assert_quotes("`GET /api/rooms/{room}` page", http::ROOM_PAGE_MAX_LIMIT);
+    assert!(
+        limit_row("`GET /api/rooms/{room}` page").contains(&format!(
+            "{} KiB of states",
+            presence_server::store::rooms::MAX_PAGE_BYTES / 1024
+        )),
+        "Limits, room page: the code's byte cap is {} B",
+        presence_server::store::rooms::MAX_PAGE_BYTES
+    );
+    assert_quotes(
+        "HTTP reads in flight per client",
+        config::DEFAULT_HTTP_READS_IN_FLIGHT as usize,
+    );
     assert_quotes("status text", config::MAX_STATUS_TEXT);
     assert_quotes("signal data size", config::MAX_SIGNAL_BYTES);
     assert_quotes("frame or message size", config::DEFAULT_MAX_FRAME_BYTES);

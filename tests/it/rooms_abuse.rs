@@ -387,3 +387,27 @@ async fn pages_hold_whole_users_and_the_service_pages_the_hidden_too() {
     assert_eq!(seen[3], ["d0:d0", "d0:d1", "e0:d0"]);
     assert_eq!((users, devs), (json!(5), json!(11)));
 }
+
+/// A page also stops before 256 KiB of states (whole users, at least one):
+/// what one read costs is bounded in bytes, whatever the states.
+#[tokio::test]
+async fn a_page_is_bounded_in_bytes_too() {
+    let redis = Redis::start();
+    let node = Node::start_with(&redis, "n1", &["--max-room-state-bytes", "8192"]);
+    let _members = crowd(&node, "w", 40, "doc:wide", big_state(8_000)).await;
+    let base = node.http();
+    let (status, page) = get(&format!("{base}/api/rooms/doc:wide?viewer=x&limit=1000")).await;
+    assert_eq!(status, 200, "{page}");
+    let listed = page["members"].as_array().unwrap().len();
+    // 32 states of 8 KB are 256 KB: the page holds 32 users at most.
+    assert!((1..=32).contains(&listed), "{listed} users on a page");
+    assert_eq!(page["next_cursor"], format!("w{:03}", listed - 1));
+    let (_, rest) = get(&format!(
+        "{base}/api/rooms/doc:wide?viewer=x&limit=1000&cursor=w{:03}",
+        listed - 1
+    ))
+    .await;
+    let more = rest["members"].as_array().unwrap().len();
+    assert_eq!(listed + more, 40, "{rest}");
+    assert!(rest["next_cursor"].is_null(), "{rest}");
+}

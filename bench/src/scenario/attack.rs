@@ -467,13 +467,23 @@ async fn room_of(
     Ok((members, stop))
 }
 
-/// Phase 1: bursts of concurrent room reads, `limit=1` then `limit=1000`.
+/// How long the control phase probes with no attack.
+const CONTROL: Duration = Duration::from_secs(8);
+
+/// Phase 1: the control (no attack), then bursts of concurrent room reads,
+/// `limit=1` then `limit=1000`.
 async fn page(ctx: &Ctx, args: &AttackArgs, report: &mut Report) -> anyhow::Result<()> {
     eprintln!(
         "rooms-attack: page: {} devices in {PAGE_ROOM} with {} B states",
         args.page_devices, args.state_bytes
     );
     let (room, stop) = room_of(ctx, "pg", args.page_devices, PAGE_ROOM, args, false).await?;
+    // The control: the probe alone beside the same room, no attack.
+    eprintln!("rooms-attack: control: the probe alone for {CONTROL:?}");
+    let monitor = Monitor::start(ctx).await?;
+    tokio::time::sleep(CONTROL).await;
+    let params = json!({"devices": args.page_devices, "secs": CONTROL.as_secs()});
+    monitor.finish(ctx, report, "control", None, params).await;
     let every = Duration::from_secs(args.burst_secs) / args.bursts.max(1) as u32;
     for limit in [1, 1_000] {
         eprintln!(

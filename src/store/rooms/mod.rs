@@ -26,7 +26,7 @@ mod read;
 mod visibility;
 mod webhooks;
 
-pub use read::{PageReader, RoomPage};
+pub use read::{PageReader, RoomPage, MAX_PAGE_BYTES};
 
 use redis::Value;
 

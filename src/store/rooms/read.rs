@@ -14,6 +14,13 @@ use super::super::{Store, StoreError, StoreResult};
 use super::{count, parse_members, RoomMember, RoomSnapshot};
 use crate::keys;
 
+/// Most bytes of members' values (their states, mostly) one page holds:
+/// a page stops before the user that would take it past this (it holds at
+/// least one whole user), so that what a read costs Redis's reply and the
+/// node to pass on is bounded in bytes as well as in members, whatever the
+/// states (1,000 states of 1 KiB would be a megabyte).
+pub const MAX_PAGE_BYTES: usize = 256 * 1024;
+
 /// Who reads a page or counts: what it may see.
 #[derive(Debug, Clone, Copy)]
 pub enum PageReader<'a> {
@@ -59,9 +66,9 @@ impl Store {
     }
 
     /// One page of `room`'s members as `reader` sees them: the users after
-    /// `after` (`""`: from the first), at most `max_users` of them and at
-    /// most `max_devices` devices (one user's devices are never split, so
-    /// a page holds at least one whole user).
+    /// `after` (`""`: from the first), at most `max_users` of them, at most
+    /// `max_devices` devices and [`MAX_PAGE_BYTES`] of values (one user's
+    /// devices are never split, so a page holds at least one whole user).
     pub async fn room_page(
         &self,
         room: &str,
@@ -163,7 +170,8 @@ impl Store {
                 .arg(max_users)
                 .arg(max_devices)
                 .arg(viewer)
-                .arg(all);
+                .arg(all)
+                .arg(MAX_PAGE_BYTES);
         });
     }
 }
