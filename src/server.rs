@@ -76,7 +76,7 @@ pub async fn run(
         Some(hooks) => Some(Webhooks::start(hooks.clone(), &config.node_id)?),
         None => None,
     };
-    let store = open_store(conn, &config, webhooks.clone()).await?;
+    let store = open_store_patiently(conn, &config, webhooks.clone()).await?;
     // Every session's lease refreshes go through one refresher task, which
     // sends them to Redis in batches.
     let refresher = Refresher::spawn(store.clone());
@@ -141,6 +141,34 @@ pub async fn run(
     }
     log::info!("node {} stopped", config.node_id);
     Ok(())
+}
+
+/// How long a node keeps trying to open its store at start while Redis
+/// answers that it cannot yet (a cluster shard failing over, a primary
+/// being promoted): longer than a failover takes, shorter than a
+/// supervisor's patience.
+const OPEN_PATIENCE: Duration = Duration::from_secs(30);
+
+/// [`open_store`], tried again (every half second, for up to
+/// [`OPEN_PATIENCE`]) while it fails: a node started during a failover
+/// (one shard of a cluster without its primary) waits for it instead of
+/// exiting at once.
+async fn open_store_patiently(
+    conn: crate::redis::RedisConn,
+    config: &Config,
+    webhooks: Option<Webhooks>,
+) -> anyhow::Result<Store> {
+    let until = tokio::time::Instant::now() + OPEN_PATIENCE;
+    loop {
+        match open_store(conn.clone(), config, webhooks.clone()).await {
+            Ok(store) => return Ok(store),
+            Err(e) if tokio::time::Instant::now() < until => {
+                log::warn!("{e:#}; trying again");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 /// The store on `conn`: scripts loaded, the deployment's constants read (or

@@ -294,6 +294,26 @@ async fn a_primary_failover_keeps_presence_right() {
     }
 }
 
+/// A node started while a shard has no primary (its failover under way)
+/// waits for the promotion instead of exiting, and then serves users on
+/// every shard, the failed one's too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_started_during_a_failover_waits_for_it() {
+    let mut cluster = Cluster::start();
+    let victim = cluster.shards()[0].clone();
+    cluster.kill(victim.primary);
+    let node = cluster.node_with("late", &[]);
+    let mut watcher = Client::connect(&node, "watcher", "w").await;
+    let users = users_on_every_shard(&cluster, "late");
+    let watched: Vec<&str> = users.iter().map(String::as_str).collect();
+    watcher.watch(&watched).await;
+    let mut devices = Vec::new();
+    for user in &users {
+        devices.push(Client::connect(&node, user, "d").await);
+        watcher.expect_presence(user, "online").await;
+    }
+}
+
 #[tokio::test]
 async fn a_list_of_seeds_starts_and_a_non_cluster_list_is_refused() {
     let cluster = Cluster::start();

@@ -191,13 +191,19 @@ async fn a_status_learned_by_refresh_is_reasserted_after_redis_restarts() {
     .await;
     // From here on only the laptop raises `seq` (its refreshes): once it
     // passes this point, the laptop has refreshed since the status
-    // changed, and learned it.
-    let closed_at = now_ms();
-    wait_until("a refresh of the laptop", DEADLINE, || async {
-        let active = status_field(&redis, "alice", "seq").await;
-        active.and_then(|a| a.parse::<i64>().ok()) > Some(closed_at)
-    })
-    .await;
+    // changed. Once it passes it again, the session had the first
+    // refresh's answer (a session has one refresh in flight at a time),
+    // and so learned the status: a restart right after the first could
+    // lose that answer on its way (the refresh fails with a broken pipe).
+    let mut since = now_ms();
+    for which in ["a refresh of the laptop", "the laptop's next refresh"] {
+        let seq = || async {
+            let active = status_field(&redis, "alice", "seq").await;
+            active.and_then(|a| a.parse::<i64>().ok()).unwrap_or(0)
+        };
+        wait_until(which, DEADLINE, || async { seq().await > since }).await;
+        since = seq().await;
+    }
 
     redis.restart_empty();
     wait_until("the laptop re-asserts busy", DEADLINE, || async {
