@@ -177,11 +177,16 @@ pub struct Args {
     #[arg(long, env = "PRESENCE_JWT_ROOMS_CLAIM", default_value = "rooms")]
     pub jwt_rooms_claim: String,
 
-    /// Who may join which room: claim (the token's rooms claim decides; the
-    /// default with --auth jwt) or open (any user, any room; always so with
-    /// --auth dev).
-    #[arg(long, env = "PRESENCE_ROOM_POLICY", value_enum)]
-    pub room_policy: Option<RoomPolicyArg>,
+    /// Who may join which room, per room-id pattern, first match wins:
+    /// `<pattern>=<policy>` (a room id, a prefix ending in *, or *), or a
+    /// bare policy for every room; repeat it, or separate with commas.
+    /// Policies: claim (the token's rooms claim; the default with --auth
+    /// jwt), open (any user; the default with --auth dev, where claim also
+    /// reads as open), token (a room token in the join frame), members (a
+    /// member list kept with /api/rooms/{room}/members), proxy (the backend
+    /// at --room-join-url is asked).
+    #[arg(long, env = "PRESENCE_ROOM_POLICY", value_delimiter = ',')]
+    pub room_policy: Vec<String>,
 
     /// Rooms one device may be in at once.
     #[arg(long, env = "PRESENCE_MAX_ROOMS_PER_DEVICE",
@@ -418,15 +423,6 @@ pub enum AuthMode {
     Dev,
     /// JSON Web Tokens.
     Jwt,
-}
-
-/// `--room-policy`.
-#[derive(Debug, Clone, Copy, clap::ValueEnum)]
-pub enum RoomPolicyArg {
-    /// Any user may join any room.
-    Open,
-    /// The token's rooms claim decides.
-    Claim,
 }
 
 /// `--watch-policy`.

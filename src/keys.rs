@@ -275,10 +275,26 @@ pub fn room_hidden_users(room: &str) -> String {
     ["presence-room-hidden-users:", &room_tag(room)].concat()
 }
 
+/// Sorted set of the users a room under `--room-policy members` lets in
+/// (score 0, by id): kept by the backend (`/api/rooms/{room}/members`),
+/// checked by the join step itself.
+pub fn room_allowed(room: &str) -> String {
+    ["presence-room-allowed:", &room_tag(room)].concat()
+}
+
+/// Hash of a room's devices removed by `DELETE /api/rooms/{room}/members/{user}`
+/// lately: `<user>:<device>` -> when, epoch ms. A session's own rejoin of a
+/// membership it found gone (not its client's join) is refused for them;
+/// the hash expires a lease TTL after the last removal.
+pub fn room_removed(room: &str) -> String {
+    ["presence-room-removed:", &room_tag(room)].concat()
+}
+
 /// The keys of one room in the order the room scripts expect them
 /// (`lua/room_common.lua`): members, deadlines, users, meta, channel,
-/// hidden members, index, hidden index, hidden users.
-pub fn room_keys(room: &str) -> [String; 9] {
+/// hidden members, index, hidden index, hidden users, allowed users,
+/// removed devices.
+pub fn room_keys(room: &str) -> [String; 11] {
     [
         room_members(room),
         room_deadlines(room),
@@ -289,6 +305,8 @@ pub fn room_keys(room: &str) -> [String; 9] {
         room_index(room),
         room_hidden_index(room),
         room_hidden_users(room),
+        room_allowed(room),
+        room_removed(room),
     ]
 }
 

@@ -6,7 +6,7 @@ use std::net::{TcpListener, ToSocketAddrs};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use args::{parse_args, Args, AuthMode, RoomPolicyArg, WatchPolicy};
+use args::{parse_args, Args, AuthMode, WatchPolicy};
 use presence_server::auth::{Auth, Jwks, JwtRules, JwtVerifier, Origins};
 use presence_server::config::StaticFiles;
 use presence_server::config::{self, Config};
@@ -94,10 +94,7 @@ fn start(args: Args) -> anyhow::Result<()> {
         announce_max: args.room_announce_max,
         announce_max_devices: args.room_announce_max_devices,
         occupancy_interval: Duration::from_millis(args.room_occupancy_ms),
-        policy: match (args.auth, args.room_policy) {
-            (AuthMode::Dev, _) | (_, Some(RoomPolicyArg::Open)) => config::RoomPolicy::Open,
-            (AuthMode::Jwt, _) => config::RoomPolicy::Claim,
-        },
+        policies: room_policies(&args)?,
     };
     config.admission = config::AdmissionLimits {
         max_connections_per_ip: args.max_connections_per_ip,
@@ -139,6 +136,27 @@ fn start(args: Args) -> anyhow::Result<()> {
 }
 
 /// Authentication, origins and the admin key from the flags.
+/// `--room-policy`: claim by default under JWT auth, open under
+/// development auth (where there is no rooms claim, so claim reads as open).
+fn room_policies(args: &Args) -> anyhow::Result<config::Policies> {
+    let fallback = match args.auth {
+        AuthMode::Jwt => config::Policy::Claim,
+        AuthMode::Dev => config::Policy::Open,
+    };
+    let policies =
+        config::Policies::parse(&args.room_policy, fallback).map_err(anyhow::Error::msg)?;
+    for policy in [config::Policy::Token, config::Policy::Proxy] {
+        anyhow::ensure!(
+            !policies.uses(policy),
+            "--room-policy {policy} is not available in this build yet"
+        );
+    }
+    Ok(match args.auth {
+        AuthMode::Jwt => policies,
+        AuthMode::Dev => policies.claim_as_open(),
+    })
+}
+
 fn security(args: &Args) -> anyhow::Result<Security> {
     let auth = match args.auth {
         AuthMode::Dev => {

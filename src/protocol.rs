@@ -168,6 +168,9 @@ pub enum ErrorCode {
     RoomFull,
     /// A room state or signal larger than allowed.
     StateTooLarge,
+    /// The app's backend removed the device's user from the room
+    /// (`DELETE /api/rooms/{room}/members/{user}`): it is out of it.
+    Removed,
 }
 
 /// A refused request: what goes into an error frame or HTTP error body.

@@ -8,6 +8,7 @@ mod devices;
 pub mod openapi;
 mod ops;
 mod reads;
+mod room_members;
 mod rooms;
 pub mod routes;
 mod seen;

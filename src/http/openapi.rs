@@ -11,6 +11,7 @@ use utoipa::{Modify, OpenApi};
 
 use super::devices::{HeartbeatAnswer, StatusBody};
 use super::reads::{OnlineResult, Query, QueryResult, UserPresence};
+use super::room_members::{MemberList, MembersChanged, MembersPage, UserRemoved};
 use super::rooms::{
     DeviceRooms, Member, MemberDevice, RoomCounts, RoomPage, RoomsQuery, RoomsResult, UserRooms,
 };
@@ -44,12 +45,17 @@ use crate::webhooks::{Kind, RoomKind, RoomWebhookEvent, WebhookBatch, WebhookEve
         super::rooms::room,
         super::rooms::rooms_query,
         super::rooms::user_rooms,
+        super::room_members::put_members,
+        super::room_members::list_members,
+        super::room_members::add_member,
+        super::room_members::remove_member,
         document,
     ),
     components(schemas(
         Record, DeviceInfo, OnlinePage, OnlineUser, UserPresence, QueryResult, OnlineResult,
         Query, PrivacyBody, StatusBody, HeartbeatAnswer, Contacts, ProtocolError, ErrorCode, WebhookBatch, WebhookEvent, Kind,
         RoomWebhookEvent, RoomKind, RoomPage, Member, MemberDevice, RoomsQuery, RoomCounts, RoomsResult, UserRooms, DeviceRooms,
+        MemberList, MembersChanged, UserRemoved, MembersPage,
     )),
     modifiers(&BearerKey),
     tags(

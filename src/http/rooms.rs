@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use super::users::{is_service, require_service};
 use super::{ApiError, AppState, Payer};
 use crate::admission::ReadPermit;
+use crate::config::Policy;
 use crate::ids;
 use crate::protocol::{ErrorCode, ProtocolError};
 use crate::rooms::allows;
@@ -158,17 +159,54 @@ async fn reader(
     if let Some(user) = &user {
         ids::validate("user", user)?;
     }
-    if let Some(grants) = grants {
-        if let Some(room) = rooms.iter().find(|r| !allows(&grants, r)) {
-            return Err(ApiError::new(
-                StatusCode::FORBIDDEN,
-                ErrorCode::Forbidden,
-                format!("the token's rooms claim does not include {room:?}"),
-            ));
+    // A room is read as it is joined: by its policy.
+    let policies = &state.node.config.rooms.policies;
+    let mut listed = Vec::new();
+    for room in rooms {
+        match policies.of(room) {
+            Policy::Open => {}
+            Policy::Claim => {
+                if grants.as_ref().is_some_and(|g| !allows(g, room)) {
+                    return Err(forbidden(format!(
+                        "the token's rooms claim does not include {room:?}"
+                    )));
+                }
+            }
+            Policy::Members => listed.push(*room),
+            policy @ (Policy::Token | Policy::Proxy) => {
+                return Err(forbidden(format!(
+                    "{room:?} is under --room-policy {policy}, which these reads do not take"
+                )))
+            }
         }
     }
     let permit = state.admit_read(req, Payer::Client(user.as_deref()), cost)?;
+    if !listed.is_empty() {
+        let Some(user) = &user else {
+            return Err(forbidden(format!(
+                "{:?} lets in only the users on its member list: read as one",
+                listed[0]
+            )));
+        };
+        let store = &state.node.store;
+        let checks = listed.iter().map(|room| store.is_room_member(room, user));
+        for (room, on) in listed
+            .iter()
+            .zip(futures_util::future::join_all(checks).await)
+        {
+            if !on? {
+                return Err(forbidden(format!(
+                    "{user:?} is not on the member list of {room:?}"
+                )));
+            }
+        }
+    }
     Ok((Reader::Member(user), permit))
+}
+
+/// A `403 forbidden` saying why.
+fn forbidden(message: String) -> ApiError {
+    ApiError::new(StatusCode::FORBIDDEN, ErrorCode::Forbidden, message)
 }
 
 /// The members of a page grouped by user (the page is sorted by user,

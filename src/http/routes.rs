@@ -196,6 +196,26 @@ fn operations(r: &mut impl Router) {
         "/api/users/{user}/contacts",
         web::route().to(get_contacts),
     );
+    r.add(
+        Method::PUT,
+        "/api/rooms/{room}/members",
+        web::route().to(super::room_members::put_members),
+    );
+    r.add(
+        Method::GET,
+        "/api/rooms/{room}/members",
+        web::route().to(super::room_members::list_members),
+    );
+    r.add(
+        Method::POST,
+        "/api/rooms/{room}/members/{user}",
+        web::route().to(super::room_members::add_member),
+    );
+    r.add(
+        Method::DELETE,
+        "/api/rooms/{room}/members/{user}",
+        web::route().to(super::room_members::remove_member),
+    );
     r.add(Method::GET, "/healthz", web::route().to(healthz));
     r.add(Method::GET, "/metrics", web::route().to(metrics));
 }

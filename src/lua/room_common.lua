@@ -10,6 +10,8 @@
 -- KEYS[7] presence-room-index:{r:<room>}         "<user> <device>" of each visible member, score 0
 -- KEYS[8] presence-room-hidden-index:{r:<room>}  likewise for the hidden members
 -- KEYS[9] presence-room-hidden-users:{r:<room>}  user -> its hidden devices in the room
+-- KEYS[10] presence-room-allowed:{r:<room>}      users a `members` room lets in, score 0
+-- KEYS[11] presence-room-removed:{r:<room>}      member -> when it was removed (recent removals)
 --
 -- ARGV[1] room, ARGV[2] most users and ARGV[3] most devices of a room
 -- whose members get every event (above either, counts), ARGV[4] the
@@ -185,10 +187,10 @@ local function room_gc()
   end
 end
 
--- Removes one member, visible or hidden, with its leave; deletes the
--- room's clock once the room is empty. Returns whether it was the user's
--- last device (as those who saw it see it).
-local function room_remove(user, device)
+-- Removes one member, visible or hidden, with its leave (`extra` added to
+-- the event); deletes the room's clock once the room is empty. Returns
+-- whether it was the user's last device (as those who saw it see it).
+local function room_remove(user, device, extra)
   local member = user .. ':' .. device
   redis.call('ZREM', KEYS[2], member)
   local to = nil
@@ -202,7 +204,7 @@ local function room_remove(user, device)
     end
     to = 'user'
   end
-  room_emit('leave', user, device, room_tick(), to, flag('last', last))
+  room_emit('leave', user, device, room_tick(), to, flag('last', last) .. (extra or ''))
   room_gc()
   return last
 end

@@ -15,16 +15,30 @@
 -- ARGV[9] owner (the connection), ARGV[10] most devices in the room (on
 -- each side: hidden members are bounded apart, so that a visible joiner's
 -- answer depends only on what it may see), ARGV[11] 1 when the user is
--- invisible
+-- invisible, ARGV[12] 1 when the room's policy is `members` (the user must
+-- be in KEYS[10]), ARGV[13] 1 for the session's own rejoin of a membership
+-- it found gone (refused for a device removed lately: KEYS[11])
 --
 -- Returns {kind, first, seq, users, devices, members, own hidden, hidden,
--- published events}: kind is joined, updated, full or taken (a newer
--- connection of the device holds the membership); first 1 when the user
+-- published events}: kind is joined, updated, full, taken (a newer
+-- connection of the device holds the membership), forbidden (not on the
+-- member list) or removed (a rejoin of a device removed lately); first 1 when the user
 -- joined the room with it (as those who see it see it); members the
 -- HGETALL of KEYS[1] unless the room is in counts mode, else 0; own hidden
 -- the user's hidden members, as pairs; hidden 1 when the device is hidden.
 local user, device, state, now = ARGV[5], ARGV[6], ARGV[7], ARGV[4]
 local member = user .. ':' .. device
+if ARGV[12] == '1' and not redis.call('ZSCORE', KEYS[10], user) then
+  return {'forbidden', 0, 0, 0, 0, 0, {}, 0, {}}
+end
+if ARGV[13] == '1' then
+  if redis.call('HEXISTS', KEYS[11], member) == 1 then
+    return {'removed', 0, 0, 0, 0, 0, {}, 0, {}}
+  end
+else
+  -- A join of the client's own: the policy let it in again.
+  redis.call('HDEL', KEYS[11], member)
+end
 local hidden = ARGV[11] == '1' or redis.call('HEXISTS', KEYS[9], user) == 1
 local home = VISIBLE
 local to = nil

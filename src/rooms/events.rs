@@ -100,6 +100,9 @@ struct Wire<'a> {
     /// The step switched the room's mode.
     #[serde(default)]
     switched: bool,
+    /// A leave the app's backend made (`DELETE /api/rooms/{room}/members/{user}`).
+    #[serde(default)]
+    removed: bool,
 }
 
 /// One room event, parsed once per node and shared by the local members.
@@ -127,6 +130,9 @@ pub struct RoomEvent {
     /// It switched the room's mode (to counts when `large`, else back to
     /// the list).
     pub switched: bool,
+    /// A leave the app's backend made: the device it names is out of the
+    /// room, and its own session drops it.
+    pub removed: bool,
     /// For a [`Kind::Room`] event with a list, the room as read, so that
     /// a member whose own entry differs can make its own frame.
     pub snapshot: Option<Arc<RoomSnapshot>>,
@@ -171,6 +177,8 @@ struct EventBody<'a> {
     last: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     data: Option<&'a RawValue>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    removed: bool,
 }
 
 fn to_json<T: Serialize>(kind: &'static str, body: &T) -> String {
@@ -219,6 +227,7 @@ impl RoomEvent {
             devices,
             large: true,
             switched: false,
+            removed: false,
             snapshot: None,
             frame: ByteString::from(occupancy_frame(room, users, devices)),
         }
@@ -255,6 +264,7 @@ impl RoomEvent {
             devices,
             large: snapshot.as_ref().is_none_or(|s| s.members.is_none()),
             switched: false,
+            removed: false,
             snapshot,
             frame: ByteString::from(frame),
         }
@@ -302,6 +312,7 @@ impl RoomEvent {
                 first: first.or((wire.e == Kind::Join).then_some(false)),
                 last: last.or((wire.e == Kind::Leave).then_some(false)),
                 data,
+                removed: wire.removed && wire.e == Kind::Leave,
             },
         );
         Some(Self {
@@ -315,6 +326,7 @@ impl RoomEvent {
             devices: wire.devices.unwrap_or(0),
             large: wire.large,
             switched: wire.switched,
+            removed: wire.removed && wire.e == Kind::Leave,
             snapshot: None,
             frame: ByteString::from(frame),
         })

@@ -14,6 +14,7 @@
 
 mod close;
 mod liveness;
+mod room_join;
 mod rooms;
 mod seen;
 mod stream;

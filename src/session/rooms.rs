@@ -13,11 +13,11 @@ use super::watches::Request;
 use super::Session;
 use crate::config::MAX_SIGNAL_BYTES;
 use crate::protocol::{ErrorCode, ProtocolError};
-use crate::registry::{JoinRoom, LeaveRoom, RoomResync};
+use crate::registry::{LeaveRoom, RoomResync};
 use crate::rooms::events::room_frame;
 use crate::rooms::events::{Kind, To};
-use crate::rooms::{Held, RoomDeliver, RoomEvent, Rooms};
-use crate::store::rooms::{Joined, Relayed, RoomSnapshot};
+use crate::rooms::{RoomDeliver, RoomEvent, Rooms};
+use crate::store::rooms::{Relayed, RoomSnapshot};
 use crate::store::StoreResult;
 
 /// A room request waiting its turn for Redis.
@@ -28,6 +28,9 @@ pub(super) enum RoomRequest {
         room: Arc<str>,
         /// The state, serialized.
         state: String,
+        /// The session's own rejoin of a membership it found gone, not its
+        /// client's join: refused for a device the backend removed lately.
+        rejoin: bool,
     },
     /// Leave.
     Leave {
@@ -45,13 +48,13 @@ pub(super) enum RoomRequest {
 
 impl Session {
     /// The session's rooms, made on first use (most sessions have none).
-    fn rooms_mut(&mut self) -> &mut Rooms {
+    pub(super) fn rooms_mut(&mut self) -> &mut Rooms {
         let rate = self.node.config.rooms.max_messages_per_sec;
         self.rooms.get_or_insert_with(|| Box::new(Rooms::new(rate)))
     }
 
     /// Whether this session is in (or joining) `room`.
-    fn in_room(&self, room: &str) -> bool {
+    pub(super) fn in_room(&self, room: &str) -> bool {
         self.rooms
             .as_ref()
             .is_some_and(|r| r.joined.contains_key(room))
@@ -106,7 +109,14 @@ impl Session {
             }
         }
         for (room, state) in again {
-            self.request_always(Request::Room(RoomRequest::Join { room, state }), ctx);
+            self.request_always(
+                Request::Room(RoomRequest::Join {
+                    room,
+                    state,
+                    rejoin: true,
+                }),
+                ctx,
+            );
         }
     }
 
@@ -147,7 +157,7 @@ impl Session {
     }
 
     /// A state or a signal's data, serialized and checked against `max`.
-    fn serialized(
+    pub(super) fn serialized(
         value: &serde_json::Value,
         what: &str,
         max: usize,
@@ -162,69 +172,6 @@ impl Session {
             .in_room(room));
         }
         Ok(text)
-    }
-
-    /// A `join` frame: checked, then queued.
-    pub(super) fn join_room(
-        &mut self,
-        room: String,
-        state: Option<serde_json::Value>,
-        ctx: &mut ws::WebsocketContext<Self>,
-    ) {
-        let limits = self.node.config.rooms.clone();
-        if !self.granted(&room) {
-            let err = ProtocolError::new(
-                ErrorCode::Forbidden,
-                format!("the token's rooms claim does not include {room:?}"),
-            );
-            return self.send_error(ctx, &err.in_room(&room));
-        }
-        let state = state.unwrap_or_else(|| serde_json::json!({}));
-        let state = match Self::serialized(&state, "state", limits.max_state_bytes, &room) {
-            Ok(s) => s,
-            Err(e) => return self.send_error(ctx, &e),
-        };
-        let room: Arc<str> = Arc::from(room);
-        let changed = self
-            .rooms
-            .as_ref()
-            .and_then(|r| r.joined.get(&room))
-            .is_some_and(|h| h.state != state);
-        // A join again that changes the state is a state change: it takes
-        // from the same budget as `room_state`.
-        if changed && !self.take_room_message(&room, ctx) {
-            return;
-        }
-        let rooms = self.rooms_mut();
-        let count = rooms.joined.len();
-        match rooms.joined.get_mut(&room) {
-            Some(held) => {
-                // A join again: a fresh `room` frame follows; events wait
-                // for it.
-                held.state = state.clone();
-                held.seq = None;
-            }
-            None if count >= limits.max_rooms_per_device => {
-                let err = ProtocolError::new(
-                    ErrorCode::TooManyRooms,
-                    format!(
-                        "a device may be in at most {} rooms",
-                        limits.max_rooms_per_device
-                    ),
-                );
-                return self.send_error(ctx, &err.in_room(&room));
-            }
-            None => {
-                rooms.joined.insert(
-                    room.clone(),
-                    Held {
-                        state: state.clone(),
-                        ..Held::default()
-                    },
-                );
-            }
-        }
-        self.request(Request::Room(RoomRequest::Join { room, state }), ctx);
     }
 
     /// A `leave` frame: out of the room now, in Redis in turn.
@@ -258,7 +205,11 @@ impl Session {
 
     /// Takes one room message (a state change or a signal) from the
     /// device's budget; false, with `rate_limited` sent, when it is spent.
-    fn take_room_message(&mut self, room: &str, ctx: &mut ws::WebsocketContext<Self>) -> bool {
+    pub(super) fn take_room_message(
+        &mut self,
+        room: &str,
+        ctx: &mut ws::WebsocketContext<Self>,
+    ) -> bool {
         let rate = self.node.config.rooms.max_messages_per_sec;
         if self.rooms_mut().messages.take(1).is_ok() {
             return true;
@@ -354,7 +305,11 @@ impl Session {
         ctx: &mut ws::WebsocketContext<Self>,
     ) {
         match request {
-            RoomRequest::Join { room, state } => self.start_join(room, state, ctx),
+            RoomRequest::Join {
+                room,
+                state,
+                rejoin,
+            } => self.start_join(room, state, rejoin, ctx),
             RoomRequest::Leave { room } => {
                 let store = self.node.store.clone();
                 let (user, device, owner) = self.me_parts();
@@ -398,7 +353,7 @@ impl Session {
     }
 
     /// User, device and lease value, for a room step.
-    fn me_parts(&self) -> (String, String, String) {
+    pub(super) fn me_parts(&self) -> (String, String, String) {
         (
             self.me.user.clone(),
             self.me.device.clone(),
@@ -406,85 +361,8 @@ impl Session {
         )
     }
 
-    /// Subscribes the node to the room (the registry answers once it
-    /// hears the room's events), then runs the join step, whose reply is
-    /// the room right after it.
-    fn start_join(&mut self, room: Arc<str>, state: String, ctx: &mut ws::WebsocketContext<Self>) {
-        if !self.in_room(&room) {
-            // Left while this waited its turn.
-            return self.request_done(ctx);
-        }
-        let limits = self.node.config.rooms.clone();
-        let registry = self.node.registry.clone();
-        let store = self.node.store.clone();
-        let (user, device, owner) = self.me_parts();
-        let subscribe = registry.send(JoinRoom {
-            session: self.me.id,
-            room: room.clone(),
-            addr: ctx.address().recipient(),
-            resync: ctx.address().recipient(),
-            member: Arc::from(format!("{user}:{device}")),
-        });
-        let join = async move {
-            match subscribe.await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => return Err((room, e)),
-                Err(e) => return Err((room, e.to_string())),
-            }
-            store
-                .join_room(
-                    &room,
-                    &user,
-                    &device,
-                    &state,
-                    &owner,
-                    limits.max_room_devices,
-                )
-                .await
-                .map(|joined| (room.clone(), joined))
-                .map_err(|e| (room, e.to_string()))
-        };
-        ctx.spawn(join.into_actor(self).map(|res, act, ctx| {
-            match res {
-                Ok((room, Joined::Joined { room: snapshot, .. }))
-                | Ok((room, Joined::Updated { room: snapshot })) => {
-                    act.show_room(&room, &snapshot, ctx)
-                }
-                Ok((room, Joined::Taken)) => {
-                    // This connection was taken over and will be closed.
-                    log::debug!(
-                        "{}/{}: {room} is held by a newer connection",
-                        act.me.user,
-                        act.me.device
-                    );
-                    act.forget_room(&room);
-                }
-                Ok((room, Joined::Full)) => {
-                    act.forget_room(&room);
-                    let err = ProtocolError::new(
-                        ErrorCode::RoomFull,
-                        format!(
-                            "the room holds {} devices, the most allowed",
-                            act.node.config.rooms.max_room_devices
-                        ),
-                    );
-                    act.send_error(ctx, &err.in_room(&room));
-                }
-                Err((room, e)) => {
-                    // Out of the room, for the client to try again: had the
-                    // step itself gone through, the membership lapses with
-                    // nothing refreshing it.
-                    log::debug!("{}/{}: join failed: {e}", act.me.user, act.me.device);
-                    act.forget_room(&room);
-                    act.send_error(ctx, &super::unavailable().in_room(&room));
-                }
-            }
-            act.request_done(ctx);
-        }));
-    }
-
     /// Sends the `room` frame of `snapshot`, then the events held for it.
-    fn show_room(
+    pub(super) fn show_room(
         &mut self,
         room: &str,
         snapshot: &RoomSnapshot,
@@ -530,7 +408,7 @@ impl Session {
     }
 
     /// Out of a room this session could not join.
-    fn forget_room(&mut self, room: &Arc<str>) {
+    pub(super) fn forget_room(&mut self, room: &Arc<str>) {
         if let Some(rooms) = &mut self.rooms {
             rooms.joined.remove(room);
         }
@@ -574,6 +452,10 @@ impl Session {
     fn room_event(&mut self, event: Arc<RoomEvent>, ctx: &mut ws::WebsocketContext<Self>) {
         if event.kind == Kind::Room {
             return self.shared_room(event, ctx);
+        }
+        if event.removed && event.user == self.me.user && event.device == self.me.device {
+            let room = event.room.clone();
+            return self.removed_from(&room, ctx);
         }
         let counted = event.to != To::User;
         let (user, device) = (&self.me.user, &self.me.device);

@@ -8,7 +8,7 @@ use actix::prelude::*;
 use actix_web_actors::ws;
 
 use crate::auth::{Auth, AuthError};
-use crate::config::RoomPolicy;
+use crate::config::Policy;
 use crate::rooms::allows;
 
 use super::rooms::RoomRequest;
@@ -144,7 +144,7 @@ impl Session {
     /// policy is `claim` and the current token's rooms claim (none before
     /// the first token is verified) does not cover it.
     pub(super) fn granted(&self, room: &str) -> bool {
-        if self.node.config.rooms.policy != RoomPolicy::Claim {
+        if self.node.config.rooms.policies.of(room) != Policy::Claim {
             return true;
         }
         let grants = self.token.as_ref().map(|t| t.rooms.as_slice());

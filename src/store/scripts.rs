@@ -88,6 +88,8 @@ pub(super) struct Scripts {
     pub(super) room_page: Script,
     pub(super) room_signal: Script,
     pub(super) room_visibility: Script,
+    pub(super) room_remove_user: Script,
+    pub(super) room_allowed: Script,
 }
 
 /// Adds an EVALSHA of `script` to `pipe`; the caller chains the arguments.
@@ -155,12 +157,14 @@ impl Scripts {
             room_page: Script::new(room!("../lua/room_page.lua")),
             room_signal: Script::new(room!("../lua/room_signal.lua")),
             room_visibility: Script::new(room!("../lua/room_visibility.lua")),
+            room_remove_user: Script::new(room!("../lua/room_remove_user.lua")),
+            room_allowed: Script::new(room!("../lua/room_allowed.lua")),
         };
         crate::redis::conn::name_scripts(scripts.named());
         scripts
     }
 
-    fn named(&self) -> [(&Script, &'static str); 20] {
+    fn named(&self) -> [(&Script, &'static str); 22] {
         [
             (&self.arrive, "arrive"),
             (&self.depart, "depart"),
@@ -182,6 +186,8 @@ impl Scripts {
             (&self.room_page, "room_page"),
             (&self.room_signal, "room_signal"),
             (&self.room_visibility, "room_visibility"),
+            (&self.room_remove_user, "room_remove_user"),
+            (&self.room_allowed, "room_allowed"),
         ]
     }
 

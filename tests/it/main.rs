@@ -35,6 +35,7 @@ mod recipes;
 mod refresh;
 mod reliability;
 mod retention;
+mod room_access;
 mod rooms;
 mod rooms_abuse;
 mod rooms_chaos;

@@ -20,12 +20,14 @@
 //! - `pass.rs`, `leased.rs`: the room deadline pass, which asks a lapsed
 //!   membership's lease before it removes it.
 
+mod allowed;
 mod leased;
 mod pass;
 mod read;
 mod visibility;
 mod webhooks;
 
+pub use allowed::{MembersSet, MAX_ROOM_MEMBERS};
 pub use read::{PageReader, RoomPage, MAX_PAGE_BYTES};
 
 use redis::Value;
@@ -86,6 +88,20 @@ pub enum Joined {
     Full,
     /// A newer connection of the device holds the membership.
     Taken,
+    /// The room's policy is `members` and the user is not on its list.
+    NotListed,
+    /// The session's own rejoin of a device the backend removed lately.
+    Removed,
+}
+
+/// How a join is let in, besides the step's own checks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct JoinAccess {
+    /// The room's policy is `members`: the step checks the member list.
+    pub listed: bool,
+    /// The session's own rejoin of a membership it found gone (not its
+    /// client's join): refused for a device the backend removed lately.
+    pub rejoin: bool,
 }
 
 /// What a leave did.
@@ -251,6 +267,7 @@ impl Store {
     /// before and settled just after (see `visibility.rs`), not what the
     /// connection last heard of it. The reply carries the room right
     /// after, with its members unless it is in counts mode.
+    #[allow(clippy::too_many_arguments)]
     pub async fn join_room(
         &self,
         room: &str,
@@ -259,6 +276,7 @@ impl Store {
         state: &str,
         owner: &str,
         max_devices: u32,
+        access: JoinAccess,
     ) -> StoreResult<Joined> {
         let now = now_ms();
         let deadline = now + self.ttl_ms as i64;
@@ -287,7 +305,9 @@ impl Store {
                     .arg(deadline)
                     .arg(owner)
                     .arg(max_devices)
-                    .arg(if hidden { "1" } else { "0" });
+                    .arg(if hidden { "1" } else { "0" })
+                    .arg(if access.listed { "1" } else { "0" })
+                    .arg(if access.rejoin { "1" } else { "0" });
             })
             .await?;
         let items = &items[..];
@@ -295,6 +315,8 @@ impl Store {
         match kind.as_str() {
             "full" => return Ok(Joined::Full),
             "taken" => return Ok(Joined::Taken),
+            "forbidden" => return Ok(Joined::NotListed),
+            "removed" => return Ok(Joined::Removed),
             _ => {}
         }
         // After the step, never before it: the deadline pass may be taking

@@ -1,7 +1,11 @@
 //! Runtime settings shared by every actor, with the timings derived from one
 //! heartbeat so that no second magic number can disagree with it.
 
+pub mod room_policy;
+
 use std::path::{Path, PathBuf};
+
+pub use room_policy::{Policies, Policy};
 use std::time::Duration;
 
 /// Default interval between server pings (and expected client activity).
@@ -183,17 +187,6 @@ impl AdmissionLimits {
     }
 }
 
-/// Who may join which room (`--room-policy`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum RoomPolicy {
-    /// Any user may join any room (the default under development auth).
-    #[default]
-    Open,
-    /// A user may join the rooms its token's rooms claim lists (the default
-    /// under JWT auth).
-    Claim,
-}
-
 /// The rooms' limits and policy.
 #[derive(Debug, Clone)]
 pub struct RoomLimits {
@@ -212,8 +205,8 @@ pub struct RoomLimits {
     pub announce_max_devices: u32,
     /// Shortest time between two `occupancy` frames.
     pub occupancy_interval: Duration,
-    /// Who may join which room.
-    pub policy: RoomPolicy,
+    /// Who may join which room (`--room-policy`).
+    pub policies: Policies,
 }
 
 impl Default for RoomLimits {
@@ -226,7 +219,7 @@ impl Default for RoomLimits {
             announce_max: DEFAULT_ROOM_ANNOUNCE_MAX,
             announce_max_devices: DEFAULT_ROOM_ANNOUNCE_MAX_DEVICES,
             occupancy_interval: DEFAULT_ROOM_OCCUPANCY,
-            policy: RoomPolicy::Open,
+            policies: Policies::default(),
         }
     }
 }
