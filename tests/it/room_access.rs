@@ -422,3 +422,42 @@ async fn a_removal_is_at_once_on_a_cluster() {
     );
     assert_eq!(refused_join(&mut bob, "chat:c").await["code"], "forbidden");
 }
+
+/// A device the backend removed is not put back by its session's own
+/// rejoin (a refresh that found the membership gone before the removal's
+/// event reached the session): the step refuses it for a lease TTL, while
+/// a join of the client's own follows the policy. Run on the store itself,
+/// so that the order of the two is certain.
+#[tokio::test]
+async fn a_removed_device_is_not_rejoined_by_its_session() {
+    use presence_server::store::rooms::{JoinAccess, Joined};
+    let redis = Redis::start();
+    let client = redis::Client::open(redis.url.as_str()).unwrap();
+    let store = presence_server::store::Store::new(
+        client.get_connection_manager().await.unwrap(),
+        Duration::from_secs(45),
+    );
+    store.load_scripts().await.unwrap();
+    let owner = store.lease_value().to_string();
+    let join = |rejoin: bool| {
+        let (store, owner) = (store.clone(), owner.clone());
+        async move {
+            let access = JoinAccess {
+                listed: false,
+                rejoin,
+            };
+            store
+                .join_room("r", "bob", "d", "{}", &owner, 100, access)
+                .await
+                .unwrap()
+        }
+    };
+    assert!(matches!(join(false).await, Joined::Joined { .. }));
+    let (devices, _) = store.remove_room_user("r", "bob", false).await.unwrap();
+    assert_eq!(devices, ["d"]);
+    assert_eq!(join(true).await, Joined::Removed);
+    // The client's own join is let in (the policy is open), and from then
+    // on the session's rejoins are too.
+    assert!(matches!(join(false).await, Joined::Joined { .. }));
+    assert!(matches!(join(true).await, Joined::Updated { .. }));
+}
