@@ -8,7 +8,7 @@ declare class PresenceClient {
   /** Close codes after which the client stops reconnecting (and 4401 without refreshToken). */
   static readonly FINAL_CLOSE_CODES: readonly number[];
   /** The class of the objects join() returns. */
-  static readonly Room: new (client: PresenceClient, id: string, state?: PresenceClient.RoomState) => PresenceClient.Room;
+  static readonly Room: new (client: PresenceClient, id: string, state?: PresenceClient.RoomState, token?: string | false) => PresenceClient.Room;
 
   /** Endpoints tried in turn on reconnects. */
   urls: string[];
@@ -23,6 +23,10 @@ declare class PresenceClient {
   kind: PresenceClient.DeviceKind | null;
   minBackoffMs: number;
   maxBackoffMs: number;
+  /** Room tokens from the app's backend (options.getToken). */
+  getToken: PresenceClient.GetToken | null;
+  /** Joins answered `unavailable` tried again in a row before the room is given up (options.maxJoinRetries). */
+  maxJoinRetries: number;
   /** The WebSocket class in use. */
   WebSocket: new (url: string, protocols?: string | string[]) => WebSocket;
   /** Users watched; re-sent after every reconnect. */
@@ -70,8 +74,10 @@ declare class PresenceClient {
   /** Refreshes the lease explicitly. */
   heartbeat(): void;
   /** Joins a room now, or once connected, and again after every reconnect with its last state.
-   * Joining a room this client is in already replaces the state and returns the same Room. */
-  join(room: string, options?: { state?: PresenceClient.RoomState }): PresenceClient.Room;
+   * Joining a room this client is in already replaces the state and returns the same Room.
+   * `token`: the room token (`--room-policy token`); without one, getToken is asked;
+   * `false`: the room takes no token. */
+  join(room: string, options?: PresenceClient.JoinOptions): PresenceClient.Room;
 }
 
 declare namespace PresenceClient {
@@ -114,12 +120,29 @@ declare namespace PresenceClient {
 
   /** An error: a server `error` frame, or `code: "client"` for the client's own. */
   export interface PresenceError {
+    /** `forbidden`, `removed`, `token_expired`, `unavailable`, `room_full`, `invalid_status`,
+     * `client` (the client's own: getToken failed, ...) and the others of the protocol. */
     code: string;
     message: string;
     /** With `invalid_status`: the refused choice. */
     status?: ChosenStatus;
-    /** The room the error is about (forbidden, room_full, not_in_room, unavailable, ...). */
+    /** The room the error is about (forbidden, removed, token_expired, room_full, not_in_room, unavailable, ...). */
     room?: string;
+    /** On an error that put a room out: true when the client joins it again by itself
+     * (`unavailable` within maxJoinRetries, the one rejoin after `token_expired`, `not_in_room`),
+     * false when the room is over (dropped from `client.rooms`). */
+    willRetry?: boolean;
+  }
+
+  /** The answer of getToken for a room: a room token, or false when the room takes none. */
+  export type GetToken = (room: string) => string | false | Promise<string | false>;
+
+  /** What join() takes. */
+  export interface JoinOptions {
+    /** This device's state in the room (default `{}`). */
+    state?: RoomState;
+    /** The room token for this join (`--room-policy token`); `false`: the room takes none. */
+    token?: string | false;
   }
 
   /** A device's state in a room: a small JSON object. */
@@ -134,7 +157,8 @@ declare namespace PresenceClient {
   }
 
   export interface RoomJoinEvent { user: string; device: string; state: RoomState; first: boolean }
-  export interface RoomLeaveEvent { user: string; device: string; last: boolean }
+  /** `removed`: the app's backend removed the user from the room. */
+  export interface RoomLeaveEvent { user: string; device: string; last: boolean; removed?: boolean }
   export interface RoomUpdateEvent { user: string; device: string; state: RoomState }
   export interface RoomSignalEvent { user: string; device: string; data: unknown }
   export interface Occupancy { users: number; devices: number }
@@ -150,7 +174,8 @@ declare namespace PresenceClient {
     devices: number;
     /** User -> devices, kept current from the room events; null in a large room (and before the first room frame). */
     members: Map<string, RoomDevice[]> | null;
-    /** True from the room frame answering the join until a leave, a refusal or a dropped connection. */
+    /** True from the room frame answering the join until a leave, a refusal, a removal, an expired
+     * room token or a dropped connection. */
     joined: boolean;
     /** The last error about this room, or null. */
     error: PresenceError | null;
@@ -165,6 +190,9 @@ declare namespace PresenceClient {
     onOccupancy: (counts: Occupancy) => void;
     /** The users typing now (not yourself), sorted. */
     onTyping: (users: string[]) => void;
+    /** An error about this room (client.onError gets it too): `error.willRetry` false when the
+     * room is over (forbidden, removed, a refused join, retries spent, getToken failed). */
+    onError: (error: PresenceError) => void;
     /** Replaces this device's state: the others get onUpdate. */
     update(state: RoomState): void;
     /** Relays any JSON (at most 1,024 bytes) to the room's other devices. */
@@ -207,6 +235,14 @@ declare namespace PresenceClient {
     token?: string;
     /** Returns a fresh JWT when the current one expires soon or expired (4401). */
     refreshToken?: () => string | Promise<string>;
+    /** Returns a room token (`--room-policy token`) for `room`, or false when the room takes
+     * none: asked for a first join given no token, on `room_token_expiring` (sent as
+     * `room_token`), for every rejoin after a reconnect, and once after `token_expired`. A throw
+     * or no token: the join is not sent, the room is over, onError gets a `client` error. */
+    getToken?: GetToken;
+    /** Joins answered `unavailable` tried again in a row, with backoff, before the room is given
+     * up (default 6: about 15 to 30 s of waiting with the default backoff). */
+    maxJoinRetries?: number;
     /** First reconnect delay bound, ms (default 500). */
     minBackoffMs?: number;
     /** Largest reconnect delay, ms (default 15000). */

@@ -20,6 +20,10 @@
 //   client.setStatus("away", "in a meeting");
 //   client.setStatus("busy", { text: "in a call", until: Date.now() + 30 * 60e3 }); // back to online then
 //   const room = client.join("doc:42", { state: { page: 1 } }); // rooms: who is here
+//   // A room the app's backend signs tokens for (--room-policy 'doc:*=token'):
+//   // pass getToken: async (room) => fetchRoomToken(room) to the constructor, or
+//   // client.join("doc:42", { token }) for one room.
+//   room.onError = (e) => ...;                  // forbidden, removed, token_expired, unavailable...
 //   room.onSync = room.onJoin = room.onLeave = room.onUpdate = () => render(room.members);
 //   room.onTyping = (users) => ...;             // others typing now, sorted
 //   room.update({ page: 2 }); room.typing(); room.leave();
@@ -62,6 +66,8 @@
 
   /** Join refusals that a retry would only repeat: such a room is not joined again. */
   const REFUSED = ["forbidden", "room_full", "too_many_rooms", "invalid_id", "state_too_large"];
+  /** Errors that end a room for good, joined or not: the server refused or removed it. */
+  const ENDED = ["forbidden", "removed"];
   /** A typer is listed until this long after its last `typing:true` signal. */
   const TYPING_TTL_MS = 5000;
   /** `typing()` sends `typing:true` at most this often. */
@@ -79,7 +85,7 @@
    * members, kept current from the room events, and this device's state.
    */
   class Room {
-    constructor(client, id, state) {
+    constructor(client, id, state, token) {
       /** The room id, e.g. "doc:42". */
       this.id = id;
       /** This device's state in the room, sent again with every rejoin. */
@@ -102,11 +108,18 @@
       this.onSignal = () => {};
       this.onOccupancy = () => {};
       this.onTyping = () => {};
+      /** An error about this room (before client.onError gets it too). */
+      this.onError = () => {};
       this._client = client;
       this._left = false;
       this._pending = false; // a join sent, its room frame not yet here
-      this._retries = 0;
+      this._retries = 0; // joins answered `unavailable` since the last room frame
       this._retryTimer = null;
+      // The room token: a string, false (this room takes none), or null
+      // (ask getToken, if the client has it, before the next join).
+      this._token = token === undefined ? null : token;
+      this._joinSeq = 0; // bumped by each join attempt: a late getToken answer is dropped
+      this._expiredRejoin = false; // joined again after token_expired, no room frame since
       this._typers = new Map(); // user -> timer clearing it
       this._typingSentAt = 0;
     }
@@ -151,22 +164,97 @@
       this._left = true;
       this.joined = false;
       this._pending = false;
+      this._joinSeq += 1;
       clearTimeout(this._retryTimer);
       this._retryTimer = null;
       if (this._client.rooms.get(this.id) === this) this._client.rooms.delete(this.id);
       this._clearTypers();
     }
 
-    _sendJoin() {
+    /**
+     * Sends the join, with the room token. `fresh`: a token from getToken
+     * even when the room has one (a rejoin after a reconnect or after
+     * token_expired: the last one may have expired). Without getToken the
+     * token given to join() goes again.
+     */
+    _sendJoin(fresh) {
       if (this._left || !this._client.connected) return;
+      const c = this._client;
+      const seq = ++this._joinSeq;
+      const ask = c.getToken && this._token !== false && (fresh || this._token === null);
+      if (!ask) return this._sendJoinFrame();
+      this._pending = false; // nothing sent yet: no room_state or signal for the server
+      this._askToken().then(
+        (token) => {
+          if (seq !== this._joinSeq) return; // left, disconnected, or a newer attempt
+          this._token = token;
+          if (c.connected) this._sendJoinFrame();
+        },
+        (e) => {
+          if (seq !== this._joinSeq) return;
+          // No token, no join: the room is over, and the app is told which.
+          const error = this._tokenError(e);
+          this._stop();
+          error.willRetry = false;
+          this._report(error);
+        },
+      );
+    }
+
+    _sendJoinFrame() {
       this._pending = true;
-      this._client._send({ type: "join", room: this.id, state: this.state });
+      const frame = { type: "join", room: this.id, state: this.state };
+      if (typeof this._token === "string") frame.token = this._token;
+      this._client._send(frame);
+    }
+
+    /** getToken's answer for this room: a token, or false (none needed); rejects on anything else. */
+    _askToken() {
+      return Promise.resolve()
+        .then(() => this._client.getToken(this.id))
+        .then((token) => {
+          if (token === false) return false;
+          if (typeof token !== "string" || !token) throw new Error(`it returned ${token === "" ? "an empty string" : String(token)}, not a token`);
+          return token;
+        });
+    }
+
+    _tokenError(e) {
+      const why = e && e.message ? e.message : String(e);
+      this.error = { code: "client", message: `getToken failed for room ${this.id}: ${why}`, room: this.id };
+      return this.error;
+    }
+
+    /** An error about this room: to room.onError, then client.onError. */
+    _report(error) {
+      this.onError(error);
+      this._client.onError(error);
+    }
+
+    /** The server warned that the room token expires: a fresh one from getToken goes as room_token. */
+    _tokenExpiring() {
+      const c = this._client;
+      if (!c.getToken || this._token === false || this._left) return;
+      const seq = this._joinSeq;
+      this._askToken().then(
+        (token) => {
+          if (seq !== this._joinSeq || !token) return; // rejoined meanwhile (with a fresh token), or left
+          this._token = token;
+          if (this.joined) c._send({ type: "room_token", room: this.id, token });
+        },
+        (e) => {
+          // Still in the room until the token expires; then token_expired
+          // asks getToken once more.
+          if (seq === this._joinSeq) this._report(this._tokenError(e));
+        },
+      );
     }
 
     /** The connection dropped: not joined until the rejoin's room frame. */
     _disconnected() {
       this.joined = false;
       this._pending = false;
+      this._joinSeq += 1;
       clearTimeout(this._retryTimer);
       this._retryTimer = null;
     }
@@ -218,6 +306,7 @@
           this.joined = true;
           this._pending = false;
           this._retries = 0;
+          this._expiredRejoin = false;
           this.error = null;
           if (this.members) {
             // Typers no longer here are not typing.
@@ -238,6 +327,8 @@
         }
         case "room_leave": {
           const e = { user: f.user, device: f.device, last: f.last };
+          // The app's backend removed that user from the room.
+          if (f.removed) e.removed = true;
           if (this.members && this.members.has(f.user)) {
             const list = this.members.get(f.user).filter((d) => d.device !== f.device);
             if (list.length) this.members.set(f.user, list);
@@ -271,31 +362,61 @@
       }
     }
 
-    /** An error frame about this room; true when it was a refused join. */
+    /**
+     * An error frame about this room. When it put the room out, `willRetry`
+     * says whether the client joins it again by itself (true) or the room is
+     * over (false: not in client.rooms any more). Then room.onError and
+     * client.onError get it.
+     */
     _error(error) {
       this.error = error;
       const code = error.code;
-      if (this._pending && REFUSED.includes(code)) {
-        this._stop(); // refused: not joined again on reconnect
-      } else if (code === "forbidden") {
-        // A fresh token no longer covers this room: the server made the
-        // device leave it, for good.
+      const c = this._client;
+      if (ENDED.includes(code) || (this._pending && REFUSED.includes(code))) {
+        // Refused (the policy, a limit), or the app's backend removed the
+        // user: over for good, not joined again on reconnect. A joined room
+        // answered `forbidden` is one a fresh connection token no longer
+        // covers: the server made the device leave it.
         this._stop();
-      } else if (code === "unavailable" || (this._pending && code === "rate_limited")) {
-        // Redis could not answer: try the join again after a short backoff.
+        error.willRetry = false;
+      } else if (code === "token_expired") {
+        // The room token expired with no fresh one sent: the server made
+        // the device leave. One join again with a token from getToken; a
+        // second expiry before that join's room frame ends the room.
         this.joined = false;
         this._pending = false;
-        const c = this._client;
-        const bound = Math.min(c.maxBackoffMs, c.minBackoffMs * 2 ** Math.min(this._retries, 16));
-        this._retries += 1;
-        clearTimeout(this._retryTimer);
-        this._retryTimer = later(() => { this._retryTimer = null; this._sendJoin(); }, Math.round(bound / 2 + (Math.random() * bound) / 2));
+        this._clearTypers();
+        if (c.getToken && this._token !== false && !this._expiredRejoin && !this._left) {
+          this._expiredRejoin = true;
+          error.willRetry = true;
+          this._sendJoin(true);
+        } else {
+          this._stop();
+          error.willRetry = false;
+        }
+      } else if (code === "unavailable" || (this._pending && code === "rate_limited")) {
+        // Redis or the app's backend did not answer: try the join again
+        // after a backoff, at most maxJoinRetries times in a row.
+        this.joined = false;
+        this._pending = false;
+        if (this._retries >= c.maxJoinRetries) {
+          this._stop();
+          error.willRetry = false;
+        } else {
+          const bound = Math.min(c.maxBackoffMs, c.minBackoffMs * 2 ** Math.min(this._retries, 16));
+          this._retries += 1;
+          clearTimeout(this._retryTimer);
+          this._retryTimer = later(() => { this._retryTimer = null; this._sendJoin(); }, Math.round(bound / 2 + (Math.random() * bound) / 2));
+          error.willRetry = true;
+        }
       } else if (code === "not_in_room") {
         // The server lost the membership (it lapsed): join again.
         this.joined = false;
         this._pending = false;
         this._sendJoin();
+        error.willRetry = true;
       }
+      this.onError(error);
     }
   }
 
@@ -311,6 +432,15 @@
      *                                    when the server says the token expires soon
      *                                    (`auth_expiring`) and before reconnecting after the
      *                                    server closed for an expired token (4401)
+     * @param {Function} [options.getToken]  `(room) => token` (or a promise of one): a room
+     *                                    token from the app's backend, for rooms under
+     *                                    `--room-policy token`; asked for the first join of a room
+     *                                    given no token, before a room token expires
+     *                                    (`room_token_expiring`), for every rejoin after a
+     *                                    reconnect, and once after `token_expired`. `false`: this
+     *                                    room takes no token (not asked again for it)
+     * @param {number} [options.maxJoinRetries=6]   joins answered `unavailable` tried again in a
+     *                                    row (with backoff) before the room is given up
      * @param {string} options.device     this device's id, stable across reconnects
      * @param {number} [options.minBackoffMs=500]    first reconnect delay (upper bound)
      * @param {number} [options.maxBackoffMs=15000]  largest reconnect delay
@@ -336,6 +466,10 @@
       this.kind = o.kind || null;
       this.minBackoffMs = o.minBackoffMs ?? 500;
       this.maxBackoffMs = o.maxBackoffMs ?? 15000;
+      /** Room tokens from the app's backend: `(room) => token | false`, or a promise of one. */
+      this.getToken = o.getToken || null;
+      /** How many times in a row a join answered `unavailable` is tried again before the room is given up. */
+      this.maxJoinRetries = o.maxJoinRetries ?? 6;
       this.WebSocket = o.WebSocket || defaultWebSocket();
       if (typeof this.WebSocket !== "function") {
         throw new TypeError(
@@ -486,14 +620,23 @@
      * Joins a room (now, or once connected) with this device's state, and
      * again after every reconnect with its last state. Joining a room this
      * client is in already replaces the state and returns the same Room.
+     * `token`: the room token for this join (`--room-policy token`); without
+     * one the client asks getToken, if it has it; `false`: the room takes no
+     * token, getToken is never asked for it.
      */
     join(room, options) {
-      const state = (options && options.state) || {};
+      const o = options || {};
+      const state = o.state || {};
+      const token = o.token === undefined || o.token === null || o.token === "" ? undefined : o.token;
+      if (token !== undefined && token !== false && typeof token !== "string") {
+        throw new TypeError("PresenceClient: a room token is a string (or false: the room takes none)");
+      }
       let r = this.rooms.get(room);
       if (r) {
         r.state = state;
+        if (token !== undefined) r._token = token;
       } else {
-        r = new Room(this, room, state);
+        r = new Room(this, room, state, token);
         this.rooms.set(room, r);
       }
       r._sendJoin();
@@ -638,12 +781,18 @@
           if (this._statusToResend()) this._send({ type: "status", ...this.status });
           this._sendWatches();
           // Back in every room, with its last state (the others see no leave
-          // and join when this comes within the membership's deadline).
-          this.rooms.forEach((r) => r._sendJoin());
+          // and join when this comes within the membership's deadline), and
+          // a fresh room token from getToken (the last may have expired).
+          this.rooms.forEach((r) => r._sendJoin(true));
           break;
         case "auth_expiring":
           this._renewToken(f);
           break;
+        case "room_token_expiring": {
+          const r = this.rooms.get(f.room);
+          if (r) r._tokenExpiring(f);
+          break;
+        }
         case "snapshot":
           this._watchRetries = 0;
           this.onSnapshot(f.presence || []);

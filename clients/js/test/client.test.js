@@ -297,6 +297,328 @@ test("rooms: typing lists others by user, sorted, for 5 s at most, and drops a u
 });
 
 // ---------------------------------------------------------------------------
+// Rooms the app's backend controls: room tokens (getToken, room_token), and
+// the errors that end a room or make the client join it again.
+
+/** Connects `c` and plays the server's hello; the socket. */
+function connected(c) {
+  c.connect();
+  const ws = ScriptedSocket.all.at(-1);
+  ws.hello();
+  return ws;
+}
+/** The frames of `type` (default: joins) sent on `ws`. */
+const sentOf = (ws, type = "join") => ws.sent.filter((f) => f.type === type);
+/** A room frame answering a join. */
+const roomFrame = (room) => ({ type: "room", room, users: 1, devices: 1, members: [{ user: "alice", devices: [{ device: "d1", state: {}, joined_at: 1 }] }] });
+
+/** A getToken whose calls the test answers: `calls` lists [room, resolve, reject]. */
+function tokenService() {
+  const calls = [];
+  const getToken = (room) => new Promise((resolve, reject) => calls.push({ room, resolve, reject }));
+  return { calls, getToken };
+}
+
+test("room tokens: getToken for a first join given none; a token given to join() goes as is; false: no token", async () => {
+  const svc = tokenService();
+  const { c, events } = client({ getToken: svc.getToken });
+  const doc = c.join("doc:1", { state: { page: 1 } });
+  const given = c.join("doc:2", { token: "given-2" });
+  const lobby = c.join("lobby", { token: false });
+  c.connect();
+  assert.equal(svc.calls.length, 0, "not asked before the connection is open");
+  const ws = ScriptedSocket.all[0];
+  ws.hello();
+  await until(() => svc.calls.length === 2);
+  // The rejoin after a connect asks for every room with a token, the given one too;
+  // a room that takes none is never asked for.
+  assert.deepEqual(svc.calls.map((x) => x.room), ["doc:1", "doc:2"]);
+  assert.deepEqual(sentOf(ws), [{ type: "join", room: "lobby", state: {} }], "no join before its token");
+  assert.equal(doc.joined, false);
+  svc.calls[1].resolve("fresh-2");
+  svc.calls[0].resolve("tok-1");
+  await until(() => sentOf(ws).length === 3);
+  assert.deepEqual(sentOf(ws).slice(1), [
+    { type: "join", room: "doc:2", state: {}, token: "fresh-2" },
+    { type: "join", room: "doc:1", state: { page: 1 }, token: "tok-1" },
+  ]);
+  ws.frame(roomFrame("doc:1"));
+  assert.equal(doc.joined, true);
+  // Joined while open: a token given to join() goes as is, getToken not asked.
+  c.join("doc:3", { token: "given-3" });
+  assert.deepEqual(sentOf(ws).at(-1), { type: "join", room: "doc:3", state: {}, token: "given-3" });
+  // Joined while open without one: getToken is asked; false means the room takes none.
+  c.getToken = async (room) => (room === "open:1" ? false : "never");
+  c.join("open:1");
+  await until(() => sentOf(ws).length === 5);
+  assert.deepEqual(sentOf(ws).at(-1), { type: "join", room: "open:1", state: {} });
+  // A join again (a new state) sends the token it has, without asking.
+  c.getToken = () => { throw new Error("not asked for a join again"); };
+  doc.update({ page: 2 });
+  c.join("doc:1", { state: { page: 3 } });
+  assert.deepEqual(sentOf(ws).at(-1), { type: "join", room: "doc:1", state: { page: 3 }, token: "tok-1" });
+  assert.equal(events.errors.length, 0, JSON.stringify(events.errors));
+  assert.equal(given.error, null);
+  assert.equal(lobby.joined, false);
+  assert.throws(() => c.join("doc:9", { token: 42 }), TypeError);
+  c.close();
+});
+
+test("room tokens: room_token_expiring asks getToken and sends room_token; a failure there leaves the room in", async () => {
+  let n = 0;
+  let fail = false;
+  const asked = [];
+  const { c, events } = client({
+    getToken: async (room) => {
+      asked.push(room);
+      if (fail) throw new Error("backend down");
+      return `t${++n}`;
+    },
+  });
+  const doc = c.join("doc:1");
+  const roomErrors = [];
+  doc.onError = (e) => roomErrors.push(e);
+  const ws = connected(c);
+  await until(() => sentOf(ws).length === 1);
+  assert.equal(sentOf(ws)[0].token, "t1");
+  ws.frame(roomFrame("doc:1"));
+  ws.frame({ type: "room_token_expiring", room: "doc:1", expires_at: Date.now() + 30000 });
+  ws.frame({ type: "room_token_expiring", room: "doc:unknown", expires_at: Date.now() + 30000 });
+  await until(() => sentOf(ws, "room_token").length === 1);
+  assert.deepEqual(sentOf(ws, "room_token"), [{ type: "room_token", room: "doc:1", token: "t2" }]);
+  assert.deepEqual(asked, ["doc:1", "doc:1"], "not asked for a room the client is not in");
+  // getToken fails: the client says so, naming the room; the room is still in
+  // until the token expires.
+  fail = true;
+  ws.frame({ type: "room_token_expiring", room: "doc:1", expires_at: Date.now() + 30000 });
+  await until(() => events.errors.length === 1);
+  assert.equal(events.errors[0].code, "client");
+  assert.equal(events.errors[0].room, "doc:1");
+  assert.match(events.errors[0].message, /getToken failed for room doc:1: backend down/);
+  assert.deepEqual(roomErrors, events.errors, "room.onError gets it too");
+  assert.equal(doc.joined, true);
+  assert.equal(c.rooms.get("doc:1"), doc);
+  assert.equal(sentOf(ws, "room_token").length, 1);
+  c.close();
+});
+
+test("room tokens: every rejoin after a reconnect carries a fresh token", async () => {
+  let n = 0;
+  const { c } = client({ getToken: (room) => `${room}#${++n}` }); // a plain value, no promise
+  c.join("doc:1");
+  c.join("doc:2", { token: "given" });
+  c.connect();
+  for (let i = 0; i < 3; i++) {
+    const ws = ScriptedSocket.all[i];
+    ws.hello();
+    await until(() => sentOf(ws).length === 2);
+    assert.deepEqual(sentOf(ws).map((f) => f.token).sort(), [`doc:1#${2 * i + 1}`, `doc:2#${2 * i + 2}`].sort());
+    ws.drop();
+    await until(() => ScriptedSocket.all.length === i + 2);
+  }
+  c.close();
+});
+
+test("room tokens: a token answered after the connection dropped is not sent; the rejoin asks again", async () => {
+  const svc = tokenService();
+  const { c } = client({ getToken: svc.getToken });
+  c.join("doc:1");
+  const first = connected(c);
+  await until(() => svc.calls.length === 1);
+  first.drop();
+  svc.calls[0].resolve("late");
+  await until(() => ScriptedSocket.all.length === 2);
+  const second = ScriptedSocket.all[1];
+  second.hello();
+  await until(() => svc.calls.length === 2);
+  svc.calls[1].resolve("fresh");
+  await until(() => sentOf(second).length === 1);
+  assert.deepEqual(sentOf(first), []);
+  assert.deepEqual(sentOf(second), [{ type: "join", room: "doc:1", state: {}, token: "fresh" }]);
+  // Left while getToken is out: nothing sent when it answers.
+  const r = c.join("doc:2");
+  await until(() => svc.calls.length === 3);
+  r.leave();
+  svc.calls[2].resolve("too-late");
+  await new Promise((res) => setTimeout(res, 20));
+  assert.equal(sentOf(second).length, 1);
+  assert.deepEqual(sentOf(second, "leave"), [], "nothing to leave: the join was never sent");
+  c.close();
+});
+
+for (const [what, answer, why] of [
+  ["throws", () => { throw new Error("HTTP 403 from /room-token"); }, /HTTP 403 from \/room-token/],
+  ["rejects", () => Promise.reject(new Error("HTTP 403 from /room-token")), /HTTP 403 from \/room-token/],
+  ["returns nothing", () => undefined, /it returned undefined, not a token/],
+  ["returns an empty string", async () => "", /it returned an empty string, not a token/],
+]) {
+  test(`room tokens: a getToken that ${what}: no join, a client error naming the room, the room is over`, async () => {
+    const { c, events } = client({ getToken: answer });
+    const doc = c.join("doc:1");
+    const roomErrors = [];
+    doc.onError = (e) => roomErrors.push(e);
+    const ws = connected(c);
+    await until(() => events.errors.length === 1);
+    const e = events.errors[0];
+    assert.deepEqual([e.code, e.room, e.willRetry], ["client", "doc:1", false]);
+    assert.match(e.message, /getToken failed for room doc:1: /);
+    assert.match(e.message, why);
+    assert.deepEqual(roomErrors, [e]);
+    assert.deepEqual(sentOf(ws), [], "no join sent");
+    assert.equal(doc.joined, false);
+    assert.equal(doc.error, e);
+    assert.equal(c.rooms.has("doc:1"), false);
+    // Not tried again on reconnect.
+    ws.drop();
+    await until(() => ScriptedSocket.all.length === 2);
+    ScriptedSocket.all[1].hello();
+    await new Promise((res) => setTimeout(res, 20));
+    assert.deepEqual(sentOf(ScriptedSocket.all[1]), []);
+    assert.equal(events.errors.length, 1);
+    c.close();
+  });
+}
+
+test("room tokens: token_expired gets a fresh token and joins again, once", async () => {
+  let n = 0;
+  const { c, events } = client({ getToken: async () => `t${++n}` });
+  const doc = c.join("doc:1");
+  const syncs = [];
+  doc.onSync = () => syncs.push(doc.joined);
+  const ws = connected(c);
+  await until(() => sentOf(ws).length === 1);
+  ws.frame(roomFrame("doc:1"));
+  ws.frame({ type: "signal", room: "doc:1", user: "bob", device: "b", data: { typing: true } });
+  assert.deepEqual(doc.typingUsers, ["bob"]);
+  // Expired: out (typers cleared), a fresh token, in again.
+  ws.frame({ type: "error", code: "token_expired", message: "the room token expired", room: "doc:1" });
+  assert.equal(doc.joined, false);
+  assert.deepEqual(doc.typingUsers, []);
+  assert.deepEqual([events.errors[0].code, events.errors[0].willRetry], ["token_expired", true]);
+  await until(() => sentOf(ws).length === 2);
+  assert.deepEqual(sentOf(ws)[1], { type: "join", room: "doc:1", state: {}, token: "t2" });
+  ws.frame(roomFrame("doc:1"));
+  assert.equal(doc.joined, true);
+  assert.equal(doc.error, null);
+  // A later expiry is a new one: joined again once more.
+  ws.frame({ type: "error", code: "token_expired", message: "the room token expired", room: "doc:1" });
+  await until(() => sentOf(ws).length === 3);
+  assert.equal(sentOf(ws)[2].token, "t3");
+  // That rejoin refused (the backend's new token is no good): the room is over.
+  ws.frame({ type: "error", code: "forbidden", message: "invalid room token", room: "doc:1" });
+  assert.deepEqual(events.errors.map((e) => [e.code, e.willRetry]), [["token_expired", true], ["token_expired", true], ["forbidden", false]]);
+  assert.equal(c.rooms.has("doc:1"), false);
+  assert.deepEqual(syncs, [true, true]);
+  c.close();
+});
+
+test("room tokens: token_expired again before the rejoin's room frame, or without getToken, ends the room", async () => {
+  {
+    const { c, events } = client({ getToken: async () => "t" });
+    c.join("doc:1");
+    const ws = connected(c);
+    await until(() => sentOf(ws).length === 1);
+    ws.frame(roomFrame("doc:1"));
+    ws.frame({ type: "error", code: "token_expired", message: "expired", room: "doc:1" });
+    await until(() => sentOf(ws).length === 2);
+    ws.frame({ type: "error", code: "token_expired", message: "expired", room: "doc:1" });
+    assert.deepEqual(events.errors.map((e) => e.willRetry), [true, false]);
+    assert.equal(c.rooms.has("doc:1"), false);
+    await new Promise((res) => setTimeout(res, 20));
+    assert.equal(sentOf(ws).length, 2, "joined again once only");
+    c.close();
+  }
+  {
+    // A token given to join(), no getToken: nothing to join again with.
+    const { c, events } = client();
+    const doc = c.join("doc:1", { token: "given" });
+    const ws = connected(c);
+    assert.deepEqual(sentOf(ws), [{ type: "join", room: "doc:1", state: {}, token: "given" }]);
+    ws.frame(roomFrame("doc:1"));
+    ws.frame({ type: "room_token_expiring", room: "doc:1", expires_at: Date.now() + 1000 }); // nothing to ask
+    ws.frame({ type: "error", code: "token_expired", message: "expired", room: "doc:1" });
+    assert.deepEqual(events.errors.map((e) => [e.code, e.willRetry]), [["token_expired", false]]);
+    assert.equal(doc.joined, false);
+    assert.equal(c.rooms.has("doc:1"), false);
+    assert.equal(sentOf(ws).length, 1);
+    assert.equal(sentOf(ws, "room_token").length, 0);
+    // The app may join again with a fresh token: a new Room.
+    const again = c.join("doc:1", { token: "fresh" });
+    assert.notEqual(again, doc);
+    assert.deepEqual(sentOf(ws).at(-1), { type: "join", room: "doc:1", state: {}, token: "fresh" });
+    c.close();
+  }
+});
+
+test("rooms: removed and forbidden end the room for good, joined or not; others' removal reaches onLeave", async () => {
+  const { c, events } = client();
+  const joinedThenRemoved = c.join("chat:1");
+  const refused = c.join("chat:2");
+  const refusedAgain = c.join("chat:3");
+  const roomErrors = [];
+  for (const r of [joinedThenRemoved, refused, refusedAgain]) r.onError = (e) => roomErrors.push([r.id, e.code]);
+  const leaves = [];
+  joinedThenRemoved.onLeave = (e) => leaves.push(e);
+  let ws = connected(c);
+  ws.frame(roomFrame("chat:1"));
+  ws.frame({ type: "room_join", room: "chat:1", user: "bob", device: "b", state: {}, first: true });
+  ws.frame({ type: "room_leave", room: "chat:1", user: "bob", device: "b", last: true, removed: true });
+  assert.deepEqual(leaves, [{ user: "bob", device: "b", last: true, removed: true }]);
+  ws.frame({ type: "error", code: "forbidden", message: "\"alice\" is not on the room's member list", room: "chat:2" });
+  ws.frame({ type: "error", code: "removed", message: "removed from \"chat:1\" by the app", room: "chat:1" });
+  // A rejoin refused because the user was just removed is a removal too.
+  ws.frame({ type: "error", code: "removed", message: "removed from \"chat:3\" by the app", room: "chat:3" });
+  assert.deepEqual(roomErrors, [["chat:2", "forbidden"], ["chat:1", "removed"], ["chat:3", "removed"]]);
+  assert.deepEqual(events.errors.map((e) => [e.room, e.code, e.willRetry]), [
+    ["chat:2", "forbidden", false], ["chat:1", "removed", false], ["chat:3", "removed", false],
+  ]);
+  for (const r of [joinedThenRemoved, refused, refusedAgain]) assert.equal(r.joined, false, r.id);
+  assert.equal(joinedThenRemoved.error.code, "removed");
+  assert.equal(c.rooms.size, 0);
+  // Nothing about them is sent any more, and a reconnect joins none of them.
+  joinedThenRemoved.update({ x: 1 });
+  joinedThenRemoved.signal({ x: 1 });
+  joinedThenRemoved.leave();
+  assert.equal(ws.sent.filter((f) => f.type !== "join").length, 0, JSON.stringify(ws.sent));
+  ws.drop();
+  await until(() => ScriptedSocket.all.length === 2);
+  ws = ScriptedSocket.all[1];
+  ws.hello();
+  assert.deepEqual(sentOf(ws), []);
+  c.close();
+});
+
+test("rooms: unavailable is tried again with backoff, maxJoinRetries times in a row, then the room is given up", async () => {
+  const { c, events } = client({ maxJoinRetries: 2 });
+  const r = c.join("chat:1");
+  const ws = connected(c);
+  const unavailable = () => ws.frame({ type: "error", code: "unavailable", message: "the app's backend did not answer", room: "chat:1" });
+  // Answered in between: the count starts again.
+  unavailable();
+  await until(() => sentOf(ws).length === 2);
+  ws.frame(roomFrame("chat:1"));
+  ws.drop();
+  await until(() => ScriptedSocket.all.length === 2);
+  const ws2 = ScriptedSocket.all[1];
+  ws2.hello();
+  const unavailable2 = () => ws2.frame({ type: "error", code: "unavailable", message: "the app's backend did not answer", room: "chat:1" });
+  for (let i = 1; i <= 2; i++) {
+    unavailable2();
+    assert.equal(r.joined, false);
+    await until(() => sentOf(ws2).length === 1 + i);
+  }
+  unavailable2();
+  assert.deepEqual(events.errors.map((e) => e.willRetry), [true, true, true, false]);
+  assert.equal(r.error.code, "unavailable");
+  assert.equal(c.rooms.has("chat:1"), false, "given up: dropped from client.rooms");
+  await new Promise((res) => setTimeout(res, 60)); // well past the largest backoff (20 ms)
+  assert.equal(sentOf(ws2).length, 3, "3 joins: the first and 2 retries");
+  assert.equal(c.maxJoinRetries, 2);
+  assert.equal(new PresenceClient({ url: "ws://a/ws", user: "u", device: "d", WebSocket: ScriptedSocket }).maxJoinRetries, 6);
+  c.close();
+});
+
+// ---------------------------------------------------------------------------
 // Rooms against a real node: a real redis-server (the repo's redis.conf,
 // random port) and real presence-server nodes (target/debug/presence-server,
 // built by `cargo build` first; PRESENCE_SERVER_BIN overrides it), with
@@ -537,6 +859,103 @@ describe("rooms against a real node", () => {
     assert.deepEqual(a.log.typing.at(-1), [], "bob's typing cleared with his leave");
     assert.ok(Date.now() - typedAt < 5000, `cleared by the leave, not by the 5 s timeout (after ${Date.now() - typedAt} ms)`);
     for (const c of [alice, alicePhone]) c.close();
+  });
+
+  const ADMIN_KEY = "admin-key-of-the-client-tests-0123456789";
+
+  /** The admin API of node `n`: `method` on `p`, with a JSON body; the parsed answer. */
+  async function admin(n, method, p, body) {
+    const res = await fetch(n.ws.replace(/^ws/, "http").replace(/\/ws$/, "") + p, {
+      method,
+      headers: { authorization: `Bearer ${ADMIN_KEY}`, ...(body ? { "content-type": "application/json" } : {}) },
+      body: body ? JSON.stringify(body) : undefined,
+    });
+    const text = await res.text();
+    assert.equal(res.status, 200, `${method} ${p}: ${res.status} ${text}`);
+    return JSON.parse(text);
+  }
+
+  /** Waits for `room`'s onError (it records into `room.errors`). */
+  function recordErrors(r) {
+    r.errors = [];
+    r.onError = (e) => r.errors.push(e);
+    return r;
+  }
+
+  test("members: a user off the list is refused for good; a removal ends every device's room at once", { timeout: 60_000 }, async () => {
+    const n = await startNode("rooms-members", ["--admin-key", ADMIN_KEY, "--room-policy", "private:*=members"]);
+    await admin(n, "PUT", "/api/rooms/private:1/members", { users: ["alice"] });
+    const alice = await connect("alice", "web", n.ws);
+    const bobWeb = await connect("bob", "web", n.ws);
+    const bobPhone = await connect("bob", "phone", n.ws);
+    const a = await joinRoom(alice, "private:1", {});
+
+    // bob is not on the list: forbidden, the room over on the client.
+    const refused = recordErrors(bobWeb.join("private:1"));
+    await waitFor("bob's refusal", () => refused.errors.length === 1);
+    assert.deepEqual([refused.errors[0].code, refused.errors[0].room, refused.errors[0].willRetry], ["forbidden", "private:1", false]);
+    assert.match(refused.errors[0].message, /member list/);
+    assert.deepEqual(bobWeb.errors, refused.errors, "client.onError gets it too");
+    assert.equal(refused.joined, false);
+    assert.equal(bobWeb.rooms.has("private:1"), false);
+
+    // On the list, bob is in on both devices.
+    await admin(n, "POST", "/api/rooms/private:1/members/bob");
+    const bw = recordErrors(await joinRoom(bobWeb, "private:1", {}));
+    const bp = recordErrors(await joinRoom(bobPhone, "private:1", {}));
+    assert.notEqual(bw, refused, "a refused Room is not brought back: join() makes a new one");
+    await waitFor("alice to see bob's two devices", () => a.log.joins.length === 2);
+
+    // Removed: both devices out at once, told why; alice sees them leave, removed.
+    const removedAt = Date.now();
+    const answer = await admin(n, "DELETE", "/api/rooms/private:1/members/bob");
+    assert.deepEqual([...answer.devices].sort(), ["phone", "web"]);
+    await waitFor("both of bob's devices to be told", () => bw.errors.length === 1 && bp.errors.length === 1);
+    await waitFor("alice to see bob leave", () => a.log.leaves.length === 2);
+    assert.ok(Date.now() - removedAt < 1000, `removal took ${Date.now() - removedAt} ms`);
+    for (const [c, r] of [[bobWeb, bw], [bobPhone, bp]]) {
+      assert.deepEqual([r.errors[0].code, r.errors[0].room, r.errors[0].willRetry], ["removed", "private:1", false]);
+      assert.equal(r.joined, false);
+      assert.equal(c.rooms.has("private:1"), false);
+    }
+    assert.deepEqual(a.log.leaves.map((e) => [e.user, e.removed, e.last]).sort(), [["bob", true, false], ["bob", true, true]]);
+    assert.deepEqual(view(a), { alice: { web: {} } });
+
+    // Off the list now: a join of the app's own is refused.
+    const again = recordErrors(bobWeb.join("private:1"));
+    await waitFor("bob's refusal after the removal", () => again.errors.length === 1);
+    assert.equal(again.errors[0].code, "forbidden");
+    assert.equal(a.log.joins.length, 2, "alice saw bob join again");
+    for (const c of [alice, bobWeb, bobPhone]) c.close();
+  });
+
+  test("a removal under another policy ends the room too; a join of the app's own follows the policy", { timeout: 60_000 }, async () => {
+    const n = await startNode("rooms-removal-open", ["--admin-key", ADMIN_KEY]);
+    const alice = await connect("alice", "web", n.ws);
+    const bob = await connect("bob", "web", n.ws);
+    const a = await joinRoom(alice, "general", {});
+    const b = recordErrors(await joinRoom(bob, "general", { page: 1 }));
+    await admin(n, "DELETE", "/api/rooms/general/members/bob");
+    await waitFor("bob to be told", () => b.errors.length === 1);
+    assert.deepEqual([b.errors[0].code, b.errors[0].willRetry], ["removed", false]);
+    await waitFor("alice to see bob removed", () => a.log.leaves.length === 1);
+    assert.deepEqual(a.log.leaves[0], { user: "bob", device: "web", last: true, removed: true });
+    // Not on its own, not even after a reconnect (the open policy would let
+    // it in: alice would see it).
+    assert.equal(bob.rooms.size, 0);
+    const before = bob.hello;
+    bob._ws.close();
+    await waitFor("bob to reconnect", () => bob.connected && bob.hello !== before);
+    await joinRoom(alice, "sync:1", {});
+    await joinRoom(bob, "sync:1", {}); // after any rejoin of general the hello would have sent
+    await waitFor("alice to see bob in sync:1", () => alice.rooms.get("sync:1").log.joins.length === 1);
+    await new Promise((r) => setTimeout(r, 200));
+    assert.equal(a.log.joins.length, 1, "bob's client joined general again by itself");
+    // The app may.
+    await joinRoom(bob, "general", { page: 2 });
+    await waitFor("alice to see bob back", () => a.log.joins.length === 2);
+    assert.deepEqual(view(a), { alice: { web: {} }, bob: { web: { page: 2 } } });
+    for (const c of [alice, bob]) c.close();
   });
 
   test("a refused join reaches onError with the room id and is not joined again", { timeout: 60_000 }, async () => {

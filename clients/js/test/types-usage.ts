@@ -95,3 +95,27 @@ const rooms: Map<string, PresenceClient.Room> = client.rooms;
 console.log(rooms.get("chat:1")?.id);
 // @ts-expect-error: a room state is an object
 room.update("page 2");
+
+// Rooms the app's backend controls: room tokens, and what ends a room.
+const withRooms = new PresenceClient({
+  url: "wss://a.example/ws",
+  device: "tab-2",
+  user: "alice",
+  getToken: async (roomId: string) => (roomId.startsWith("doc:") ? `token-for-${roomId}` : false),
+  maxJoinRetries: 3,
+});
+const getToken: PresenceClient.GetToken | null = withRooms.getToken;
+const retries: number = withRooms.maxJoinRetries;
+console.log(getToken, retries);
+withRooms.getToken = (roomId) => (roomId === "lobby" ? false : "eyJ...");
+const doc: PresenceClient.Room = withRooms.join("doc:7", { state: { page: 1 }, token: "eyJ...room" });
+withRooms.join("lobby", { token: false });
+const joinOptions: PresenceClient.JoinOptions = { state: {} };
+withRooms.join("chat:9", joinOptions);
+doc.onError = (e: PresenceClient.PresenceError) => {
+  const over: boolean = e.willRetry === false;
+  if (e.code === "removed" || e.code === "forbidden") console.log(e.room, e.message, over);
+};
+doc.onLeave = (e: PresenceClient.RoomLeaveEvent) => console.log(e.user, e.removed === true);
+// @ts-expect-error: a room token is a string (or false)
+withRooms.join("doc:8", { token: 42 });
