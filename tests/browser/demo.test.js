@@ -581,6 +581,67 @@ test("a room: who is here on which device, who is typing, leaving, and a node re
   own.child.kill("SIGKILL");
 });
 
+test("a room the app's backend controls: a refused join and a removal are said in words", { timeout: 120_000 }, async () => {
+  const key = "admin-key-of-the-browser-test-0123456789";
+  const own = await step("a node with a member-list room policy starts", () =>
+    startNode(redis.port, "browser-private", ["--room-policy", "private:*=members", "--admin-key", key]));
+  /** The admin API, as the app's backend calls it. */
+  const admin = async (method, p, body) => {
+    const res = await fetch(own.base + p, {
+      method,
+      headers: { authorization: `Bearer ${key}`, ...(body ? { "content-type": "application/json" } : {}) },
+      body: body ? JSON.stringify(body) : undefined,
+    });
+    assert.equal(res.status, 200, `${method} ${p}: ${await res.text()}`);
+  };
+  await step("the backend lists ann alone", () => admin("PUT", "/api/rooms/private:1/members", { users: ["ann"] }));
+  const ann = await step("ann signs in", () => openAs("ann", "device=laptop", own.base));
+  const ben = await step("ben signs in", () => openAs("ben", "device=phone", own.base));
+  const [a, b] = [ann.page, ben.page];
+  const join = async (page) => {
+    await page.fill("#roomName", "private:1");
+    await page.click("#join");
+  };
+
+  await step("ann joins private:1", async () => {
+    await join(a);
+    await a.locator('#room-card[data-joined="true"][data-room="private:1"]').waitFor({ timeout: DEADLINE_MS });
+  });
+  await step("ben is not on the list: the refusal is said, and he is not left waiting", async () => {
+    await join(b);
+    await b.locator("#room-error", { hasText: "You may not join private:1: not on its member list." }).waitFor({ timeout: DEADLINE_MS });
+    await b.locator('#room-card[data-ended="forbidden"][data-room=""]').waitFor({ timeout: DEADLINE_MS });
+    assert.match(await b.locator("#room-summary").textContent(), /Not in a room/);
+    assert.ok(await b.locator("#leave").isHidden(), "no Leave for a room he is not in");
+    assert.equal(await a.locator('#room-members li[data-user="ben"]').count(), 0);
+  });
+  await step("on the list, ben joins; the old refusal goes", async () => {
+    await admin("POST", "/api/rooms/private:1/members/ben");
+    await b.click("#join");
+    await b.locator('#room-card[data-joined="true"][data-room="private:1"]').waitFor({ timeout: DEADLINE_MS });
+    assert.equal(await b.locator("#room-error").textContent(), "");
+    await a.locator('#room-members li[data-user="ben"]').waitFor({ timeout: DEADLINE_MS });
+  });
+  await step("the backend removes ben: his page says so, ann's panel drops him and says why", async () => {
+    await admin("DELETE", "/api/rooms/private:1/members/ben");
+    await b.locator("#room-error", { hasText: "You were removed from private:1 by the app." }).waitFor({ timeout: DEADLINE_MS });
+    await b.locator('#room-card[data-ended="removed"][data-room=""]').waitFor({ timeout: DEADLINE_MS });
+    assert.equal(await b.locator("#room-members li").count(), 0);
+    assert.ok(await b.locator("#sayForm").isHidden(), "no typing box outside the room");
+    await until("ann's panel to drop ben", DEADLINE_MS, async () => (await a.locator('#room-members li[data-user="ben"]').count()) === 0);
+    await a.locator("#log", { hasText: "ben was removed from private:1 by the app" }).waitFor({ state: "attached", timeout: DEADLINE_MS });
+    fs.mkdirSync(ARTIFACTS, { recursive: true });
+    await b.locator("#room-card").screenshot({ path: path.join(ARTIFACTS, "demo-room-removed.png") });
+  });
+  await step("joining again is refused in words: ben is off the list", async () => {
+    await b.click("#join");
+    await b.locator("#room-error", { hasText: "You may not join private:1: not on its member list." }).waitFor({ timeout: DEADLINE_MS });
+  });
+  await ann.context.close();
+  await ben.context.close();
+  own.child.kill("SIGKILL");
+});
+
 /** An HS256 JWT for `sub`, valid for an hour. */
 function hs256(secret, sub) {
   const crypto = require("node:crypto");
