@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use clap::{CommandFactory, Parser};
 use presence_server::logging::LogFormat;
-use presence_server::{auth, config, config_file, webhooks};
+use presence_server::{auth, config, config_file, rooms, webhooks};
 
 /// Presence server: who is online, on which devices, with which status.
 #[derive(Parser, Debug)]
@@ -187,6 +187,49 @@ pub struct Args {
     /// at --room-join-url is asked).
     #[arg(long, env = "PRESENCE_ROOM_POLICY", value_delimiter = ',')]
     pub room_policy: Vec<String>,
+
+    /// With --room-policy proxy: the app's backend, asked with a signed POST
+    /// of {"user","device","room","state"} whether a join may go ahead; 200
+    /// with {"allow":true} lets it in, any other answer refuses it
+    /// (forbidden), none in time refuses it as unavailable. Needs
+    /// --room-join-secret.
+    #[arg(long, env = "PRESENCE_ROOM_JOIN_URL")]
+    pub room_join_url: Option<String>,
+
+    /// HMAC-SHA256 key (at least 16 bytes) of the Presence-Signature header
+    /// of each --room-join-url request (the webhooks' scheme, its own key).
+    /// Prefer --room-join-secret-file or the environment over the command
+    /// line.
+    #[arg(long, env = "PRESENCE_ROOM_JOIN_SECRET", hide_env_values = true)]
+    pub room_join_secret: Option<String>,
+
+    /// File holding the --room-join-url secret.
+    #[arg(long, env = "PRESENCE_ROOM_JOIN_SECRET_FILE")]
+    pub room_join_secret_file: Option<PathBuf>,
+
+    /// Longest wait for the --room-join-url backend's answer, in ms; a join
+    /// not answered in time is refused with unavailable.
+    #[arg(long, env = "PRESENCE_ROOM_JOIN_TIMEOUT_MS",
+          default_value_t = rooms::proxy::DEFAULT_TIMEOUT.as_millis() as u64,
+          value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    pub room_join_timeout_ms: u64,
+
+    /// How long this node keeps the backend's allowed answer per user and
+    /// room, in ms (less if its Cache-Control says so); a refusal is kept
+    /// only as long as its Cache-Control max-age says, and no longer than
+    /// this. 0: every join asks.
+    #[arg(long, env = "PRESENCE_ROOM_JOIN_CACHE_MS",
+          default_value_t = rooms::proxy::DEFAULT_CACHE.as_millis() as u64,
+          value_parser = clap::value_parser!(u64).range(0..=86_400_000))]
+    pub room_join_cache_ms: u64,
+
+    /// Most requests to the --room-join-url backend this node has in flight
+    /// at once; a join that would need one more is refused with unavailable
+    /// at once.
+    #[arg(long, env = "PRESENCE_ROOM_JOIN_MAX_IN_FLIGHT",
+          default_value_t = rooms::proxy::DEFAULT_MAX_IN_FLIGHT,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub room_join_max_in_flight: u32,
 
     /// Rooms one device may be in at once.
     #[arg(long, env = "PRESENCE_MAX_ROOMS_PER_DEVICE",

@@ -12,6 +12,7 @@ use presence_server::config::StaticFiles;
 use presence_server::config::{self, Config};
 use presence_server::logging::{self};
 use presence_server::redis::RedisOptions;
+use presence_server::rooms::proxy::RoomJoinConfig;
 use presence_server::server::Security;
 use presence_server::webhooks::WebhookConfig;
 use presence_server::{ids, server};
@@ -111,7 +112,8 @@ fn start(args: Args) -> anyhow::Result<()> {
         (None, true) => StaticFiles::Off,
         (None, false) => StaticFiles::Demo,
     };
-    let security = security(&args)?;
+    let mut security = security(&args)?;
+    security.room_join = room_join_config(&args, &config.rooms.policies)?;
     raise_fd_limit();
 
     let listener = TcpListener::bind(&args.listen)
@@ -145,12 +147,10 @@ fn room_policies(args: &Args) -> anyhow::Result<config::Policies> {
     };
     let policies =
         config::Policies::parse(&args.room_policy, fallback).map_err(anyhow::Error::msg)?;
-    for policy in [config::Policy::Token, config::Policy::Proxy] {
-        anyhow::ensure!(
-            !policies.uses(policy),
-            "--room-policy {policy} is not available in this build yet"
-        );
-    }
+    anyhow::ensure!(
+        !policies.uses(config::Policy::Token),
+        "--room-policy token is not available in this build yet"
+    );
     Ok(match args.auth {
         AuthMode::Jwt => policies,
         AuthMode::Dev => policies.claim_as_open(),
@@ -197,6 +197,7 @@ fn security(args: &Args) -> anyhow::Result<Security> {
         admin_key: args.admin_key.clone(),
         allowed_hosts: args.allowed_host.clone(),
         public_metrics: args.public_metrics,
+        room_join: None,
     })
 }
 
@@ -270,6 +271,45 @@ fn webhook_config(args: &Args) -> anyhow::Result<Option<WebhookConfig>> {
         config.validate()?;
         Some(config)
     })
+}
+
+/// Where `proxy` rooms ask (`--room-join-*`): required when a rule uses
+/// that policy, and of no use otherwise.
+fn room_join_config(
+    args: &Args,
+    policies: &config::Policies,
+) -> anyhow::Result<Option<RoomJoinConfig>> {
+    let Some(url) = &args.room_join_url else {
+        anyhow::ensure!(
+            !policies.uses(config::Policy::Proxy),
+            "--room-policy proxy needs --room-join-url (and --room-join-secret): the app's backend that decides each join"
+        );
+        return Ok(None);
+    };
+    if !policies.uses(config::Policy::Proxy) {
+        log::warn!(
+            "--room-join-url without a --room-policy rule that uses proxy: it is never asked"
+        );
+        return Ok(None);
+    }
+    let secret = match (&args.room_join_secret, &args.room_join_secret_file) {
+        (Some(s), _) => s.trim().as_bytes().to_vec(),
+        (None, Some(path)) => std::fs::read_to_string(path)
+            .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?
+            .trim()
+            .as_bytes()
+            .to_vec(),
+        (None, None) => Vec::new(),
+    };
+    let config = RoomJoinConfig {
+        url: url.clone(),
+        secret,
+        timeout: Duration::from_millis(args.room_join_timeout_ms),
+        cache: Duration::from_millis(args.room_join_cache_ms),
+        max_in_flight: args.room_join_max_in_flight,
+    };
+    config.validate()?;
+    Ok(Some(config))
 }
 
 /// Every connection is a file descriptor: lift the soft limit to the hard one.

@@ -81,6 +81,8 @@ pub struct Metrics {
     pub webhooks: WebhookSeries,
     /// The rooms' series.
     pub rooms: RoomSeries,
+    /// What the `proxy` room policy asked the app's backend.
+    pub room_join: RoomJoinSeries,
 }
 
 /// What the registry holds now, read at scrape time rather than kept twice.
@@ -306,6 +308,92 @@ impl RoomSeries {
     }
 }
 
+/// Bucket bounds of the room-join backend's latency, in seconds: a backend
+/// on the same network answers in milliseconds; the default timeout is 2 s.
+const ROOM_JOIN_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0,
+];
+
+/// What a request to the room-join backend came to (the `outcome` label).
+pub const ROOM_JOIN_OUTCOMES: [&str; 6] = [
+    "allowed",
+    "refused",
+    "failed",
+    "invalid",
+    "timeout",
+    "unreachable",
+];
+
+/// What the `proxy` room policy asked the app's backend (`--room-join-url`).
+pub struct RoomJoinSeries {
+    /// Requests to the backend, by outcome ([`ROOM_JOIN_OUTCOMES`]).
+    pub requests: IntCounterVec,
+    /// Time from sending a request to its answer (or its timeout).
+    pub latency: Histogram,
+    /// Questions answered from the cache, by answer (`allowed`, `refused`).
+    pub cache_hits: IntCounterVec,
+    /// Questions that waited for the same (user, room)'s request in flight.
+    pub shared: IntCounter,
+    /// Questions refused `unavailable` at once: `--room-join-max-in-flight`
+    /// requests were out.
+    pub shed: IntCounter,
+    /// A member's own rejoin let through on an expired grant because the
+    /// backend did not answer.
+    pub stale: IntCounter,
+    /// Requests to the backend in flight now.
+    pub in_flight: IntGauge,
+}
+
+impl RoomJoinSeries {
+    fn new(s: &Series) -> Self {
+        let series = Self {
+            requests: s.counters(
+                "presence_room_join_requests_total",
+                "Requests to the room-join backend (--room-join-url), by outcome: allowed, refused (200 with allow false, or a 4xx), failed (another status), invalid (a 200 that does not parse), timeout, unreachable.",
+                "outcome",
+            ),
+            latency: s.add(
+                Histogram::with_opts(histogram_opts(
+                    (
+                        "presence_room_join_request_duration_seconds",
+                        "Time from a request to the room-join backend to its answer, or to its timeout.",
+                    ),
+                    ROOM_JOIN_BUCKETS,
+                ))
+                .expect("valid metric"),
+            ),
+            cache_hits: s.counters(
+                "presence_room_join_cache_hits_total",
+                "Proxy-policy questions answered from this node's cache, by answer (allowed, refused).",
+                "answer",
+            ),
+            shared: s.counter(
+                "presence_room_join_shared_total",
+                "Proxy-policy questions that waited for the request already in flight for the same user and room.",
+            ),
+            shed: s.counter(
+                "presence_room_join_shed_total",
+                "Proxy-policy questions refused unavailable at once: --room-join-max-in-flight requests were out.",
+            ),
+            stale: s.counter(
+                "presence_room_join_stale_total",
+                "Members' own rejoins let through on an expired grant while the room-join backend did not answer.",
+            ),
+            in_flight: s.gauge(
+                "presence_room_join_in_flight",
+                "Requests to the room-join backend in flight now.",
+            ),
+        };
+        for outcome in ROOM_JOIN_OUTCOMES {
+            series.requests.with_label_values(&[outcome]);
+        }
+        for answer in ["allowed", "refused"] {
+            series.cache_hits.with_label_values(&[answer]);
+        }
+        series
+    }
+}
+
 impl Metrics {
     fn new() -> Self {
         let s = Series(Registry::new());
@@ -397,6 +485,7 @@ impl Metrics {
             ),
             webhooks: WebhookSeries::new(&s),
             rooms: RoomSeries::new(&s),
+            room_join: RoomJoinSeries::new(&s),
             registry: s.0,
         };
         m.zeroed();

@@ -11,6 +11,7 @@ use crate::admission::ConnLimits;
 use crate::config::Config;
 use crate::lease::{Claimer, Refresher};
 use crate::registry::Registry;
+use crate::rooms::proxy::RoomProxy;
 use crate::store::Store;
 
 /// One node's shared parts; cheap to share (`Arc<Node>`).
@@ -27,4 +28,7 @@ pub struct Node {
     pub config: Arc<Config>,
     /// Open WebSockets per client address, and sockets awaiting auth.
     pub conns: Arc<ConnLimits>,
+    /// Asks the app's backend about joins to `proxy` rooms
+    /// (`--room-join-url`); `None` when no room has that policy.
+    pub room_proxy: Option<Arc<RoomProxy>>,
 }

@@ -52,6 +52,9 @@ pub struct Security {
     pub webhooks: Option<crate::webhooks::WebhookConfig>,
     /// `/metrics` on the public listener without a key (`--public-metrics`).
     pub public_metrics: bool,
+    /// Where to ask about joins to `proxy` rooms (`--room-join-url`), if
+    /// any room has that policy.
+    pub room_join: Option<crate::rooms::proxy::RoomJoinConfig>,
 }
 
 /// Runs a node on an already bound `listener` until SIGINT or SIGTERM;
@@ -89,6 +92,13 @@ pub async fn run(
     );
 
     let registry = start_actors(&client, &store, &config).await?;
+    let room_proxy = match security.room_join.clone() {
+        Some(join) => Some(crate::rooms::proxy::RoomProxy::new(
+            join,
+            config.rooms.max_state_bytes,
+        )?),
+        None => None,
+    };
 
     let dev_hosts = matches!(security.auth, Auth::Dev)
         .then(|| crate::auth::DevHosts::new(security.allowed_hosts.iter().cloned()));
@@ -102,6 +112,7 @@ pub async fn run(
             config.admission.max_connections_per_ip,
             config.admission.max_pending_auth,
         ),
+        room_proxy,
     });
     let state = web::Data::new(AppState {
         node,

@@ -140,6 +140,15 @@ impl Policies {
             }
             rules.push((pattern, policy));
         }
+        // A catch-all rule is the fallback: nothing after it can match.
+        let fallback = match rules.last() {
+            Some((Pattern::Prefix(prefix), policy)) if prefix.is_empty() => {
+                let policy = *policy;
+                rules.pop();
+                policy
+            }
+            _ => fallback,
+        };
         Ok(Self { rules, fallback })
     }
 
@@ -176,13 +185,7 @@ impl Policies {
             .iter()
             .map(|(pattern, policy)| format!("{pattern}={policy}"))
             .collect();
-        if !self
-            .rules
-            .iter()
-            .any(|(p, _)| *p == Pattern::Prefix(String::new()))
-        {
-            parts.push(format!("*={}", self.fallback));
-        }
+        parts.push(format!("*={}", self.fallback));
         parts.join(" ")
     }
 }

@@ -186,11 +186,18 @@ pub(crate) async fn remove_member(
     let (room, user) = path.into_inner();
     ids::validate_room(&room)?;
     ids::validate("user", &user)?;
-    let unlist = state.node.config.rooms.policies.of(&room) == Policy::Members;
+    let policy = state.node.config.rooms.policies.of(&room);
+    let unlist = policy == Policy::Members;
+    // A grant the nodes cached before the removal is no good afterwards,
+    // as long as any node may hold it.
+    let hold = match (&state.node.room_proxy, policy) {
+        (Some(proxy), Policy::Proxy) => proxy.grants_kept(),
+        _ => std::time::Duration::ZERO,
+    };
     let (devices, listed) = state
         .node
         .store
-        .remove_room_user(&room, &user, unlist)
+        .remove_room_user(&room, &user, unlist, hold)
         .await?;
     Ok(HttpResponse::Ok().json(UserRemoved {
         room,

@@ -162,6 +162,7 @@ async fn reader(
     // A room is read as it is joined: by its policy.
     let policies = &state.node.config.rooms.policies;
     let mut listed = Vec::new();
+    let mut proxied = Vec::new();
     for room in rooms {
         match policies.of(room) {
             Policy::Open => {}
@@ -173,7 +174,8 @@ async fn reader(
                 }
             }
             Policy::Members => listed.push(*room),
-            policy @ (Policy::Token | Policy::Proxy) => {
+            Policy::Proxy => proxied.push(*room),
+            policy @ Policy::Token => {
                 return Err(forbidden(format!(
                     "{room:?} is under --room-policy {policy}, which these reads do not take"
                 )))
@@ -201,7 +203,101 @@ async fn reader(
             }
         }
     }
+    if !proxied.is_empty() {
+        ask_backend(state, user.as_deref(), &proxied).await?;
+    }
     Ok((Reader::Member(user), permit))
+}
+
+/// Most questions one read has out to the app's backend at once, so that
+/// a read of many `proxy` rooms takes its turn beside the joins
+/// (`--room-join-max-in-flight` bounds them all).
+const READ_QUESTIONS_AT_ONCE: usize = 8;
+
+/// `--room-policy proxy`: the app's backend (or its cached answer) lets
+/// `user` read each of `rooms`, as it would let it join; the first refusal
+/// is `403`, no answer `503`. The question names no device
+/// ([`READ_DEVICE`](crate::rooms::proxy::READ_DEVICE)) and an empty state.
+async fn ask_backend(state: &AppState, user: Option<&str>, rooms: &[&str]) -> Result<(), ApiError> {
+    use crate::rooms::proxy::{Question, Verdict, READ_DEVICE};
+    use futures_util::{StreamExt, TryStreamExt};
+    let Some(user) = user else {
+        return Err(forbidden(format!(
+            "{:?} lets in only the users the app's backend allows: read as one",
+            rooms[0]
+        )));
+    };
+    let Some(proxy) = state.node.room_proxy.clone() else {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            ErrorCode::Unavailable,
+            "no --room-join-url is set",
+        ));
+    };
+    let empty = serde_json::value::RawValue::from_string("{}".to_string()).expect("{} is JSON");
+    futures_util::stream::iter(rooms)
+        .map(Ok)
+        .try_for_each_concurrent(READ_QUESTIONS_AT_ONCE, |room| {
+            let question = Question {
+                user,
+                device: READ_DEVICE,
+                room,
+                state: &empty,
+            };
+            let proxy = proxy.clone();
+            async move {
+                let mut verdict = ask(&proxy, &question).await;
+                if let Verdict::Allow(grant) = &verdict {
+                    // A grant from before the user's removal is void: ask
+                    // again, once (as a join does).
+                    if state
+                        .node
+                        .store
+                        .removed_since(room, user, grant.asked_at)
+                        .await?
+                    {
+                        proxy.forget(user, room);
+                        verdict = match ask(&proxy, &question).await {
+                            Verdict::Allow(grant)
+                                if state
+                                    .node
+                                    .store
+                                    .removed_since(room, user, grant.asked_at)
+                                    .await? =>
+                            {
+                                Verdict::Refuse("removed from the room".into())
+                            }
+                            v => v,
+                        };
+                    }
+                }
+                match verdict {
+                    Verdict::Allow(_) => Ok(()),
+                    Verdict::Refuse(why) => Err(forbidden(format!(
+                        "the app's backend does not let {user:?} into {room:?} ({why})"
+                    ))),
+                    Verdict::Unavailable(why) => Err(ApiError::new(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        ErrorCode::Unavailable,
+                        format!(
+                            "the app's backend did not answer about {room:?} ({why}); try again"
+                        ),
+                    )),
+                }
+            }
+        })
+        .await
+}
+
+/// The backend's answer (or its cached one) to `question`.
+async fn ask(
+    proxy: &std::sync::Arc<crate::rooms::proxy::RoomProxy>,
+    question: &crate::rooms::proxy::Question<'_>,
+) -> crate::rooms::proxy::Verdict {
+    match proxy.decide(question, false) {
+        Ok(v) => v,
+        Err(waiting) => waiting.answer().await,
+    }
 }
 
 /// A `403 forbidden` saying why.
@@ -239,9 +335,9 @@ fn grouped(page: Vec<RoomMember>) -> Vec<Member> {
         (status = 200, description = "The room as a member sees it; the truth with the admin or service key", body = RoomPage),
         (status = 400, description = "Invalid room id, limit or cursor", body = ProtocolError),
         (status = 401, description = "JWT auth: missing or invalid token", body = ProtocolError),
-        (status = 403, description = "The token's rooms claim does not include the room", body = ProtocolError),
+        (status = 403, description = "The room's policy does not let the reader in: its token's rooms claim, the member list, or the app's backend (`proxy`) refused", body = ProtocolError),
         (status = 429, description = "The client's read budget is spent, or it has the most reads in flight", body = ProtocolError),
-        (status = 503, description = "Redis unavailable", body = ProtocolError),
+        (status = 503, description = "Redis unavailable, or the app's backend did not answer in time (`proxy`)", body = ProtocolError),
     ),
     security((), ("bearer" = [])))]
 pub(crate) async fn room(
@@ -306,10 +402,10 @@ pub(crate) async fn room(
     responses(
         (status = 200, description = "Each room's counts, in request order", body = RoomsResult),
         (status = 400, description = "Invalid room id", body = ProtocolError),
-        (status = 403, description = "A room outside the token's rooms claim", body = ProtocolError),
+        (status = 403, description = "A room whose policy does not let the reader in: outside the token's rooms claim, off the member list, or refused by the app's backend (`proxy`)", body = ProtocolError),
         (status = 413, description = "More than 1,000 rooms", body = ProtocolError),
         (status = 429, description = "The client's read budget is spent, or it has the most reads in flight", body = ProtocolError),
-        (status = 503, description = "Redis unavailable", body = ProtocolError),
+        (status = 503, description = "Redis unavailable, or the app's backend did not answer in time (`proxy`)", body = ProtocolError),
     ),
     security((), ("bearer" = [])))]
 pub(crate) async fn rooms_query(

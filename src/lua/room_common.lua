@@ -11,7 +11,7 @@
 -- KEYS[8] presence-room-hidden-index:{r:<room>}  likewise for the hidden members
 -- KEYS[9] presence-room-hidden-users:{r:<room>}  user -> its hidden devices in the room
 -- KEYS[10] presence-room-allowed:{r:<room>}      users a `members` room lets in, score 0
--- KEYS[11] presence-room-removed:{r:<room>}      member -> when it was removed (recent removals)
+-- KEYS[11] presence-room-removed:{r:<room>}      member -> when it was removed (recent removals), and user -> when it was
 --
 -- ARGV[1] room, ARGV[2] most users and ARGV[3] most devices of a room
 -- whose members get every event (above either, counts), ARGV[4] the

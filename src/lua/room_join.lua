@@ -17,12 +17,16 @@
 -- answer depends only on what it may see), ARGV[11] 1 when the user is
 -- invisible, ARGV[12] 1 when the room's policy is `members` (the user must
 -- be in KEYS[10]), ARGV[13] 1 for the session's own rejoin of a membership
--- it found gone (refused for a device removed lately: KEYS[11])
+-- it found gone (refused for a device removed lately: KEYS[11]), ARGV[14]
+-- when the app's backend let the user in (`proxy`), ms: refused when the
+-- user was removed (KEYS[11]'s field of the user) at or after it, so that a
+-- grant from before a removal never lets it back; 0 for none
 --
 -- Returns {kind, first, seq, users, devices, members, own hidden, hidden,
 -- published events}: kind is joined, updated, full, taken (a newer
 -- connection of the device holds the membership), forbidden (not on the
--- member list) or removed (a rejoin of a device removed lately); first 1 when the user
+-- member list), removed (a rejoin of a device removed lately) or revoked
+-- (a grant older than the user's removal); first 1 when the user
 -- joined the room with it (as those who see it see it); members the
 -- HGETALL of KEYS[1] unless the room is in counts mode, else 0; own hidden
 -- the user's hidden members, as pairs; hidden 1 when the device is hidden.
@@ -30,6 +34,12 @@ local user, device, state, now = ARGV[5], ARGV[6], ARGV[7], ARGV[4]
 local member = user .. ':' .. device
 if ARGV[12] == '1' and not redis.call('ZSCORE', KEYS[10], user) then
   return {'forbidden', 0, 0, 0, 0, 0, {}, 0, {}}
+end
+if ARGV[14] ~= '0' then
+  local removed_at = redis.call('HGET', KEYS[11], user)
+  if removed_at and tonumber(removed_at) >= tonumber(ARGV[14]) then
+    return {'revoked', 0, 0, 0, 0, 0, {}, 0, {}}
+  end
 end
 if ARGV[13] == '1' then
   if redis.call('HEXISTS', KEYS[11], member) == 1 then

@@ -8,7 +8,8 @@
 -- KEYS: see room_common.lua
 -- ARGV[1] room, ARGV[2..3] the list limits, ARGV[4] now ms, ARGV[5] user,
 -- ARGV[6] 1 to take the user off the member list, ARGV[7] how long a
--- removal refuses a session's own rejoin, ms
+-- removal refuses a session's own rejoin, and a grant of the app's backend
+-- from before it (`proxy`: the field of the user, when it was removed), ms
 --
 -- Returns {devices removed, was on the list (1/0), published events}.
 local user = ARGV[5]
@@ -23,7 +24,8 @@ for _, device in ipairs(removed) do
   room_remove(user, device, ',"removed":true')
   redis.call('HSET', KEYS[11], user .. ':' .. device, ARGV[4])
 end
-if #removed > 0 then
+redis.call('HSET', KEYS[11], user, ARGV[4])
+if redis.call('PTTL', KEYS[11]) < tonumber(ARGV[7]) then
   redis.call('PEXPIRE', KEYS[11], ARGV[7])
 end
 local listed = 0

@@ -14,6 +14,8 @@
 //!   rooms claim).
 //! - [`held`]: the rooms one session is in, and what it told its client of
 //!   each.
+//! - [`proxy`]: the `proxy` policy: the app's backend asked, its answers
+//!   cached and its requests bounded.
 //!
 //! The Redis steps are the store's (`store::rooms`, `src/lua/room_*.lua`);
 //! the registry subscribes a node to a room's channel while one of its
@@ -22,6 +24,7 @@
 pub mod events;
 pub mod grant;
 pub mod held;
+pub mod proxy;
 
 pub use events::{RoomDeliver, RoomEvent};
 pub use grant::allows;

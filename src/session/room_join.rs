@@ -17,6 +17,8 @@ use crate::registry::JoinRoom;
 use crate::rooms::Held;
 use crate::store::rooms::{JoinAccess, Joined};
 
+use super::room_proxy::Granted;
+
 impl Session {
     /// The app's backend removed this device's user from `room`
     /// (`DELETE /api/rooms/{room}/members/{user}`; its leave event, or a
@@ -109,7 +111,8 @@ impl Session {
 
     /// Subscribes the node to the room (the registry answers once it
     /// hears the room's events), then runs the join step, whose reply is
-    /// the room right after it.
+    /// the room right after it; in a `proxy` room, once the app's backend
+    /// let the device in (`room_proxy.rs`).
     pub(super) fn start_join(
         &mut self,
         room: Arc<str>,
@@ -121,6 +124,24 @@ impl Session {
             // Left while this waited its turn.
             return self.request_done(ctx);
         }
+        if self.node.config.rooms.policies.of(&room) == Policy::Proxy {
+            // The backend first: a refused join leaves nothing in Redis.
+            return self.ask_backend(room, state, rejoin, false, ctx);
+        }
+        self.join_step(room, state, rejoin, None, ctx);
+    }
+
+    /// The join itself: subscribed, then the store's join step, whose
+    /// reply is the room frame (or why the device is not in). `granted`:
+    /// the app's backend let the device in (`proxy`).
+    pub(super) fn join_step(
+        &mut self,
+        room: Arc<str>,
+        state: String,
+        rejoin: bool,
+        granted: Option<Granted>,
+        ctx: &mut ws::WebsocketContext<Self>,
+    ) {
         let limits = self.node.config.rooms.clone();
         let registry = self.node.registry.clone();
         let store = self.node.store.clone();
@@ -128,7 +149,10 @@ impl Session {
         let access = JoinAccess {
             listed: limits.policies.of(&room) == Policy::Members,
             rejoin,
+            granted_at: granted.map(|g| g.asked_at),
         };
+        // Kept for asking the backend again, should its grant be void.
+        let again = granted.map(|_| state.clone());
         let subscribe = registry.send(JoinRoom {
             session: self.me.id,
             room: room.clone(),
@@ -156,8 +180,12 @@ impl Session {
                 .map(|joined| (room.clone(), joined))
                 .map_err(|e| (room, e.to_string()))
         };
-        ctx.spawn(join.into_actor(self).map(|res, act, ctx| {
+        ctx.spawn(join.into_actor(self).map(move |res, act, ctx| {
             match res {
+                Ok((room, Joined::Revoked)) => {
+                    let state = again.unwrap_or_default();
+                    return act.grant_revoked(room, state, rejoin, granted, ctx);
+                }
                 Ok((room, Joined::Joined { room: snapshot, .. }))
                 | Ok((room, Joined::Updated { room: snapshot })) => {
                     act.show_room(&room, &snapshot, ctx)

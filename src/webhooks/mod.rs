@@ -489,6 +489,28 @@ async fn send_loop(
     }
 }
 
+/// A POST of the JSON `body` to `url`, signed now with `secret` in the
+/// [`SIGNATURE_HEADER`]: the one way this node signs what it sends to the
+/// app's backend (webhook batches, and the questions of the `proxy` room
+/// policy), so that a receiver checks both with the same recipe.
+pub fn signed_post(
+    client: &reqwest::Client,
+    url: &str,
+    secret: &[u8],
+    body: String,
+) -> reqwest::RequestBuilder {
+    let unix = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let signature = sign(secret, unix, body.as_bytes());
+    client
+        .post(url)
+        .header(reqwest::header::CONTENT_TYPE, "application/json")
+        .header(SIGNATURE_HEADER, signature)
+        .body(body)
+}
+
 /// One signed POST; `Err` says why it did not count as delivered.
 async fn post(
     client: &reqwest::Client,
@@ -496,16 +518,7 @@ async fn post(
     secret: &[u8],
     body: String,
 ) -> Result<(), String> {
-    let unix = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    let signature = sign(secret, unix, body.as_bytes());
-    let res = client
-        .post(url)
-        .header(reqwest::header::CONTENT_TYPE, "application/json")
-        .header(SIGNATURE_HEADER, signature)
-        .body(body)
+    let res = signed_post(client, url, secret, body)
         .send()
         .await
         .map_err(|e| format!("POST failed: {e}"))?;

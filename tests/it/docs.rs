@@ -226,6 +226,14 @@ fn the_fixed_limits_in_the_docs_are_the_code_constants() {
     );
     assert_quotes("rooms per device", config::DEFAULT_MAX_ROOMS_PER_DEVICE);
     assert_quotes(
+        "answers of the room-join backend kept",
+        presence_server::rooms::proxy::cache::MAX_ENTRIES,
+    );
+    assert_quotes(
+        "requests to the room-join backend (`proxy` rooms)",
+        presence_server::rooms::proxy::DEFAULT_MAX_IN_FLIGHT as usize,
+    );
+    assert_quotes(
         "devices per room",
         config::DEFAULT_MAX_ROOM_DEVICES as usize,
     );

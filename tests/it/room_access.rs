@@ -439,12 +439,13 @@ async fn a_removed_device_is_not_rejoined_by_its_session() {
     );
     store.load_scripts().await.unwrap();
     let owner = store.lease_value().to_string();
-    let join = |rejoin: bool| {
+    let join_granted = |rejoin: bool, granted_at: Option<i64>| {
         let (store, owner) = (store.clone(), owner.clone());
         async move {
             let access = JoinAccess {
                 listed: false,
                 rejoin,
+                granted_at,
             };
             store
                 .join_room("r", "bob", "d", "{}", &owner, 100, access)
@@ -452,12 +453,25 @@ async fn a_removed_device_is_not_rejoined_by_its_session() {
                 .unwrap()
         }
     };
+    let join = |rejoin: bool| join_granted(rejoin, None);
     assert!(matches!(join(false).await, Joined::Joined { .. }));
-    let (devices, _) = store.remove_room_user("r", "bob", false).await.unwrap();
+    let before = presence_server::clock::now_ms() - 1;
+    let (devices, _) = store
+        .remove_room_user("r", "bob", false, Duration::ZERO)
+        .await
+        .unwrap();
     assert_eq!(devices, ["d"]);
     assert_eq!(join(true).await, Joined::Removed);
     // The client's own join is let in (the policy is open), and from then
     // on the session's rejoins are too.
     assert!(matches!(join(false).await, Joined::Joined { .. }));
     assert!(matches!(join(true).await, Joined::Updated { .. }));
+    // A grant of the app's backend (`proxy`) asked before the removal is
+    // void, for a new device of the user too; one asked after it holds.
+    assert_eq!(join_granted(false, Some(before)).await, Joined::Revoked);
+    let after = presence_server::clock::now_ms() + 1;
+    assert!(matches!(
+        join_granted(false, Some(after)).await,
+        Joined::Updated { .. }
+    ));
 }

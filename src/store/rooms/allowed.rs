@@ -68,20 +68,24 @@ impl Store {
     }
 
     /// Removes every device of `user` from `room` at once, and (`unlist`)
-    /// takes the user off the room's member list. Returns the devices
-    /// removed and whether the user was on the list.
+    /// takes the user off the room's member list. A session's own rejoin
+    /// of a removed device, and a join on a grant of the app's backend from
+    /// before the removal, are refused for the lease TTL or `hold`, the
+    /// longer. Returns the devices removed and whether the user was on the
+    /// list.
     pub async fn remove_room_user(
         &self,
         room: &str,
         user: &str,
         unlist: bool,
+        hold: std::time::Duration,
     ) -> StoreResult<(Vec<String>, bool)> {
         let key = keys::room_members(room);
         let items = self
             .room_change(&self.scripts.room_remove_user, room, |pipe| {
                 pipe.arg(user)
                     .arg(if unlist { "1" } else { "0" })
-                    .arg(self.ttl_ms);
+                    .arg(self.ttl_ms.max(hold.as_millis() as u64));
             })
             .await?;
         let items = &items[..];
@@ -133,6 +137,18 @@ impl Store {
             .query_async(&mut self.conn())
             .await?;
         Ok(score.is_some())
+    }
+
+    /// Whether `user` was removed from `room` at or after `since` (epoch
+    /// ms), within the time removals are kept: a grant of the app's backend
+    /// asked before that is void.
+    pub async fn removed_since(&self, room: &str, user: &str, since: i64) -> StoreResult<bool> {
+        let at: Option<i64> = redis::cmd("HGET")
+            .arg(keys::room_removed(room))
+            .arg(user)
+            .query_async(&mut self.conn())
+            .await?;
+        Ok(at.is_some_and(|at| at >= since))
     }
 
     /// Drops `removed` devices' entries of `room` from their users' lists

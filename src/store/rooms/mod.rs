@@ -92,6 +92,9 @@ pub enum Joined {
     NotListed,
     /// The session's own rejoin of a device the backend removed lately.
     Removed,
+    /// The backend's grant ([`JoinAccess::granted_at`]) is no newer than
+    /// the user's removal from the room: ask it again.
+    Revoked,
 }
 
 /// How a join is let in, besides the step's own checks.
@@ -102,6 +105,10 @@ pub struct JoinAccess {
     /// The session's own rejoin of a membership it found gone (not its
     /// client's join): refused for a device the backend removed lately.
     pub rejoin: bool,
+    /// When the app's backend was asked the question whose answer let the
+    /// user in (`proxy`), epoch ms: refused as [`Joined::Revoked`] when
+    /// the user was removed from the room since.
+    pub granted_at: Option<i64>,
 }
 
 /// What a leave did.
@@ -307,7 +314,8 @@ impl Store {
                     .arg(max_devices)
                     .arg(if hidden { "1" } else { "0" })
                     .arg(if access.listed { "1" } else { "0" })
-                    .arg(if access.rejoin { "1" } else { "0" });
+                    .arg(if access.rejoin { "1" } else { "0" })
+                    .arg(access.granted_at.unwrap_or(0));
             })
             .await?;
         let items = &items[..];
@@ -317,6 +325,7 @@ impl Store {
             "taken" => return Ok(Joined::Taken),
             "forbidden" => return Ok(Joined::NotListed),
             "removed" => return Ok(Joined::Removed),
+            "revoked" => return Ok(Joined::Revoked),
             _ => {}
         }
         // After the step, never before it: the deadline pass may be taking

@@ -4,7 +4,7 @@
 //! a SIGKILLed node heard by two live nodes).
 
 mod fairness;
-mod receiver;
+pub(crate) mod receiver;
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;

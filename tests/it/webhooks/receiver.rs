@@ -159,7 +159,7 @@ async fn serve(
 
 /// The verification recipe of docs/events.md: `t=<unix>,v1=<hex>`, HMAC-SHA256
 /// over `<unix>.<body>`, compared in constant time, within 5 minutes.
-pub(super) fn verify(secret: &str, header: &str, body: &[u8]) -> bool {
+pub(crate) fn verify(secret: &str, header: &str, body: &[u8]) -> bool {
     let mut t = None;
     let mut v1 = None;
     for part in header.split(',') {
