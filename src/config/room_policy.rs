@@ -165,7 +165,13 @@ impl Policies {
 
     /// Whether any room may have `policy`.
     pub fn uses(&self, policy: Policy) -> bool {
-        self.fallback == policy || self.rules.iter().any(|(_, p)| *p == policy)
+        // Behind a rule for every room (`*=<policy>`) the fallback decides
+        // no room.
+        let reached = !self
+            .rules
+            .iter()
+            .any(|(p, _)| *p == Pattern::Prefix(String::new()));
+        (reached && self.fallback == policy) || self.rules.iter().any(|(_, p)| *p == policy)
     }
 
     /// The rules as given, then the fallback (`*=<policy>`), for logs and
