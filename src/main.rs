@@ -239,6 +239,7 @@ fn jwt_verifier(args: &Args) -> anyhow::Result<JwtVerifier> {
         user_claim: args.jwt_user_claim.clone(),
         leeway_secs: args.jwt_leeway_secs,
         rooms_claim: args.jwt_rooms_claim.clone(),
+        room_tokens: room_policies(args)?.uses(config::Policy::Token),
     };
     JwtVerifier::new(secret.as_deref(), public.as_deref(), jwks, rules)
 }
