@@ -86,6 +86,7 @@ fn start(args: Args) -> anyhow::Result<()> {
     config.contacts_only = matches!(args.watch_policy, WatchPolicy::Contacts);
     config.auth_timeout = Duration::from_millis(args.auth_timeout_ms);
     config.auth_expiring = Duration::from_millis(args.auth_expiring_ms);
+    config.room_token_expiring = Duration::from_millis(args.room_token_expiring_ms);
     config.rooms = config::RoomLimits {
         max_rooms_per_device: args.max_rooms_per_device as usize,
         max_room_devices: args.max_room_devices,
@@ -145,12 +146,16 @@ fn room_policies(args: &Args) -> anyhow::Result<config::Policies> {
     };
     let policies =
         config::Policies::parse(&args.room_policy, fallback).map_err(anyhow::Error::msg)?;
-    for policy in [config::Policy::Token, config::Policy::Proxy] {
-        anyhow::ensure!(
-            !policies.uses(policy),
-            "--room-policy {policy} is not available in this build yet"
-        );
-    }
+    anyhow::ensure!(
+        !policies.uses(config::Policy::Proxy),
+        "--room-policy proxy is not available in this build yet"
+    );
+    // Room tokens are verified with the keys of connection tokens, which
+    // development auth does not have.
+    anyhow::ensure!(
+        matches!(args.auth, AuthMode::Jwt) || !policies.uses(config::Policy::Token),
+        "--room-policy token needs --auth jwt: room tokens are verified with the keys of connection tokens (--jwt-secret, --jwt-public-key-file or --jwt-jwks-url)"
+    );
     Ok(match args.auth {
         AuthMode::Jwt => policies,
         AuthMode::Dev => policies.claim_as_open(),

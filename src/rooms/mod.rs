@@ -14,6 +14,8 @@
 //!   rooms claim).
 //! - [`held`]: the rooms one session is in, and what it told its client of
 //!   each.
+//! - [`token`]: the room tokens one session holds (`--room-policy token`):
+//!   when each lapses, and the one timer that warns and expires them.
 //!
 //! The Redis steps are the store's (`store::rooms`, `src/lua/room_*.lua`);
 //! the registry subscribes a node to a room's channel while one of its
@@ -22,6 +24,7 @@
 pub mod events;
 pub mod grant;
 pub mod held;
+pub mod token;
 
 pub use events::{RoomDeliver, RoomEvent};
 pub use grant::allows;

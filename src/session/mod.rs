@@ -15,6 +15,7 @@
 mod close;
 mod liveness;
 mod room_join;
+mod room_token;
 mod rooms;
 mod seen;
 mod stream;

@@ -12,7 +12,7 @@ use super::rooms::RoomRequest;
 use super::watches::Request;
 use super::Session;
 use crate::config::Policy;
-use crate::protocol::{ErrorCode, ProtocolError};
+use crate::protocol::{ErrorCode, ProtocolError, Token};
 use crate::registry::JoinRoom;
 use crate::rooms::Held;
 use crate::store::rooms::{JoinAccess, Joined};
@@ -42,9 +42,13 @@ impl Session {
         &mut self,
         room: String,
         state: Option<serde_json::Value>,
+        token: Option<Token>,
         ctx: &mut ws::WebsocketContext<Self>,
     ) {
         let limits = self.node.config.rooms.clone();
+        let Ok(token) = self.join_token(&room, token, ctx) else {
+            return;
+        };
         if !self.granted(&room) {
             let err = ProtocolError::new(
                 ErrorCode::Forbidden,
@@ -97,6 +101,9 @@ impl Session {
                 );
             }
         }
+        if let Some(token) = token {
+            self.rooms_mut().tokens_mut().offer(room.clone(), token);
+        }
         self.request(
             Request::Room(RoomRequest::Join {
                 room,
@@ -121,6 +128,20 @@ impl Session {
             // Left while this waited its turn.
             return self.request_done(ctx);
         }
+        if self.node.config.rooms.policies.of(&room) == Policy::Token {
+            return self.token_join(room, state, rejoin, ctx);
+        }
+        self.join_step(room, state, rejoin, ctx);
+    }
+
+    /// The join step proper, once the room's policy let the device try.
+    pub(super) fn join_step(
+        &mut self,
+        room: Arc<str>,
+        state: String,
+        rejoin: bool,
+        ctx: &mut ws::WebsocketContext<Self>,
+    ) {
         let limits = self.node.config.rooms.clone();
         let registry = self.node.registry.clone();
         let store = self.node.store.clone();

@@ -36,6 +36,7 @@ mod refresh;
 mod reliability;
 mod retention;
 mod room_access;
+mod room_token;
 mod rooms;
 mod rooms_abuse;
 mod rooms_chaos;
