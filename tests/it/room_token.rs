@@ -11,7 +11,9 @@ use base64::Engine as _;
 use serde_json::{json, Value};
 
 use crate::common::cluster::Cluster;
-use crate::common::jwt::{connect_with, hs, now, sign, token, SECRET};
+use jsonwebtoken::Algorithm;
+
+use crate::common::jwt::{connect_with, hs, now, sign, token, Key, SECRET};
 use crate::common::*;
 use crate::rooms::{expect_event, expect_quiet, members, next_of};
 
@@ -350,6 +352,56 @@ async fn token_rooms_span_nodes_and_http_reads_take_the_header() {
     assert_eq!((status, page["users"].clone()), (200, json!(2)), "{page}");
 }
 
+/// One device in two token rooms: each lapses at its own token's end (one
+/// timer serves them all); a join again with a token replaces the room's
+/// token as `room_token` does.
+#[tokio::test]
+async fn each_token_room_of_a_device_lapses_on_its_own() {
+    let redis = Redis::start();
+    let node = node(&redis, "n1");
+    let (a, b) = ("chat:a", "chat:b");
+    let mut alice = connect(&node, "alice", "web").await;
+    join_with(&mut alice, a, &room_token("alice", a, 600)).await;
+    join_with(&mut alice, b, &room_token("alice", b, 600)).await;
+    let mut bob = connect(&node, "bob", "phone").await;
+    let a_exp = now() + 2;
+    join_with(
+        &mut bob,
+        a,
+        &hs(json!({"sub": "bob", "room": a, "exp": a_exp})),
+    )
+    .await;
+    join_with(&mut bob, b, &room_token("bob", b, 3)).await;
+    // A join again of b with a later token, which replaces the first.
+    let b_exp = now() + 5;
+    join_with(
+        &mut bob,
+        b,
+        &hs(json!({"sub": "bob", "room": b, "exp": b_exp})),
+    )
+    .await;
+    let mut expired = Vec::new();
+    while expired.len() < 2 {
+        let v = bob.recv().await;
+        if v["type"] == "error" {
+            assert_eq!(v["code"], "token_expired", "{v}");
+            expired.push((v["room"].as_str().unwrap().to_string(), now_ms()));
+        }
+    }
+    assert_eq!(expired[0].0, a);
+    assert!(expired[0].1 >= a_exp as i64 * 1000, "{expired:?}");
+    assert_eq!(expired[1].0, b);
+    assert!(expired[1].1 >= b_exp as i64 * 1000, "{expired:?}");
+    // Alice saw each leave once, a before b.
+    let mut lefts = Vec::new();
+    while lefts.len() < 2 {
+        let v = next_of(&mut alice, "room_leave").await;
+        lefts.push(v["room"].as_str().unwrap().to_string());
+    }
+    assert_eq!(lefts, [a, b]);
+    expect_quiet(&mut alice, Duration::from_millis(300)).await;
+}
+
 /// Redis restarts empty: the session joins its token room again on the
 /// token it holds, without asking its client; the members are back.
 #[tokio::test]
@@ -397,6 +449,73 @@ async fn token_rooms_work_on_a_cluster() {
     assert_eq!(error_in(&mut bob, room).await["code"], "token_expired");
     let left = expect_event(&mut alice, "room_leave", room, "bob", "phone").await;
     assert_eq!(left["last"], true, "{left}");
+}
+
+/// Room tokens pass the rules of connection tokens: a public key (ES256
+/// here), the issuer and the audience; an HS256 token is refused where no
+/// secret is configured.
+#[tokio::test]
+async fn room_tokens_follow_the_key_issuer_and_audience_rules() {
+    const ISS: &str = "https://app.example.com/";
+    let dir = tempfile::tempdir().unwrap();
+    let key = Key::generate(dir.path(), Algorithm::ES256, "ec-1");
+    let public = key.public_pem().to_str().unwrap().to_string();
+    let redis = Redis::start();
+    let mut flags = FLAGS.to_vec();
+    flags.extend([
+        "--jwt-public-key-file",
+        &public,
+        "--jwt-issuer",
+        ISS,
+        "--jwt-audience",
+        "presence",
+    ]);
+    let node = Node::start_with(&redis, "n1", &flags);
+    let room = "chat:k";
+    let claims = |extra: Value| {
+        let mut c = json!({"sub": "alice", "exp": now() + 3600, "iss": ISS, "aud": "presence"});
+        for (k, v) in extra.as_object().unwrap() {
+            match v {
+                Value::Null => c.as_object_mut().unwrap().remove(k),
+                v => c.as_object_mut().unwrap().insert(k.clone(), v.clone()),
+            };
+        }
+        c
+    };
+    let url = format!(
+        "ws://{}/ws?device=web&token={}",
+        node.addr,
+        key.sign(None, &claims(json!({})))
+    );
+    let mut alice = Client::connect_raw(&url, "alice", "web").await.unwrap();
+    alice.expect("hello").await;
+    for (what, token, says) in [
+        (
+            "no iss",
+            key.sign(None, &claims(json!({"room": room, "iss": null}))),
+            "\"iss\"",
+        ),
+        (
+            "another audience",
+            key.sign(None, &claims(json!({"room": room, "aud": "other"}))),
+            "aud",
+        ),
+        (
+            "HS256 without a secret",
+            hs(claims(json!({"room": room}))),
+            "no key",
+        ),
+    ] {
+        alice
+            .send(json!({"type": "join", "room": room, "token": token}))
+            .await;
+        let e = error_in(&mut alice, room).await;
+        assert_eq!(e["code"], "forbidden", "{what}: {e}");
+        assert!(e["message"].as_str().unwrap().contains(says), "{what}: {e}");
+    }
+    let good = key.sign(None, &claims(json!({"room": room})));
+    let frame = join_with(&mut alice, room, &good).await;
+    assert_eq!(members(&frame), ["alice:web"]);
 }
 
 /// Room tokens are verified with the keys of connection tokens: a node
