@@ -292,6 +292,14 @@ pub struct Args {
           value_parser = clap::value_parser!(u64).range(0..=86_400_000))]
     pub auth_expiring_ms: u64,
 
+    /// Rooms under --room-policy token: a device gets
+    /// {"type":"room_token_expiring"} this many ms before its room token
+    /// expires, to send a fresh one in a room_token frame.
+    #[arg(long, env = "PRESENCE_ROOM_TOKEN_EXPIRING_MS",
+          default_value_t = config::DEFAULT_ROOM_TOKEN_EXPIRING.as_millis() as u64,
+          value_parser = clap::value_parser!(u64).range(0..=86_400_000))]
+    pub room_token_expiring_ms: u64,
+
     /// Most WebSockets one client address may hold open on this node (an
     /// IPv6 address counts by its /64); one more is refused with 429 before
     /// the upgrade. 0: no cap. Behind a proxy give --trust-proxy, so that

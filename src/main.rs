@@ -87,6 +87,7 @@ fn start(args: Args) -> anyhow::Result<()> {
     config.contacts_only = matches!(args.watch_policy, WatchPolicy::Contacts);
     config.auth_timeout = Duration::from_millis(args.auth_timeout_ms);
     config.auth_expiring = Duration::from_millis(args.auth_expiring_ms);
+    config.room_token_expiring = Duration::from_millis(args.room_token_expiring_ms);
     config.rooms = config::RoomLimits {
         max_rooms_per_device: args.max_rooms_per_device as usize,
         max_room_devices: args.max_room_devices,
@@ -147,9 +148,11 @@ fn room_policies(args: &Args) -> anyhow::Result<config::Policies> {
     };
     let policies =
         config::Policies::parse(&args.room_policy, fallback).map_err(anyhow::Error::msg)?;
+    // Room tokens are verified with the keys of connection tokens, which
+    // development auth does not have.
     anyhow::ensure!(
-        !policies.uses(config::Policy::Token),
-        "--room-policy token is not available in this build yet"
+        matches!(args.auth, AuthMode::Jwt) || !policies.uses(config::Policy::Token),
+        "--room-policy token needs --auth jwt: room tokens are verified with the keys of connection tokens (--jwt-secret, --jwt-public-key-file or --jwt-jwks-url)"
     );
     Ok(match args.auth {
         AuthMode::Jwt => policies,
@@ -240,6 +243,7 @@ fn jwt_verifier(args: &Args) -> anyhow::Result<JwtVerifier> {
         user_claim: args.jwt_user_claim.clone(),
         leeway_secs: args.jwt_leeway_secs,
         rooms_claim: args.jwt_rooms_claim.clone(),
+        room_tokens: room_policies(args)?.uses(config::Policy::Token),
     };
     JwtVerifier::new(secret.as_deref(), public.as_deref(), jwks, rules)
 }

@@ -63,6 +63,18 @@ pub enum ClientFrame {
         /// This device's state in the room.
         #[serde(default)]
         state: Option<serde_json::Value>,
+        /// A room token, for a room under `--room-policy token`.
+        #[serde(default)]
+        token: Option<Token>,
+    },
+    /// A fresh room token for a room the device is in (`--room-policy
+    /// token`), replacing the one it joined with.
+    #[serde(rename = "room_token")]
+    RoomToken {
+        /// The room.
+        room: String,
+        /// The room token.
+        token: Token,
     },
     /// Leave a room.
     Leave {
@@ -117,7 +129,7 @@ pub fn try_again_reason(why: &str, wait_ms: u64) -> String {
     format!("{why}, reconnect; retry_after_ms={wait_ms}")
 }
 
-const CLIENT_TYPES: [&str; 10] = [
+const CLIENT_TYPES: [&str; 11] = [
     "watch",
     "unwatch",
     "status",
@@ -128,6 +140,7 @@ const CLIENT_TYPES: [&str; 10] = [
     "leave",
     "room_state",
     "signal",
+    "room_token",
 ];
 
 /// Stable error codes, shared by error frames and HTTP error bodies.
@@ -171,6 +184,9 @@ pub enum ErrorCode {
     /// The app's backend removed the device's user from the room
     /// (`DELETE /api/rooms/{room}/members/{user}`): it is out of it.
     Removed,
+    /// The device's room token expired with no fresh one sent: it is out
+    /// of the room.
+    TokenExpired,
 }
 
 /// A refused request: what goes into an error frame or HTTP error body.
@@ -255,7 +271,7 @@ pub fn parse_client_frame(text: &str) -> Result<ClientFrame, ProtocolError> {
         }
     }
     match &frame {
-        ClientFrame::Join { room, state } => {
+        ClientFrame::Join { room, state, .. } => {
             ids::validate_room(room)?;
             if state.as_ref().is_some_and(|s| !s.is_object()) {
                 return Err(ProtocolError::new(
@@ -273,7 +289,9 @@ pub fn parse_client_frame(text: &str) -> Result<ClientFrame, ProtocolError> {
                 ));
             }
         }
-        ClientFrame::Leave { room } | ClientFrame::Signal { room, .. } => {
+        ClientFrame::Leave { room }
+        | ClientFrame::Signal { room, .. }
+        | ClientFrame::RoomToken { room, .. } => {
             ids::validate_room(room)?;
         }
         _ => {}
@@ -579,7 +597,7 @@ mod fuzz {
             Ok(ClientFrame::Privacy { online, last_seen }) => {
                 assert!(parse_privacy(online.as_deref(), last_seen.as_deref()).is_ok())
             }
-            Ok(ClientFrame::Join { room, state }) => {
+            Ok(ClientFrame::Join { room, state, .. }) => {
                 assert!(ids::validate_room(&room).is_ok());
                 assert!(state.is_none_or(|s| s.is_object()));
             }
@@ -587,7 +605,9 @@ mod fuzz {
                 assert!(ids::validate_room(&room).is_ok());
                 assert!(state.is_object());
             }
-            Ok(ClientFrame::Leave { room }) | Ok(ClientFrame::Signal { room, .. }) => {
+            Ok(ClientFrame::Leave { room })
+            | Ok(ClientFrame::Signal { room, .. })
+            | Ok(ClientFrame::RoomToken { room, .. }) => {
                 assert!(ids::validate_room(&room).is_ok())
             }
             Err(e) => assert!(!e.message.is_empty()),

@@ -11,6 +11,9 @@ use serde_json::Value;
 use super::*;
 use crate::ids;
 
+/// The claim of a room token that names its one room (`--room-policy token`).
+pub const ROOM_CLAIM: &str = "room";
+
 impl JwtVerifier {
     /// A verifier for HS256 tokens signed with `secret` and/or tokens
     /// signed with the private half of `public_pem` (RSA for RS256, EC P-256
@@ -91,8 +94,31 @@ impl JwtVerifier {
 
     /// The user named by a valid `token`, and its expiry.
     pub async fn verify(&self, token: &str) -> Result<Verified, AuthError> {
-        let header =
-            jsonwebtoken::decode_header(token).map_err(|e| AuthError::Invalid(e.to_string()))?;
+        let claims = self.decode_claims(token).await?;
+        if self.rules.room_tokens && claims.contains_key(ROOM_CLAIM) {
+            // A room token names a user too: it must not open a connection
+            // (or read as one) wherever it is shown.
+            return Err(AuthError::Invalid(format!(
+                "this is a room token (it has a {ROOM_CLAIM:?} claim), not a connection token"
+            )));
+        }
+        self.claims(&claims)
+    }
+
+    /// The claims of `token` once its signature, `exp`, `nbf`, `aud` and
+    /// `iss` pass: the checks every token goes through, connection and
+    /// room tokens alike.
+    pub(super) async fn decode_claims(
+        &self,
+        token: &str,
+    ) -> Result<serde_json::Map<String, Value>, AuthError> {
+        let header = jsonwebtoken::decode_header(token).map_err(|e| {
+            AuthError::Invalid(if unsigned(token) {
+                "tokens with alg \"none\" (unsigned) are refused".to_string()
+            } else {
+                e.to_string()
+            })
+        })?;
         // RFC 7515 4.1.11: a token whose `crit` names an extension the
         // receiver does not understand is invalid. This server understands
         // none, and an empty list is not allowed either.
@@ -123,8 +149,8 @@ impl JwtVerifier {
                 key,
                 &self.validation(*alg),
             ) {
-                Ok(data) => return self.claims(&data.claims),
-                Err(e) => last = AuthError::Invalid(e.to_string()),
+                Ok(data) => return Ok(data.claims),
+                Err(e) => last = AuthError::Invalid(in_words(&e)),
             }
         }
         Err(last)
@@ -191,5 +217,37 @@ impl JwtVerifier {
             }
         };
         Ok(Verified { user, exp, rooms })
+    }
+}
+
+/// Whether `token`'s header says `alg: none`: the token library has no such
+/// algorithm and fails on it with a parse error, which says nothing useful.
+fn unsigned(token: &str) -> bool {
+    use base64::Engine as _;
+    let Some(head) = token.split('.').next() else {
+        return false;
+    };
+    base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(head.trim_end_matches('='))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+        .is_some_and(|h| {
+            h["alg"]
+                .as_str()
+                .is_some_and(|a| a.eq_ignore_ascii_case("none"))
+        })
+}
+
+/// A verification failure in words a client developer can act on.
+fn in_words(e: &jsonwebtoken::errors::Error) -> String {
+    use jsonwebtoken::errors::ErrorKind;
+    match e.kind() {
+        ErrorKind::ExpiredSignature => "the token has expired (exp)".into(),
+        ErrorKind::ImmatureSignature => "the token is not valid yet (nbf)".into(),
+        ErrorKind::InvalidSignature => "the token's signature does not verify".into(),
+        ErrorKind::InvalidAudience => "the token's aud is not accepted".into(),
+        ErrorKind::InvalidIssuer => "the token's iss is not accepted".into(),
+        ErrorKind::MissingRequiredClaim(claim) => format!("the token has no {claim:?} claim"),
+        _ => e.to_string(),
     }
 }

@@ -4,9 +4,12 @@
 mod jwks;
 mod jwt;
 mod origins;
+mod room_token;
 
 pub use jwks::{parse_jwks, Jwks};
+pub use jwt::ROOM_CLAIM;
 pub use origins::{DevHosts, Origins};
+pub use room_token::{room_token_header, RoomGrant, ROOM_TOKEN_HEADER};
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -50,6 +53,9 @@ pub struct JwtRules {
     pub leeway_secs: u64,
     /// The claim that lists the rooms the user may join (`rooms`).
     pub rooms_claim: String,
+    /// Some room takes room tokens (`--room-policy token`): a token with a
+    /// `room` claim is one, and is refused as a connection token.
+    pub room_tokens: bool,
 }
 
 impl Default for JwtRules {
@@ -60,6 +66,7 @@ impl Default for JwtRules {
             user_claim: "sub".into(),
             leeway_secs: DEFAULT_LEEWAY_SECS,
             rooms_claim: "rooms".into(),
+            room_tokens: false,
         }
     }
 }

@@ -46,6 +46,9 @@ pub const DEFAULT_AUTH_TIMEOUT: Duration = Duration::from_secs(5);
 /// Default time before a token's expiry at which the session is told
 /// (`auth_expiring`) to send a fresh one.
 pub const DEFAULT_AUTH_EXPIRING: Duration = Duration::from_secs(60);
+/// Default time before a room token's expiry at which the device is told
+/// (`room_token_expiring`) to send a fresh one.
+pub const DEFAULT_ROOM_TOKEN_EXPIRING: Duration = Duration::from_secs(60);
 
 /// Default rooms one device may be in at once.
 pub const DEFAULT_MAX_ROOMS_PER_DEVICE: usize = 100;
@@ -134,6 +137,9 @@ pub struct Config {
     /// JWT auth: how long before a session's token expires it gets an
     /// `auth_expiring` frame.
     pub auth_expiring: Duration,
+    /// `--room-policy token`: how long before a room token expires its
+    /// device gets a `room_token_expiring` frame.
+    pub room_token_expiring: Duration,
     /// `--trust-proxy`: peers whose `X-Forwarded-For` names the client
     /// (the HTTP layer's `client_ip`).
     pub trust_proxy: crate::proxy::TrustedProxies,
@@ -242,6 +248,7 @@ impl Config {
             contacts_only: false,
             auth_timeout: DEFAULT_AUTH_TIMEOUT,
             auth_expiring: DEFAULT_AUTH_EXPIRING,
+            room_token_expiring: DEFAULT_ROOM_TOKEN_EXPIRING,
             trust_proxy: Default::default(),
             static_files: Default::default(),
             rooms: RoomLimits::default(),

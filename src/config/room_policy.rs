@@ -174,6 +174,8 @@ impl Policies {
 
     /// Whether any room may have `policy`.
     pub fn uses(&self, policy: Policy) -> bool {
+        // A rule for every room became the fallback in `parse`: the
+        // fallback is always reached.
         self.fallback == policy || self.rules.iter().any(|(_, p)| *p == policy)
     }
 

@@ -163,6 +163,7 @@ async fn reader(
     let policies = &state.node.config.rooms.policies;
     let mut listed = Vec::new();
     let mut proxied = Vec::new();
+    let mut tokened = Vec::new();
     for room in rooms {
         match policies.of(room) {
             Policy::Open => {}
@@ -175,14 +176,15 @@ async fn reader(
             }
             Policy::Members => listed.push(*room),
             Policy::Proxy => proxied.push(*room),
-            policy @ Policy::Token => {
-                return Err(forbidden(format!(
-                    "{room:?} is under --room-policy {policy}, which these reads do not take"
-                )))
-            }
+            Policy::Token => tokened.push(*room),
         }
     }
     let permit = state.admit_read(req, Payer::Client(user.as_deref()), cost)?;
+    if !tokened.is_empty() {
+        // A `Room-Token` header for each, of this user (room_token.rs).
+        let checked = state.auth.check_room_tokens(req, user.as_deref(), &tokened);
+        checked.await.map_err(|e| forbidden(e.to_string()))?;
+    }
     if !listed.is_empty() {
         let Some(user) = &user else {
             return Err(forbidden(format!(
@@ -330,7 +332,8 @@ fn grouped(page: Vec<RoomMember>) -> Vec<Member> {
 
 /// `GET /api/rooms/{room}`: the members, paged by user.
 #[utoipa::path(get, path = "/api/rooms/{room}", tag = "rooms",
-    params(("room" = String, Path, description = "The room id"), RoomRead),
+    params(("room" = String, Path, description = "The room id"), RoomRead,
+        ("Room-Token" = Option<String>, Header, description = "A room under --room-policy token: a room token of the reader for it (repeat the header, or separate tokens with commas)")),
     responses(
         (status = 200, description = "The room as a member sees it; the truth with the admin or service key", body = RoomPage),
         (status = 400, description = "Invalid room id, limit or cursor", body = ProtocolError),
@@ -397,7 +400,8 @@ pub(crate) async fn room(
 /// `POST /api/rooms/query`: the counts of many rooms, in request order.
 #[utoipa::path(post, path = "/api/rooms/query", tag = "rooms",
     params(("viewer" = Option<String>, Query, description = "Development auth: read as this user"),
-        ("token" = Option<String>, Query, description = "JWT auth: the reader's token, instead of Authorization: Bearer")),
+        ("token" = Option<String>, Query, description = "JWT auth: the reader's token, instead of Authorization: Bearer"),
+        ("Room-Token" = Option<String>, Header, description = "Rooms under --room-policy token: a room token of the reader for each (repeat the header, or separate tokens with commas)")),
     request_body = RoomsQuery,
     responses(
         (status = 200, description = "Each room's counts, in request order", body = RoomsResult),

@@ -36,6 +36,9 @@ pub struct Rooms {
     pub joined: HashMap<Arc<str>, Held>,
     /// Room state and signal frames this device may send.
     pub messages: TokenBucket,
+    /// The room tokens of its rooms under `--room-policy token` (boxed,
+    /// made on first use: most rooms take none).
+    pub tokens: Option<Box<super::token::RoomTokens>>,
 }
 
 impl Rooms {
@@ -44,6 +47,7 @@ impl Rooms {
         Self {
             joined: HashMap::new(),
             messages: TokenBucket::new_at(rate, rate.saturating_mul(2), Instant::now()),
+            tokens: None,
         }
     }
 

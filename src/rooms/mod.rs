@@ -16,6 +16,8 @@
 //!   each.
 //! - [`proxy`]: the `proxy` policy: the app's backend asked, its answers
 //!   cached and its requests bounded.
+//! - [`token`]: the room tokens one session holds (`--room-policy token`):
+//!   when each lapses, and the one timer that warns and expires them.
 //!
 //! The Redis steps are the store's (`store::rooms`, `src/lua/room_*.lua`);
 //! the registry subscribes a node to a room's channel while one of its
@@ -25,6 +27,7 @@ pub mod events;
 pub mod grant;
 pub mod held;
 pub mod proxy;
+pub mod token;
 
 pub use events::{RoomDeliver, RoomEvent};
 pub use grant::allows;

@@ -16,6 +16,7 @@ mod close;
 mod liveness;
 mod room_join;
 mod room_proxy;
+mod room_token;
 mod rooms;
 mod seen;
 mod stream;

@@ -12,7 +12,7 @@ use super::rooms::RoomRequest;
 use super::watches::Request;
 use super::Session;
 use crate::config::Policy;
-use crate::protocol::{ErrorCode, ProtocolError};
+use crate::protocol::{ErrorCode, ProtocolError, Token};
 use crate::registry::JoinRoom;
 use crate::rooms::Held;
 use crate::store::rooms::{JoinAccess, Joined};
@@ -44,9 +44,13 @@ impl Session {
         &mut self,
         room: String,
         state: Option<serde_json::Value>,
+        token: Option<Token>,
         ctx: &mut ws::WebsocketContext<Self>,
     ) {
         let limits = self.node.config.rooms.clone();
+        let Ok(token) = self.join_token(&room, token, ctx) else {
+            return;
+        };
         if !self.granted(&room) {
             let err = ProtocolError::new(
                 ErrorCode::Forbidden,
@@ -99,6 +103,9 @@ impl Session {
                 );
             }
         }
+        if let Some(token) = token {
+            self.rooms_mut().tokens_mut().offer(room.clone(), token);
+        }
         self.request(
             Request::Room(RoomRequest::Join {
                 room,
@@ -124,16 +131,18 @@ impl Session {
             // Left while this waited its turn.
             return self.request_done(ctx);
         }
-        if self.node.config.rooms.policies.of(&room) == Policy::Proxy {
+        match self.node.config.rooms.policies.of(&room) {
             // The backend first: a refused join leaves nothing in Redis.
-            return self.ask_backend(room, state, rejoin, false, ctx);
+            Policy::Proxy => self.ask_backend(room, state, rejoin, false, ctx),
+            Policy::Token => self.token_join(room, state, rejoin, ctx),
+            _ => self.join_step(room, state, rejoin, None, ctx),
         }
-        self.join_step(room, state, rejoin, None, ctx);
     }
 
-    /// The join itself: subscribed, then the store's join step, whose
-    /// reply is the room frame (or why the device is not in). `granted`:
-    /// the app's backend let the device in (`proxy`).
+    /// The join step proper, once the room's policy let the device try:
+    /// subscribed, then the store's join step, whose reply is the room
+    /// frame (or why the device is not in). `granted`: the app's backend
+    /// let the device in (`proxy`).
     pub(super) fn join_step(
         &mut self,
         room: Arc<str>,

@@ -185,7 +185,9 @@ impl Session {
     /// Out of `room` in this session (no more of its events, its frames
     /// `not_in_room`), for a leave step to follow; `None` when not in it.
     pub(super) fn take_room(&mut self, room: &str) -> Option<Arc<str>> {
-        let (room, _) = self.rooms.as_mut()?.joined.remove_entry(room)?;
+        let rooms = self.rooms.as_mut()?;
+        let (room, _) = rooms.joined.remove_entry(room)?;
+        rooms.drop_token(&room);
         self.node.registry.do_send(LeaveRoom {
             session: self.me.id,
             room: room.clone(),
@@ -411,6 +413,7 @@ impl Session {
     pub(super) fn forget_room(&mut self, room: &Arc<str>) {
         if let Some(rooms) = &mut self.rooms {
             rooms.joined.remove(room);
+            rooms.drop_token(room);
         }
         self.node.registry.do_send(LeaveRoom {
             session: self.me.id,

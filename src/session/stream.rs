@@ -49,7 +49,8 @@ impl Session {
                 );
             }
             ClientFrame::Heartbeat => {}
-            ClientFrame::Join { room, state } => self.join_room(room, state, ctx),
+            ClientFrame::Join { room, state, token } => self.join_room(room, state, token, ctx),
+            ClientFrame::RoomToken { room, token } => self.room_token(room, token, ctx),
             ClientFrame::Leave { room } => self.leave_room(room, ctx),
             ClientFrame::RoomState { room, state } => self.set_room_state(room, state, ctx),
             ClientFrame::Signal { room, data } => self.signal(room, data, ctx),
