@@ -71,6 +71,16 @@ pub struct RoomsArgs {
     /// (below 8: `{}`); the nodes' `--max-room-state-bytes` is 1024.
     #[arg(long, default_value_t = 0)]
     pub state_bytes: usize,
+    /// Joins timed under each room policy (phase 4); 0 skips the phase.
+    #[arg(long, default_value_t = 300)]
+    pub join_samples: usize,
+    /// The policies whose joins phase 4 times.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "open,claim,members,token,proxy"
+    )]
+    pub join_policies: Vec<String>,
 }
 
 /// The signalled room, the churned one, and the prefix of the measured ones.
@@ -118,6 +128,9 @@ pub async fn run(common: &Common, args: &RoomsArgs) -> anyhow::Result<()> {
     setup.start_nodes(common, 2, None)?;
     churn(args, &setup, &mut report).await?;
     memory(args, &setup, &mut report).await?;
+    if args.join_samples > 0 {
+        super::join_policies::run(common, args, &mut setup, &mut report).await?;
+    }
     report.print_table();
     Ok(())
 }
