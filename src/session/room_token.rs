@@ -139,7 +139,9 @@ impl Session {
     }
 
     /// A `room_token` frame (or a join again with a token): verified, it
-    /// replaces the room's token; refused, the one before stays.
+    /// replaces the room's token; refused, the device leaves the room (as
+    /// with a fresh connection token whose claim no longer covers it), so
+    /// that `forbidden` always means the device is not in the room.
     pub(super) fn room_token(
         &mut self,
         room: String,
@@ -188,10 +190,7 @@ impl Session {
                             act.grant_room_token(&room, exp, ctx);
                         }
                     }
-                    Err(e) => {
-                        let err = ProtocolError::new(ErrorCode::Forbidden, e.to_string());
-                        act.send_error(ctx, &err.in_room(&room));
-                    }
+                    Err(e) => act.token_revoked(&room, e.to_string(), ctx),
                 }),
         );
     }
@@ -254,6 +253,18 @@ impl Session {
             }
         }
         self.arm_room_tokens(ctx);
+    }
+
+    /// A fresh room token for `room` was refused: the device leaves it at
+    /// once (the others get `room_leave`), and is told `forbidden` and why.
+    fn token_revoked(&mut self, room: &str, why: String, ctx: &mut ws::WebsocketContext<Self>) {
+        let message = format!("room token refused, left {room:?}: {why}");
+        let err = ProtocolError::new(ErrorCode::Forbidden, message);
+        self.send_error(ctx, &err.in_room(room));
+        let Some(room) = self.take_room(room) else {
+            return;
+        };
+        self.request_always(Request::Room(RoomRequest::Leave { room }), ctx);
     }
 
     /// The device's token for `room` lapsed with no fresh one: it leaves
