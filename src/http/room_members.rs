@@ -78,6 +78,10 @@ fn room_of(room: web::Path<String>) -> Result<String, ApiError> {
     Ok(room)
 }
 
+/// Largest body of a member list: [`MAX_ROOM_MEMBERS`] ids of the longest
+/// length, quoted and separated, and room to spare.
+pub const MAX_MEMBERS_BODY: usize = MAX_ROOM_MEMBERS * (ids::MAX_ID_LEN + 3) + 1024;
+
 /// `PUT /api/rooms/{room}/members` (admin): the member list is exactly
 /// these users; the devices of users taken off it leave the room at once.
 #[utoipa::path(put, path = "/api/rooms/{room}/members", tag = "admin",
@@ -95,12 +99,35 @@ fn room_of(room: web::Path<String>) -> Result<String, ApiError> {
 pub(crate) async fn put_members(
     req: HttpRequest,
     room: web::Path<String>,
-    body: web::Json<MemberList>,
+    body: web::Payload,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
     require_admin(&req, &state)?;
     let room = room_of(room)?;
-    let mut users = body.into_inner().users;
+    // Its own limit, above the other bodies' 256 KiB: 10,000 ids of the
+    // longest length must fit.
+    let bytes = body.to_bytes_limited(MAX_MEMBERS_BODY).await.map_err(|_| {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorCode::TooManyUsers,
+            format!("a member list's body is at most {MAX_MEMBERS_BODY} bytes"),
+        )
+    })?;
+    let bytes = bytes.map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            ErrorCode::BadRequest,
+            e.to_string(),
+        )
+    })?;
+    let list: MemberList = serde_json::from_slice(&bytes).map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            ErrorCode::BadRequest,
+            format!("the body is not {{\"users\":[...]}}: {e}"),
+        )
+    })?;
+    let mut users = list.users;
     for u in &users {
         ids::validate("user", u)?;
     }

@@ -37,7 +37,9 @@ if ARGV[5] == 'replace' then
       end
     end
   end
-  if #removed > 0 then
+  -- Never shorter than it is: a removal's record may be kept longer
+  -- (`proxy` grants, room_remove_user.lua).
+  if #removed > 0 and redis.call('PTTL', KEYS[11]) < tonumber(ARGV[7]) then
     redis.call('PEXPIRE', KEYS[11], ARGV[7])
   end
   redis.call('DEL', KEYS[10])

@@ -475,3 +475,35 @@ async fn a_removed_device_is_not_rejoined_by_its_session() {
         Joined::Updated { .. }
     ));
 }
+
+/// A member list of 10,000 users fits, whatever the length of their ids
+/// (the longest are 128 bytes: 1.3 MB of JSON, past the 256 KiB of the
+/// other bodies); one more user is `413 too_many_users`.
+#[tokio::test]
+async fn the_longest_member_list_fits() {
+    let redis = Redis::start();
+    let node = node(&redis, "n1", &["big:*=members"]);
+    let long = |i: usize| format!("{i:0>128}");
+    let users: Vec<String> = (0..10_000).map(long).collect();
+    let (status, body) = admin(
+        &node,
+        reqwest::Method::PUT,
+        "/api/rooms/big:1/members",
+        Some(json!({ "users": users })),
+    )
+    .await;
+    assert_eq!((status, body["users"].clone()), (200, json!(10_000)));
+    let more: Vec<String> = (0..10_001).map(long).collect();
+    let (status, body) = admin(
+        &node,
+        reqwest::Method::PUT,
+        "/api/rooms/big:1/members",
+        Some(json!({ "users": more })),
+    )
+    .await;
+    assert_eq!(
+        (status, body["code"].clone()),
+        (413, json!("too_many_users")),
+        "{body}"
+    );
+}
