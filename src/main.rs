@@ -98,6 +98,7 @@ fn start(args: Args) -> anyhow::Result<()> {
         occupancy_interval: Duration::from_millis(args.room_occupancy_ms),
         policies: room_policies(&args)?,
     };
+    log::info!("room policies: {}", config.rooms.policies.describe());
     config.admission = config::AdmissionLimits {
         max_connections_per_ip: args.max_connections_per_ip,
         max_pending_auth: args.max_pending_auth,
@@ -154,10 +155,11 @@ fn room_policies(args: &Args) -> anyhow::Result<config::Policies> {
         matches!(args.auth, AuthMode::Jwt) || !policies.uses(config::Policy::Token),
         "--room-policy token needs --auth jwt: room tokens are verified with the keys of connection tokens (--jwt-secret, --jwt-public-key-file or --jwt-jwks-url)"
     );
-    Ok(match args.auth {
+    let policies = match args.auth {
         AuthMode::Jwt => policies,
         AuthMode::Dev => policies.claim_as_open(),
-    })
+    };
+    Ok(policies)
 }
 
 fn security(args: &Args) -> anyhow::Result<Security> {

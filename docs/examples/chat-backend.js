@@ -74,7 +74,7 @@ async function roomJoin(req, res) {
   if (!signedByPresence(req.headers["presence-signature"], raw)) return send(res, 401, { error: "bad signature" });
   const { user, room } = JSON.parse(raw); // also "device" and "state"
   const allow = rooms.get(room)?.has(user) === true;
-  // {"allow":true,"state":{...}} would also set the device's state, one the others can trust.
+  // {"allow":true,"state":{...}} would also set the device's first state (the device may change it).
   // A refusal goes without Cache-Control: the node keeps none, so a user added later gets in.
   send(res, 200, { allow });
 }

@@ -179,8 +179,8 @@ impl Policies {
         self.fallback == policy || self.rules.iter().any(|(_, p)| *p == policy)
     }
 
-    /// The rules as given, then the fallback (`*=<policy>`), for logs and
-    /// `--check-config`.
+    /// The rules as given, then the fallback (`*=<policy>`), for the log
+    /// at start.
     pub fn describe(&self) -> String {
         let mut parts: Vec<String> = self
             .rules
