@@ -37,6 +37,7 @@ mod reliability;
 mod retention;
 mod room_access;
 mod room_proxy;
+mod room_revoke;
 mod room_token;
 mod rooms;
 mod rooms_abuse;

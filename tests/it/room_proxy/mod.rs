@@ -10,7 +10,7 @@
 //! - `flood.rs`: the bound on requests in flight, and shared requests;
 //! - `fleet.rs`: the HTTP reads, two nodes on one Redis, a Redis Cluster.
 
-mod backend;
+pub mod backend;
 mod cache;
 mod fleet;
 mod flood;
