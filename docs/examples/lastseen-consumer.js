@@ -111,7 +111,8 @@ let reading = null; // the catch-up under way: one at a time
 function poll() {
   reading ??= catchUp()
     .then(({ events, changed }) => {
-      if (events > 0) console.log(`feed: caught up, ${events} events read, ${changed} rows changed`);
+      // Rows the feed changed: what no webhook had brought (yet).
+      if (changed > 0) console.log(`feed: caught up, ${events} events read, ${changed} rows changed`);
     })
     .catch((err) => console.error(`feed: ${err.message}; again within ${config.pollMs} ms`))
     .finally(() => {
