@@ -188,8 +188,9 @@ describe("last seen into PostgreSQL, through a consumer's SIGKILL", () => {
   after(async () => {
     for (const d of devices.values()) d.ws?.terminate();
     if (pg) await pg.client.end().catch(() => {});
-    for (const p of procs) if (p.exit === null) p.child.kill("SIGKILL");
-    await sleep(200);
+    // PostgreSQL's immediate shutdown (SIGQUIT) removes its shared memory; a SIGKILL would leave it.
+    for (const p of procs) if (p.exit === null) p.child.kill(p.what === "postgres" ? "SIGQUIT" : "SIGKILL");
+    await waitFor("every process to exit", () => procs.every((p) => p.exit !== null), 10_000).catch(() => {});
     fs.rmSync(tmp, { recursive: true, force: true });
     if (procs.pgDir) fs.rmSync(procs.pgDir, { recursive: true, force: true });
   });
