@@ -300,6 +300,14 @@ pub struct Args {
           value_parser = clap::value_parser!(u64).range(0..=86_400_000))]
     pub room_token_expiring_ms: u64,
 
+    /// How long the event feed keeps each recorded transition (online,
+    /// offline, status, and the rooms' joins and leaves) for GET
+    /// /api/events, in seconds; 0 turns the feed off.
+    #[arg(long, env = "PRESENCE_EVENT_RETENTION_SECS",
+          default_value_t = config::DEFAULT_EVENT_RETENTION.as_secs(),
+          value_parser = clap::value_parser!(u64).range(0..=2_592_000))]
+    pub event_retention_secs: u64,
+
     /// Most WebSockets one client address may hold open on this node (an
     /// IPv6 address counts by its /64); one more is refused with 429 before
     /// the upgrade. 0: no cap. Behind a proxy give --trust-proxy, so that

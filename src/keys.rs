@@ -383,6 +383,50 @@ pub fn expired_channel(db: i64) -> String {
     format!("__keyevent@{db}__:expired")
 }
 
+/// The event feed of a user: its transitions, recorded by the step that
+/// made each one, until a node moves them to the bucket's log
+/// ([`feed_log`]); a list of `<seq>|<kind>|<at>|<record>`.
+pub fn feed(user: &str) -> String {
+    format!("presence-feed:{{{user}}}")
+}
+
+/// The event feed of a room (its `room_joined` and `room_left`), as
+/// [`feed`]: `presence-feed:{r:<room>}`, in the room's slot.
+pub fn room_feed(room: &str) -> String {
+    format!("presence-feed:{{r:{room}}}")
+}
+
+/// The hash tag's text of a feed key (`alice`, `r:doc:42`): what its bucket
+/// is the bucket of; `None` for another key.
+pub fn feed_owner(key: &str) -> Option<&str> {
+    key.strip_prefix("presence-feed:{")?.strip_suffix('}')
+}
+
+/// Sorted set of one bucket: feed key -> when it is due a visit of the
+/// feed pass (a node that recorded an event moves it at once; the entry
+/// covers a node that died first).
+pub fn feed_due(bucket: u32) -> String {
+    format!("presence-feed-due:{{b{bucket:02}}}")
+}
+
+/// The event log of one bucket (a stream): every recorded event of its
+/// users and rooms, oldest first, kept for `--event-retention-secs`.
+pub fn feed_log(bucket: u32) -> String {
+    format!("presence-feed-log:{{b{bucket:02}}}")
+}
+
+/// Hash of one bucket: feed key -> the last `seq` moved into the log (so
+/// that a move twice adds nothing), and `#n`, the log's ordinal.
+pub fn feed_moved(bucket: u32) -> String {
+    format!("presence-feed-moved:{{b{bucket:02}}}")
+}
+
+/// Short lock that lets one node at a time run the feed pass over one
+/// bucket.
+pub fn feed_lock(bucket: u32) -> String {
+    format!("presence-feed-lock:{{b{bucket:02}}}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

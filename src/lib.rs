@@ -79,6 +79,7 @@ pub mod config;
 pub mod config_file;
 pub mod conn;
 pub mod expiry;
+pub mod feed;
 pub mod frames;
 pub mod http;
 pub mod ids;

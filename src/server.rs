@@ -79,7 +79,11 @@ pub async fn run(
         Some(hooks) => Some(Webhooks::start(hooks.clone(), &config.node_id)?),
         None => None,
     };
-    let store = open_store_patiently(conn, &config, webhooks.clone()).await?;
+    let (feed_tx, feed_rx) = crate::feed::channel();
+    let store = open_store_patiently(conn, &config, webhooks.clone(), feed_tx).await?;
+    if !config.event_retention.is_zero() {
+        crate::feed::spawn(store.clone(), config.node_id.clone(), feed_rx);
+    }
     // Every session's lease refreshes go through one refresher task, which
     // sends them to Redis in batches.
     let refresher = Refresher::spawn(store.clone());
@@ -168,10 +172,11 @@ async fn open_store_patiently(
     conn: crate::redis::RedisConn,
     config: &Config,
     webhooks: Option<Webhooks>,
+    feed: crate::feed::Sender,
 ) -> anyhow::Result<Store> {
     let until = tokio::time::Instant::now() + OPEN_PATIENCE;
     loop {
-        match open_store(conn.clone(), config, webhooks.clone()).await {
+        match open_store(conn.clone(), config, webhooks.clone(), feed.clone()).await {
             Ok(store) => return Ok(store),
             Err(e) if tokio::time::Instant::now() < until => {
                 log::warn!("{e:#}; trying again");
@@ -188,13 +193,20 @@ async fn open_store(
     conn: crate::redis::RedisConn,
     config: &Config,
     webhooks: Option<Webhooks>,
+    feed: crate::feed::Sender,
 ) -> anyhow::Result<Store> {
-    let store = Store::with_limits(conn, config.ttl, config.max_devices_per_user)
+    let mut store = Store::with_limits(conn, config.ttl, config.max_devices_per_user)
         .with_webhooks(webhooks)
         .with_room_lists(crate::store::rooms::RoomLists {
             users: config.rooms.announce_max,
             devices: config.rooms.announce_max_devices,
         });
+    if !config.event_retention.is_zero() {
+        let settings = crate::store::feed::FeedSettings {
+            retention: config.event_retention,
+        };
+        store = store.with_feed(settings, Some(feed));
+    }
     store.load_scripts().await.context("cannot load scripts")?;
     store
         .load_deployment()

@@ -106,6 +106,9 @@ pub enum Scenario {
     /// raw-write floor, join/leave churn to the members, Redis memory per
     /// membership.
     Rooms(scenario::rooms::RoomsArgs),
+    /// The event feed: Redis CPU per transition with it off and on, Redis
+    /// bytes per retained event.
+    Feed(scenario::feed::FeedArgs),
     /// Rooms under attack (issue 37): one address at its read limits (room
     /// pages, counts of a hidden room, churn across the list limit) while a
     /// probe on another reads presence and `/healthz`: its latency, Redis
@@ -155,6 +158,7 @@ where
         Scenario::Watches(a) => scenario::watches::run(c, a).await,
         Scenario::Fleet(a) => scenario::fleet::run(c, a).await,
         Scenario::Rooms(a) => scenario::rooms::run(c, a).await,
+        Scenario::Feed(a) => scenario::feed::run(c, a).await,
         Scenario::RoomsAttack(a) => scenario::attack::run(c, a).await,
         Scenario::Storm(a) => scenario::storm::run(c, a).await,
         Scenario::StormWorker(a) => scenario::storm::run_worker(a).await,

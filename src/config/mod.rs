@@ -45,6 +45,9 @@ pub const DEFAULT_LAST_SEEN_RETENTION: Duration = Duration::from_secs(90 * 24 * 
 pub const DEFAULT_AUTH_TIMEOUT: Duration = Duration::from_secs(5);
 /// Default time before a token's expiry at which the session is told
 /// (`auth_expiring`) to send a fresh one.
+/// Default time the event feed keeps an event: a day.
+pub const DEFAULT_EVENT_RETENTION: Duration = Duration::from_secs(86_400);
+
 pub const DEFAULT_AUTH_EXPIRING: Duration = Duration::from_secs(60);
 /// Default time before a room token's expiry at which the device is told
 /// (`room_token_expiring`) to send a fresh one.
@@ -140,6 +143,9 @@ pub struct Config {
     /// `--room-policy token`: how long before a room token expires its
     /// device gets a `room_token_expiring` frame.
     pub room_token_expiring: Duration,
+    /// How long the event feed keeps an event (`--event-retention-secs`);
+    /// zero: the feed is off.
+    pub event_retention: Duration,
     /// `--trust-proxy`: peers whose `X-Forwarded-For` names the client
     /// (the HTTP layer's `client_ip`).
     pub trust_proxy: crate::proxy::TrustedProxies,
@@ -248,6 +254,7 @@ impl Config {
             contacts_only: false,
             auth_timeout: DEFAULT_AUTH_TIMEOUT,
             auth_expiring: DEFAULT_AUTH_EXPIRING,
+            event_retention: DEFAULT_EVENT_RETENTION,
             room_token_expiring: DEFAULT_ROOM_TOKEN_EXPIRING,
             trust_proxy: Default::default(),
             static_files: Default::default(),

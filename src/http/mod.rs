@@ -5,6 +5,7 @@
 //! listeners.
 
 mod devices;
+mod events;
 pub mod openapi;
 mod ops;
 mod reads;
@@ -16,6 +17,7 @@ pub mod static_files;
 mod upgrade;
 mod users;
 
+pub use events::EVENTS_MAX_LIMIT;
 pub use rooms::ROOM_PAGE_MAX_LIMIT;
 pub use routes::{internal_routes, public_routes, route_table, routes, Router};
 

@@ -49,13 +49,14 @@ use crate::webhooks::{Kind, RoomKind, RoomWebhookEvent, WebhookBatch, WebhookEve
         super::room_members::list_members,
         super::room_members::add_member,
         super::room_members::remove_member,
+        super::events::events,
         document,
     ),
     components(schemas(
         Record, DeviceInfo, OnlinePage, OnlineUser, UserPresence, QueryResult, OnlineResult,
         Query, PrivacyBody, StatusBody, HeartbeatAnswer, Contacts, ProtocolError, ErrorCode, WebhookBatch, WebhookEvent, Kind,
         RoomWebhookEvent, RoomKind, RoomPage, Member, MemberDevice, RoomsQuery, RoomCounts, RoomsResult, UserRooms, DeviceRooms,
-        MemberList, MembersChanged, UserRemoved, MembersPage,
+        MemberList, MembersChanged, UserRemoved, MembersPage, super::events::EventsPage,
     )),
     modifiers(&BearerKey),
     tags(
@@ -64,6 +65,7 @@ use crate::webhooks::{Kind, RoomKind, RoomWebhookEvent, WebhookBatch, WebhookEve
         (name = "devices", description = "Presence without a WebSocket: HTTP heartbeat devices"),
         (name = "rooms", description = "Presence in a place: who is in a room"),
         (name = "admin", description = "The admin API (--admin-key)"),
+        (name = "service", description = "The app's backend: the event feed (--service-key)"),
         (name = "operations", description = "Health and metrics (--internal-listen)"),
         (name = "websocket", description = "The WebSocket upgrade"),
         (name = "demo", description = "The demo page"),

@@ -207,6 +207,11 @@ fn operations(r: &mut impl Router) {
         web::route().to(super::room_members::list_members),
     );
     r.add(
+        Method::GET,
+        "/api/events",
+        web::route().to(super::events::events),
+    );
+    r.add(
         Method::POST,
         "/api/rooms/{room}/members/{user}",
         web::route().to(super::room_members::add_member),

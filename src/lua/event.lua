@@ -24,6 +24,19 @@ end
 -- transition is the one that sends its webhook.
 local published = false
 
+-- The event feed (`reporting!`): when the caller passed the user's feed key
+-- as the last key (and the time, epoch ms, as the last argument), the
+-- transition is also recorded there, in this same step, as
+-- `<seq>|<kind>|<at>|<record>` (record: [status, devices, last_seen, text,
+-- since, until, kinds, seq] as JSON); `feed_args` is how many arguments
+-- that took, for a script that counts its own.
+local feed_key, feed_now, feed_args = nil, nil, 0
+if #KEYS > 0 and string.sub(KEYS[#KEYS], 1, 14) == 'presence-feed:' then
+  feed_key, feed_now, feed_args = KEYS[#KEYS], ARGV[#ARGV], 1
+end
+local feed_record = false
+local feed_seq = 0
+
 -- The sorted distinct kinds of the user's counted devices (`k:<device>`
 -- beside each `d:<device>`; a device without one is `other`).
 local function device_kinds(status_key)
@@ -86,7 +99,29 @@ local function publish_event(channel, status_key, user, devices, last_seen, seq,
   })
   redis.call('SPUBLISH', channel, event)
   -- A change of the device count alone is no transition: no webhook.
-  if not devices_only then published = event end
+  if not devices_only then
+    published = event
+    if feed_key then
+      feed_seq = seq
+      feed_record = cjson.encode({status, devices, last_seen or cjson.null, h[2] or cjson.null,
+        tonumber(h[3] or '0'), tonumber(h[7]) or cjson.null, table.concat(kinds or {}, ','), seq})
+    end
+  end
+end
+
+-- Most transitions a user's (or room's) feed holds before a node moves them
+-- to the bucket's log (at once, normally): beyond it the oldest go, and are
+-- counted as lost (presence-feed-lost:{<tag>}).
+local FEED_HELD = 256
+
+-- Records `record` of kind `kind` (one letter) with `seq` in the feed list
+-- `key`, at `at`.
+local function feed_push(key, seq, kind, at, record)
+  local n = redis.call('RPUSH', key, string.format('%d', seq) .. '|' .. kind .. '|' .. at .. '|' .. record)
+  if n > FEED_HELD then
+    redis.call('LPOP', key, n - FEED_HELD)
+    redis.call('INCRBY', 'presence-feed-lost:' .. string.sub(key, 15), n - FEED_HELD)
+  end
 end
 
 -- Stamps a user's last seen as it goes offline and returns the value to

@@ -11,14 +11,15 @@
 -- ARGV[1] user id
 -- ARGV[2] now, epoch ms
 -- ARGV[3] the user's events channel, presence-events:{<user>} (SPUBLISH)
--- ARGV[4..] device ids the caller found in the hash
+-- ARGV[4..] device ids the caller found in the hash (then the feed's time:
+--          see event.lua)
 --
 -- Returns {removed, old_count, new_count, transition}: devices removed for
 -- want of a lease, the counter before and after, and 1 when `online` or
 -- `offline` was published (a count that changed while the user stays
 -- online publishes a `devices_only` event instead).
 local removed = 0
-for i = 4, #ARGV do
+for i = 4, #ARGV - feed_args do
   local lease = KEYS[i - 1]
   if redis.call('EXISTS', lease) == 0 and redis.call('HDEL', KEYS[2], 'd:' .. ARGV[i]) == 1 then
     redis.call('HDEL', KEYS[2], 'k:' .. ARGV[i])

@@ -12,6 +12,7 @@
 -- KEYS[9] presence-room-hidden-users:{r:<room>}  user -> its hidden devices in the room
 -- KEYS[10] presence-room-allowed:{r:<room>}      users a `members` room lets in, score 0
 -- KEYS[11] presence-room-removed:{r:<room>}      member -> when it was removed (recent removals), and user -> when it was
+-- KEYS[12] presence-feed:{r:<room>}              the room's event feed, when on (room_record)
 --
 -- ARGV[1] room, ARGV[2] most users and ARGV[3] most devices of a room
 -- whose members get every event (above either, counts), ARGV[4] the
@@ -44,6 +45,22 @@ local HIDDEN = {values = KEYS[6], index = KEYS[8], users = KEYS[9]}
 -- it, so that the node that ran the step (and only that one) can queue its
 -- webhooks.
 local room_emitted = {}
+
+-- The room's event feed, KEYS[12] when the caller passed it (the feed is
+-- on): a user's first device joining and its last leaving, as those who
+-- see it see it, are recorded there in this same step as
+-- `<seq>|<j or l>|<at>|[user, users, devices]` (see event.lua); beyond 256
+-- held, the oldest go, counted in presence-feed-lost:{r:<room>}.
+local function room_record(kind, user, seq, users, devices)
+  local key = KEYS[12]
+  if not key then return end
+  local n = redis.call('RPUSH', key, string.format('%d', seq) .. '|' .. kind .. '|'
+    .. string.format('%d', room_now) .. '|' .. cjson.encode({user, users, devices}))
+  if n > 256 then
+    redis.call('LPOP', key, n - 256)
+    redis.call('INCRBY', 'presence-feed-lost:' .. string.sub(key, 15), n - 256)
+  end
+end
 
 -- joined_at, owner and state of a member's value.
 local function room_value(v)
@@ -157,6 +174,16 @@ local function room_emit(kind, user, device, seq, to, extra)
     .. extra .. '}'
   redis.call('SPUBLISH', KEYS[5], payload)
   room_emitted[#room_emitted + 1] = payload
+  -- What the webhooks announce (store/rooms/webhooks.rs): not a hidden
+  -- member's own events.
+  if to ~= 'user' and extra then
+    -- A join's flag comes last, after the device's own state.
+    if kind == 'join' and string.sub(extra, -12) == '"first":true' then
+      room_record('j', user, seq, users, devices)
+    elseif kind == 'leave' and string.find(extra, '"last":true', 1, true) then
+      room_record('l', user, seq, users, devices)
+    end
+  end
 end
 
 -- The room's clock, one tick on: never below the time in ms, so that it

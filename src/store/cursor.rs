@@ -119,6 +119,37 @@ impl CursorKey {
     }
 }
 
+impl CursorKey {
+    /// Seals `data` as an opaque cursor of its own `kind` (one byte: a
+    /// cursor of one kind does not open as another): encrypted and
+    /// authenticated as the online list's.
+    pub fn seal_raw(&self, kind: u8, data: &[u8]) -> String {
+        let mut out: Vec<u8> = rand::random::<[u8; NONCE]>().to_vec();
+        out.push(kind);
+        out.extend(data);
+        let (nonce, body) = out.split_at_mut(NONCE);
+        self.apply_keystream(nonce, body);
+        let tag = hmac(&self.mac, &[&out]).finalize().into_bytes();
+        out.extend(&tag[..TAG]);
+        URL_SAFE_NO_PAD.encode(out)
+    }
+
+    /// The data of a cursor [`Self::seal_raw`] sealed with `kind`; `None`
+    /// for anything else.
+    pub fn open_raw(&self, kind: u8, s: &str) -> Option<Vec<u8>> {
+        let raw = URL_SAFE_NO_PAD.decode(s).ok()?;
+        if raw.len() < NONCE + 1 + TAG {
+            return None;
+        }
+        let (sealed, tag) = raw.split_at(raw.len() - TAG);
+        hmac(&self.mac, &[sealed]).verify_truncated_left(tag).ok()?;
+        let (nonce, body) = sealed.split_at(NONCE);
+        let mut body = body.to_vec();
+        self.apply_keystream(nonce, &mut body);
+        (body.first() == Some(&kind)).then(|| body[1..].to_vec())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

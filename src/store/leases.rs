@@ -243,14 +243,22 @@ impl Store {
         // One bad reply fails its own lease, not the batch.
         pipe.ignore_errors();
         for lease in leases {
+            let lease = lease.borrow();
+            let feed = self.feed_of(&lease.user);
+            // A connect may record `online`; a refresh only when Redis lost
+            // the user, rare enough to leave to the node that ran it.
+            if let (Some(feed), ArriveMode::Connect) = (&feed, mode) {
+                self.feed_due_before(&mut pipe, feed);
+            }
             self.scripts.arrive(
                 &mut pipe,
-                lease.borrow(),
+                lease,
                 mode,
                 self.ttl_ms,
                 now,
                 self.max_devices,
                 self.run,
+                feed.as_deref(),
             );
         }
         let reply = self.query(&pipe).await?;
@@ -486,8 +494,12 @@ impl Store {
         owner: &str,
     ) -> StoreResult<(Departure, Option<String>, Pipeline)> {
         let mut pipe = redis::pipe();
+        let feed = self.feed_of(user);
+        if let Some(feed) = &feed {
+            self.feed_due_before(&mut pipe, feed);
+        }
         self.scripts
-            .depart(&mut pipe, user, device, owner, now_ms());
+            .depart(&mut pipe, user, device, owner, now_ms(), feed.as_deref());
         crate::metrics::departure_steps("close", 1);
         let reply = self.query(&pipe).await?;
         let first = reply

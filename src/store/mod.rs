@@ -25,6 +25,7 @@
 
 pub mod cursor;
 mod devices;
+pub mod feed;
 pub mod leases;
 pub mod lists;
 pub mod passes;
@@ -132,6 +133,10 @@ pub struct Store {
     cursor_key: Arc<cursor::CursorKey>,
     /// The most users and devices of a room whose members get every event.
     room_lists: rooms::RoomLists,
+    /// The event feed's settings; `None`: off.
+    feed: Option<feed::FeedSettings>,
+    /// This node's feed mover, told of each feed a step recorded in.
+    feed_tx: Option<tokio::sync::mpsc::Sender<String>>,
 }
 
 impl Store {
@@ -154,6 +159,22 @@ impl Store {
             lease_clock: Arc::default(),
             cursor_key: Arc::new(cursor::CursorKey::random()),
             room_lists: rooms::RoomLists::default(),
+            feed: None,
+            feed_tx: None,
+        }
+    }
+
+    /// This store, recording every transition in the event feed
+    /// (`store::feed`), and telling `mover` of each feed a step recorded in.
+    pub fn with_feed(
+        self,
+        settings: feed::FeedSettings,
+        mover: Option<tokio::sync::mpsc::Sender<String>>,
+    ) -> Self {
+        Self {
+            feed: Some(settings),
+            feed_tx: mover,
+            ..self
         }
     }
 
@@ -168,6 +189,12 @@ impl Store {
     /// a status change from an arrival or departure.
     fn report<'v>(&self, value: &'v Value, status_step: bool) -> Cow<'v, Value> {
         let (step, event) = scripts::reported(value);
+        if let (Some(_), Some(event)) = (&self.feed, &event) {
+            // The step recorded it in the user's feed: move it now.
+            if let Some(user) = feed::user_of(event) {
+                self.feed_recorded(&crate::keys::feed(&user));
+            }
+        }
         if let (Some(webhooks), Some(event)) = (&self.webhooks, event) {
             webhooks.transition(status_step, &event);
         }

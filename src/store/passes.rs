@@ -176,7 +176,12 @@ impl Store {
         for member in due {
             match keys::parse_lease_member(member) {
                 Some((user, device)) => {
-                    self.scripts.depart(&mut pipe, user, device, "", now);
+                    let feed = self.feed_of(user);
+                    if let Some(feed) = &feed {
+                        self.feed_due_before(&mut pipe, feed);
+                    }
+                    self.scripts
+                        .depart(&mut pipe, user, device, "", now, feed.as_deref());
                     steps += 1;
                 }
                 None => {
@@ -297,7 +302,9 @@ impl Store {
         pipe.ignore_errors();
         let now = now_ms();
         for (user, devices) in users.iter().zip(&members) {
-            self.scripts.reconcile(&mut pipe, user, devices, now);
+            let feed = self.feed_of(user);
+            self.scripts
+                .reconcile(&mut pipe, user, devices, now, feed.as_deref());
         }
         let reply = self.query(&pipe).await?;
         let mut repaired = 0;

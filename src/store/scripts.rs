@@ -26,12 +26,20 @@ macro_rules! with_events {
 /// caller: its body runs as a function, and its reply gains one last
 /// element, the published event's JSON or "" (split off by [`reported`]).
 macro_rules! reporting {
-    ($file:literal) => {
+    ($file:literal, $kind:literal) => {
         concat!(
             include_str!("../lua/event.lua"),
             "\nlocal function step()\n",
             include_str!($file),
-            "\nend\nlocal reply = step()\nreply[#reply + 1] = published or ''\nreturn reply\n"
+            "\nend\nlocal reply = step()\n",
+            "if feed_record then\n",
+            "  local kind = '",
+            $kind,
+            "'\n",
+            "  if kind == 't' then kind = (string.find(feed_record, '^%[\"offline\"') and 'f' or 'o') end\n",
+            "  feed_push(feed_key, feed_seq, kind, feed_now, feed_record)\n",
+            "end\n",
+            "reply[#reply + 1] = published or ''\nreturn reply\n"
         )
     };
 }
@@ -65,6 +73,15 @@ pub(super) fn reported(value: &Value) -> (Cow<'_, Value>, Option<String>) {
     (Cow::Owned(Value::Array(step.to_vec())), event)
 }
 
+/// Adds the feed's time (`now`) as the last argument of the command just
+/// added, when its feed key (`feed`) is the last key: see `event.lua`.
+fn feed_now<'p>(pipe: &'p mut Pipeline, feed: Option<&str>, now: i64) -> &'p mut Pipeline {
+    if feed.is_some() {
+        pipe.arg(now);
+    }
+    pipe
+}
+
 /// Every script of the store.
 pub(super) struct Scripts {
     arrive: Script,
@@ -75,6 +92,8 @@ pub(super) struct Scripts {
     privacy: Script,
     zrem_if: Script,
     lock_keep: Script,
+    feed_append: Script,
+    feed_done: Script,
     forget_offline: Script,
     migrate_devices: Script,
     fold_active: Script,
@@ -137,18 +156,20 @@ impl Scripts {
     /// Compiles the scripts (hashes them) and names them for the metrics.
     pub(super) fn new() -> Self {
         let scripts = Self {
-            arrive: Script::new(reporting!("../lua/arrive.lua")),
-            depart: Script::new(reporting!("../lua/depart.lua")),
-            status: Script::new(reporting!("../lua/status.lua")),
+            arrive: Script::new(reporting!("../lua/arrive.lua", "t")),
+            depart: Script::new(reporting!("../lua/depart.lua", "t")),
+            status: Script::new(reporting!("../lua/status.lua", "s")),
             read: Script::new(with_events!("../lua/read.lua")),
-            reconcile: Script::new(reporting!("../lua/reconcile.lua")),
+            reconcile: Script::new(reporting!("../lua/reconcile.lua", "t")),
             privacy: Script::new(with_events!("../lua/privacy.lua")),
             zrem_if: Script::new(include_str!("../lua/zrem_if.lua")),
             lock_keep: Script::new(include_str!("../lua/lock_keep.lua")),
+            feed_append: Script::new(include_str!("../lua/feed_append.lua")),
+            feed_done: Script::new(include_str!("../lua/feed_done.lua")),
             forget_offline: Script::new(include_str!("../lua/forget_offline.lua")),
             migrate_devices: Script::new(include_str!("../lua/migrate_devices.lua")),
             fold_active: Script::new(include_str!("../lua/fold_active.lua")),
-            status_end: Script::new(reporting!("../lua/status_end.lua")),
+            status_end: Script::new(reporting!("../lua/status_end.lua", "s")),
             room_join: Script::new(room!("../lua/room_join.lua")),
             room_leave: Script::new(room!("../lua/room_leave.lua")),
             room_state: Script::new(room!("../lua/room_state.lua")),
@@ -164,7 +185,7 @@ impl Scripts {
         scripts
     }
 
-    fn named(&self) -> [(&Script, &'static str); 22] {
+    fn named(&self) -> [(&Script, &'static str); 24] {
         [
             (&self.arrive, "arrive"),
             (&self.depart, "depart"),
@@ -174,6 +195,8 @@ impl Scripts {
             (&self.privacy, "privacy"),
             (&self.zrem_if, "zrem_if"),
             (&self.lock_keep, "lock_keep"),
+            (&self.feed_append, "feed_append"),
+            (&self.feed_done, "feed_done"),
             (&self.forget_offline, "forget_offline"),
             (&self.migrate_devices, "migrate_devices"),
             (&self.fold_active, "fold_active"),
@@ -207,6 +230,7 @@ impl Scripts {
         now: i64,
         max_devices: u32,
         run: u64,
+        feed: Option<&str>,
     ) -> &'p mut Pipeline {
         let default = ChosenStatus::default();
         let known = lease.known.as_ref().unwrap_or(&default);
@@ -215,7 +239,9 @@ impl Scripts {
             ArriveMode::Connect => "connect",
             ArriveMode::Refresh => "refresh",
         };
-        eval(pipe, &self.arrive, &[&key, &count, &status])
+        let mut k: Vec<&str> = vec![&key, &count, &status];
+        k.extend(feed);
+        eval(pipe, &self.arrive, &k)
             .arg(&lease.owner)
             .arg(ttl_ms)
             .arg(&lease.device)
@@ -231,7 +257,8 @@ impl Scripts {
             .arg(&known.show_last_seen)
             .arg(run)
             .arg(known.until)
-            .arg(lease.kind.map_or("", DeviceKind::as_str))
+            .arg(lease.kind.map_or("", DeviceKind::as_str));
+        feed_now(pipe, feed, now)
     }
 
     /// `depart.lua` for one device; `owner` is "" for a lapsed lease. Parse
@@ -243,17 +270,22 @@ impl Scripts {
         device: &str,
         owner: &str,
         now: i64,
+        feed: Option<&str>,
     ) -> &'p mut Pipeline {
         let [lease, count, status] = keys::device_keys(user, device);
-        eval(pipe, &self.depart, &[&lease, &count, &status])
+        let mut k: Vec<&str> = vec![&lease, &count, &status];
+        k.extend(feed);
+        eval(pipe, &self.depart, &k)
             .arg(owner)
             .arg(device)
             .arg(now)
             .arg(user)
-            .arg(keys::events(user))
+            .arg(keys::events(user));
+        feed_now(pipe, feed, now)
     }
 
     /// `status.lua`; parse the reply with [`parse_status_set`].
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn status<'p>(
         &self,
         pipe: &'p mut Pipeline,
@@ -262,18 +294,19 @@ impl Scripts {
         text: &str,
         until: Option<i64>,
         now: i64,
+        feed: Option<&str>,
     ) -> &'p mut Pipeline {
-        eval(
-            pipe,
-            &self.status,
-            &[&keys::status(user), &keys::count(user)],
-        )
-        .arg(status.as_str())
-        .arg(text)
-        .arg(now)
-        .arg(user)
-        .arg(keys::events(user))
-        .arg(until.unwrap_or(0))
+        let (s, c) = (keys::status(user), keys::count(user));
+        let mut k: Vec<&str> = vec![&s, &c];
+        k.extend(feed);
+        eval(pipe, &self.status, &k)
+            .arg(status.as_str())
+            .arg(text)
+            .arg(now)
+            .arg(user)
+            .arg(keys::events(user))
+            .arg(until.unwrap_or(0));
+        feed_now(pipe, feed, now)
     }
 
     /// `status_end.lua` for one user whose status's `until` is due; parse
@@ -283,15 +316,16 @@ impl Scripts {
         pipe: &'p mut Pipeline,
         user: &str,
         now: i64,
+        feed: Option<&str>,
     ) -> &'p mut Pipeline {
-        eval(
-            pipe,
-            &self.status_end,
-            &[&keys::status(user), &keys::count(user)],
-        )
-        .arg(now)
-        .arg(user)
-        .arg(keys::events(user))
+        let (s, c) = (keys::status(user), keys::count(user));
+        let mut k: Vec<&str> = vec![&s, &c];
+        k.extend(feed);
+        eval(pipe, &self.status_end, &k)
+            .arg(now)
+            .arg(user)
+            .arg(keys::events(user));
+        feed_now(pipe, feed, now)
     }
 
     /// `read.lua` for one user as `viewer`; parse the reply with
@@ -314,15 +348,51 @@ impl Scripts {
         user: &str,
         devices: &[String],
         now: i64,
+        feed: Option<&str>,
     ) -> &'p mut Pipeline {
         let mut keys = vec![keys::count(user), keys::status(user)];
         keys.extend(devices.iter().map(|d| keys::lease(user, d)));
+        keys.extend(feed.map(str::to_string));
         let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
         eval(pipe, &self.reconcile, &keys)
             .arg(user)
             .arg(now)
             .arg(keys::events(user))
-            .arg(devices)
+            .arg(devices);
+        feed_now(pipe, feed, now)
+    }
+
+    /// `feed_append.lua`: moves `groups` (feed, lost, entries) of one
+    /// bucket into its `log` (`moved` its marks), trimming it to
+    /// `keep_from`; the reply is the last seq moved of each feed.
+    pub(super) fn feed_append<'p>(
+        &self,
+        pipe: &'p mut Pipeline,
+        log: &str,
+        moved: &str,
+        keep_from: &str,
+        groups: &[(&str, u64, &[String])],
+    ) -> &'p mut Pipeline {
+        let cmd = eval(pipe, &self.feed_append, &[log, moved]).arg(keep_from);
+        for (feed, lost, entries) in groups {
+            cmd.arg(*feed).arg(*lost).arg(entries.len()).arg(*entries);
+        }
+        cmd
+    }
+
+    /// `feed_done.lua`: takes `done` (feed, score read) out of the due
+    /// index `due` while their scores are the ones read.
+    pub(super) fn feed_done<'p>(
+        &self,
+        pipe: &'p mut Pipeline,
+        due: &str,
+        done: &[(&str, &str)],
+    ) -> &'p mut Pipeline {
+        let cmd = eval(pipe, &self.feed_done, &[due]);
+        for (feed, score) in done {
+            cmd.arg(*feed).arg(*score);
+        }
+        cmd
     }
 
     /// `privacy.lua`; the reply is 1 when a setting changed ([`int`]).

@@ -19,8 +19,19 @@ impl Store {
         until: Option<i64>,
     ) -> StoreResult<i64> {
         let mut pipe = redis::pipe();
-        self.scripts
-            .status(&mut pipe, user, status, text.unwrap_or(""), until, now_ms());
+        let feed = self.feed_of(user);
+        if let Some(feed) = &feed {
+            self.feed_due_before(&mut pipe, feed);
+        }
+        self.scripts.status(
+            &mut pipe,
+            user,
+            status,
+            text.unwrap_or(""),
+            until,
+            now_ms(),
+            feed.as_deref(),
+        );
         if let Some(until) = until {
             // Beside the step, in the same round trip: the status-end pass
             // finds it there (and the reconciliation puts back one lost).

@@ -26,7 +26,12 @@ impl Store {
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
         for (user, _) in &due {
-            self.scripts.status_end(&mut pipe, user, now);
+            let feed = self.feed_of(user);
+            if let Some(feed) = &feed {
+                self.feed_due_before(&mut pipe, feed);
+            }
+            self.scripts
+                .status_end(&mut pipe, user, now, feed.as_deref());
         }
         let reply = self.query(&pipe).await?;
         if reply.len() != due.len() {

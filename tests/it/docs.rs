@@ -198,6 +198,7 @@ fn the_fixed_limits_in_the_docs_are_the_code_constants() {
     );
     assert_quotes("users per bulk query", config::MAX_QUERY_USERS);
     assert_quotes("contacts per user", http::MAX_CONTACTS);
+    assert_quotes("`GET /api/events` page", http::EVENTS_MAX_LIMIT);
     assert_quotes("`GET /api/online` page", http::ONLINE_MAX_LIMIT);
     assert_quotes("`GET /api/rooms/{room}` page", http::ROOM_PAGE_MAX_LIMIT);
     assert!(

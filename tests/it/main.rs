@@ -13,6 +13,7 @@ mod config;
 mod devices_watch;
 mod docs;
 mod edge;
+mod feed;
 mod fuzz;
 mod grants;
 mod hostile;

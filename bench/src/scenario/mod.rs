@@ -5,6 +5,7 @@ pub mod churn;
 pub mod connections;
 pub mod expiry;
 pub mod fanout;
+pub mod feed;
 pub mod fleet;
 pub mod join_policies;
 pub mod online;

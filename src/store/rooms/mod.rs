@@ -228,22 +228,34 @@ impl Store {
         room: &str,
         args: impl FnOnce(&mut redis::Pipeline),
     ) -> StoreResult<Vec<Value>> {
-        let items = self.room_step(script, room, args).await?;
+        let k1 = keys::room_members(room);
+        let mut pipe = redis::pipe();
+        self.push_room_step(&mut pipe, script, room, true, args);
+        let reply = self.query(&pipe).await?;
+        let items = array(at(&reply, 0, &k1)?, &k1)?.to_vec();
         self.announce(items.last());
         Ok(items)
     }
 
     /// Adds one room step on `room`'s keys to `pipe`: the room id, the
-    /// list limits and the time, then what `args` chains.
+    /// list limits and the time, then what `args` chains. A step that
+    /// `changes` the room may record in its feed (when the feed is on: its
+    /// key is the 12th) and puts the feed in the due index before.
     fn push_room_step(
         &self,
         pipe: &mut redis::Pipeline,
         script: &redis::Script,
         room: &str,
+        changes: bool,
         args: impl FnOnce(&mut redis::Pipeline),
     ) {
+        let feed = self.room_feed_of(room).filter(|_| changes);
+        if let Some(feed) = &feed {
+            self.feed_due_before(pipe, feed);
+        }
         let keys = keys::room_keys(room);
-        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let mut keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        keys.extend(feed.as_deref());
         eval(pipe, script, &keys)
             .arg(room)
             .arg(self.room_lists.users)
@@ -262,7 +274,7 @@ impl Store {
     ) -> StoreResult<Vec<Value>> {
         let k1 = keys::room_members(room);
         let mut pipe = redis::pipe();
-        self.push_room_step(&mut pipe, script, room, args);
+        self.push_room_step(&mut pipe, script, room, false, args);
         let reply = self.query(&pipe).await?;
         Ok(array(at(&reply, 0, &k1)?, &k1)?.to_vec())
     }
@@ -438,7 +450,7 @@ impl Store {
     ) -> StoreResult<Relayed> {
         let k1 = keys::room_members(room);
         let mut pipe = redis::pipe();
-        self.push_room_step(&mut pipe, &self.scripts.room_signal, room, |pipe| {
+        self.push_room_step(&mut pipe, &self.scripts.room_signal, room, false, |pipe| {
             pipe.arg(user).arg(device).arg(owner).arg(data);
         });
         let reply = self.query(&pipe).await?;

@@ -165,7 +165,7 @@ impl Store {
             PageReader::Service => ("", "1"),
             PageReader::Member(user) => (user.unwrap_or(""), "0"),
         };
-        self.push_room_step(pipe, &self.scripts.room_page, room, |pipe| {
+        self.push_room_step(pipe, &self.scripts.room_page, room, false, |pipe| {
             pipe.arg(after)
                 .arg(max_users)
                 .arg(max_devices)

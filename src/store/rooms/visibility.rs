@@ -102,9 +102,15 @@ impl Store {
         // others: its next join or the next change settles it.
         pipe.ignore_errors();
         for room in rooms {
-            self.push_room_step(&mut pipe, &self.scripts.room_visibility, room, |pipe| {
-                pipe.arg(user).arg(hide);
-            });
+            self.push_room_step(
+                &mut pipe,
+                &self.scripts.room_visibility,
+                room,
+                true,
+                |pipe| {
+                    pipe.arg(user).arg(hide);
+                },
+            );
         }
         let reply = self.query(&pipe).await?;
         let mut moved = 0;

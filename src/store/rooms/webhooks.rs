@@ -6,10 +6,11 @@
 use redis::Value;
 
 use super::super::{now_ms, Store};
+use crate::keys;
 use crate::webhooks::{RoomKind, RoomWebhookEvent};
 
 /// What the webhooks need of one published room event.
-#[derive(serde::Deserialize)]
+#[derive(serde::Deserialize, Clone)]
 struct Emitted {
     e: String,
     room: String,
@@ -75,7 +76,22 @@ impl Store {
     /// Queues the webhooks of the events a room step published (the last
     /// element of its reply).
     pub(super) fn announce(&self, emitted: Option<&Value>) {
-        let (Some(webhooks), Some(Value::Array(items))) = (&self.webhooks, emitted) else {
+        let Some(Value::Array(items)) = emitted else {
+            return;
+        };
+        if self.feed.is_some() {
+            // The step may have recorded in the room's feed: move it now.
+            let room = items.iter().find_map(|item| match item {
+                Value::BulkString(p) => serde_json::from_slice::<Emitted>(p)
+                    .ok()
+                    .filter(|e| !room_webhooks(e.clone(), 0).is_empty()),
+                _ => None,
+            });
+            if let Some(e) = room {
+                self.feed_recorded(&keys::room_feed(&e.room));
+            }
+        }
+        let Some(webhooks) = &self.webhooks else {
             return;
         };
         let at = now_ms();

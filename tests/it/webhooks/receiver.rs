@@ -13,11 +13,11 @@ use sha2::Sha256;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpListener;
 
-pub(super) const SECRET: &str = "whsec_test_0123456789abcdef";
+pub(crate) const SECRET: &str = "whsec_test_0123456789abcdef";
 
 /// One POST the receiver got.
 #[derive(Debug, Clone)]
-pub(super) struct Delivery {
+pub(crate) struct Delivery {
     /// The `Presence-Signature` header.
     pub signature: String,
     /// The raw body.
@@ -35,7 +35,7 @@ impl Delivery {
 
 /// A webhook receiver: a plain HTTP/1.1 server on a random port that
 /// records every POST and answers 500 to the first `fail` ones.
-pub(super) struct Receiver {
+pub(crate) struct Receiver {
     /// Where the nodes POST.
     pub url: String,
     /// Every POST, in arrival order.
@@ -194,7 +194,7 @@ pub(crate) fn verify(secret: &str, header: &str, body: &[u8]) -> bool {
 }
 
 /// A node `id` that sends its webhooks to `receiver`, with `extra` flags.
-pub(super) fn node_with_hooks(
+pub(crate) fn node_with_hooks(
     redis: &Redis,
     id: &str,
     receiver: &Receiver,
