@@ -427,6 +427,12 @@ pub fn feed_lock(bucket: u32) -> String {
     format!("presence-feed-lock:{{b{bucket:02}}}")
 }
 
+/// Hash of one bucket: webhook URL -> `<id> <n>`, the last event of the
+/// bucket's log that URL took (its stream id and ordinal).
+pub fn feed_sent(bucket: u32) -> String {
+    format!("presence-feed-sent:{{b{bucket:02}}}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

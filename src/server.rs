@@ -75,15 +75,10 @@ pub async fn run(
     let (client, conn, redis_health) = (redis.source, redis.conn, redis.health);
     // Dropping it stops the private Redis: kept until the node has stopped.
     let _local = redis.local;
-    let webhooks = match &security.webhooks {
-        Some(hooks) => Some(Webhooks::start(hooks.clone(), &config.node_id)?),
-        None => None,
-    };
+    let webhooks = node_webhooks(&config, &security)?;
     let (feed_tx, feed_rx) = crate::feed::channel();
     let store = open_store_patiently(conn, &config, webhooks.clone(), feed_tx).await?;
-    if !config.event_retention.is_zero() {
-        crate::feed::spawn(store.clone(), config.node_id.clone(), feed_rx);
-    }
+    start_feed(&store, &config, &security, feed_rx).await?;
     // Every session's lease refreshes go through one refresher task, which
     // sends them to Redis in batches.
     let refresher = Refresher::spawn(store.clone());
@@ -185,6 +180,49 @@ async fn open_store_patiently(
             Err(e) => return Err(e),
         }
     }
+}
+
+/// With the feed on, the webhooks are sent from its log (`feed::deliver`),
+/// not from this node's queue: none here. With it off, each node queues
+/// and sends the transitions it makes.
+fn node_webhooks(config: &Config, security: &Security) -> anyhow::Result<Option<Webhooks>> {
+    Ok(match &security.webhooks {
+        Some(hooks) if config.event_retention.is_zero() => {
+            Some(Webhooks::start(hooks.clone(), &config.node_id)?)
+        }
+        Some(hooks) => {
+            hooks.validate()?;
+            None
+        }
+        None => None,
+    })
+}
+
+/// Starts the event feed's mover, pass and webhook senders when the feed
+/// is on; each webhook URL first gets its place at the end of the log.
+async fn start_feed(
+    store: &Store,
+    config: &Config,
+    security: &Security,
+    feed_rx: tokio::sync::mpsc::Receiver<String>,
+) -> anyhow::Result<()> {
+    if config.event_retention.is_zero() {
+        return Ok(());
+    }
+    if let Some(hooks) = &security.webhooks {
+        // Before any client: every transition from now on is sent.
+        store
+            .start_feed_sent(&hooks.urls)
+            .await
+            .context("cannot start the webhooks' places in the event feed")?;
+    }
+    crate::feed::spawn(
+        store.clone(),
+        config.node_id.clone(),
+        feed_rx,
+        security.webhooks.clone(),
+    );
+    Ok(())
 }
 
 /// The store on `conn`: scripts loaded, the deployment's constants read (or

@@ -9,10 +9,15 @@
 //! moved marks.
 //!
 //! - [`events`]: the log's entries made back into the webhook payloads.
+//! - [`deliver`]: the webhooks, sent from the log by whichever node holds
+//!   each bucket.
 
+pub mod deliver;
 pub mod events;
 
 use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
@@ -43,10 +48,24 @@ pub fn channel() -> (Sender, mpsc::Receiver<String>) {
     mpsc::channel(WAITING)
 }
 
-/// Starts this node's mover and feed pass.
-pub fn spawn(store: Store, node: String, rx: mpsc::Receiver<String>) {
+/// Starts this node's mover and feed pass, and with `webhooks` its
+/// senders of the buckets it holds.
+pub fn spawn(
+    store: Store,
+    node: String,
+    rx: mpsc::Receiver<String>,
+    webhooks: Option<crate::webhooks::WebhookConfig>,
+) {
+    let held: Arc<Vec<AtomicBool>> = Arc::new(
+        (0..store.bucket_count())
+            .map(|_| AtomicBool::new(false))
+            .collect(),
+    );
+    if let Some(config) = webhooks {
+        deliver::spawn(store.clone(), node.clone(), config, held.clone());
+    }
     tokio::spawn(mover(store.clone(), rx));
-    tokio::spawn(pass(store, node));
+    tokio::spawn(pass(store, node, held));
 }
 
 /// Moves each feed it is told of, a batch at a time: a feed told of
@@ -73,7 +92,7 @@ async fn mover(store: Store, mut rx: mpsc::Receiver<String>) {
 
 /// The feed pass: every [`PASS_EVERY`], each bucket whose lock this node
 /// takes or holds.
-async fn pass(store: Store, node: String) {
+async fn pass(store: Store, node: String, held: Arc<Vec<AtomicBool>>) {
     let mut tick = tokio::time::interval(PASS_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut rounds: u32 = 0;
@@ -82,16 +101,20 @@ async fn pass(store: Store, node: String) {
         tick.tick().await;
         rounds = rounds.wrapping_add(1);
         for bucket in 0..store.bucket_count() {
-            match store
+            let mine = match store
                 .hold_lock(&keys::feed_lock(bucket), &node, LOCK_HOLD)
                 .await
             {
-                Ok(true) => {}
-                Ok(false) => continue,
+                Ok(mine) => mine,
                 Err(e) => {
                     log::debug!("feed pass: lock of bucket {bucket}: {e}");
-                    continue;
+                    false
                 }
+            };
+            // The webhook senders send the buckets this node holds.
+            held[bucket as usize].store(mine, Ordering::Relaxed);
+            if !mine {
+                continue;
             }
             if let Err(e) = store.feed_pass(bucket, PASS_MAX).await {
                 log::debug!("feed pass: bucket {bucket}: {e}");

@@ -467,3 +467,100 @@ fn id_key(id: &str) -> (u64, u64) {
     let (ms, seq) = id.split_once('-').unwrap_or(("0", "0"));
     (ms.parse().unwrap_or(0), seq.parse().unwrap_or(0))
 }
+
+impl Store {
+    /// Where webhook `url` is in `bucket`'s log: the last event it took
+    /// (id, ordinal); `None` before its first delivery.
+    pub async fn feed_sent(&self, bucket: u32, url: &str) -> StoreResult<Option<(String, u64)>> {
+        let mut conn = self.conn();
+        let at: Option<String> = redis::cmd("HGET")
+            .arg(keys::feed_sent(bucket))
+            .arg(url)
+            .query_async(&mut conn)
+            .await?;
+        Ok(at.and_then(|a| {
+            let (id, n) = a.split_once(' ')?;
+            Some((id.to_string(), n.parse().ok()?))
+        }))
+    }
+
+    /// Records that webhook `url` took `bucket`'s log up to `id` (ordinal
+    /// `n`).
+    pub async fn set_feed_sent(&self, bucket: u32, url: &str, id: &str, n: u64) -> StoreResult<()> {
+        let mut conn = self.conn();
+        let _: Value = redis::cmd("HSET")
+            .arg(keys::feed_sent(bucket))
+            .arg(url)
+            .arg(format!("{id} {n}"))
+            .query_async(&mut conn)
+            .await?;
+        Ok(())
+    }
+
+    /// Starts each of `urls` at the end of every bucket's log, unless it
+    /// has a place there already (`HSETNX`): a URL's first deliveries are
+    /// the events after its first node started with it, not a day's worth.
+    pub async fn start_feed_sent(&self, urls: &[String]) -> StoreResult<()> {
+        let heads = self.feed_heads().await?;
+        let mut pipe = redis::pipe();
+        for (bucket, (id, n)) in heads.iter().enumerate() {
+            for url in urls {
+                pipe.cmd("HSETNX")
+                    .arg(keys::feed_sent(bucket as u32))
+                    .arg(url)
+                    .arg(format!("{id} {n}"))
+                    .ignore();
+            }
+        }
+        self.query(&pipe).await.map(|_| ())
+    }
+
+    /// Up to `limit` events of `bucket`'s log after `after`.
+    pub async fn feed_read_bucket(
+        &self,
+        bucket: u32,
+        after: &str,
+        limit: usize,
+    ) -> StoreResult<Vec<LogEntry>> {
+        let mut conn = self.conn();
+        let items: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
+            .arg(keys::feed_log(bucket))
+            .arg(format!("({after}"))
+            .arg("+")
+            .arg("COUNT")
+            .arg(limit)
+            .query_async(&mut conn)
+            .await?;
+        Ok(items
+            .into_iter()
+            .map(|(id, fields)| log_entry(bucket, id, &fields))
+            .collect())
+    }
+
+    /// The newest id of `bucket`'s log and the log's ordinal so far.
+    pub async fn feed_head(&self, bucket: u32) -> StoreResult<(String, u64)> {
+        let heads = self.feed_heads().await?;
+        Ok(heads
+            .into_iter()
+            .nth(bucket as usize)
+            .unwrap_or_else(|| ("0-0".to_string(), 0)))
+    }
+}
+
+/// A log entry from a stream item's fields.
+fn log_entry(bucket: u32, id: String, fields: &[(String, String)]) -> LogEntry {
+    let field = |name: &str| {
+        fields
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_default()
+    };
+    LogEntry {
+        bucket,
+        n: field("n").parse().unwrap_or(0),
+        owner: field("o"),
+        entry: field("e"),
+        id,
+    }
+}

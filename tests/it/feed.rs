@@ -156,7 +156,14 @@ async fn the_feed_says_what_the_webhooks_say() {
         &redis,
         "n1",
         &receiver,
-        &["--admin-key", ADMIN, "--webhook-batch-ms", "50"],
+        &[
+            "--admin-key",
+            ADMIN,
+            "--webhook-batch-ms",
+            "50",
+            "--event-retention-secs",
+            "86400",
+        ],
     );
     for (user, room) in [("alice", "r:1"), ("bob", "r:1"), ("carol", "r:2")] {
         let mut c = Client::connect(&node, user, "web").await;
@@ -317,5 +324,100 @@ async fn the_feed_on_a_cluster() {
             ["room_joined", "room_occupied", "room_left", "room_vacated"],
             "{events:#?}"
         );
+    }
+}
+
+/// With the feed on, the webhooks come from its log, sent by whichever
+/// node holds each bucket: a receiver down for a while gets every event
+/// once it is back, and so it does when the node that made the transitions
+/// was SIGKILLed meanwhile. What the receiver ends with, deduplicated by
+/// `id`, is exactly the feed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn webhooks_come_from_the_log_whichever_node_lives() {
+    use std::sync::atomic::Ordering;
+    let redis = Redis::start();
+    let receiver = Receiver::start(usize::MAX).await;
+    let flags = [
+        "--admin-key",
+        ADMIN,
+        "--webhook-batch-ms",
+        "50",
+        "--event-retention-secs",
+        "86400",
+        "--ttl-ms",
+        "3000",
+        "--heartbeat-ms",
+        "1000",
+    ];
+    let mut a = node_with_hooks(&redis, "a", &receiver, &flags);
+    let b = node_with_hooks(&redis, "b", &receiver, &flags);
+    // On a: users come, one goes, one joins a room; the receiver refuses
+    // every batch meanwhile.
+    let mut held = Vec::new();
+    for user in ["u1", "u2", "u3", "u4"] {
+        let mut c = Client::connect(&a, user, "web").await;
+        join(&mut c, "hall", json!({})).await;
+        held.push(c);
+    }
+    held.pop().unwrap().close().await;
+    let _on_b = Client::connect(&b, "u5", "web").await;
+    wait_until("a refused batch", DEADLINE, || async {
+        receiver.deliveries().iter().any(|d| d.answered != 200)
+    })
+    .await;
+    // a dies with its undelivered events and its devices; b is left.
+    a.kill();
+    drop(held);
+    // Its devices lapse (offline, left), recorded by b.
+    let feed_has_all = || async {
+        let (events, _) = drain(&b, "", 100).await;
+        let own: Vec<Value> = events
+            .iter()
+            .filter(|e| e.get("room").is_none())
+            .cloned()
+            .collect();
+        ["u1", "u2", "u3", "u4"]
+            .iter()
+            .all(|u| kinds_of(&own, "user", u) == ["online", "offline"])
+    };
+    wait_until(
+        "every device of a lapsed, in the feed",
+        DEADLINE,
+        feed_has_all,
+    )
+    .await;
+    wait_until("the hall vacated, in the feed", DEADLINE, || async {
+        let (events, _) = drain(&b, "", 100).await;
+        kinds_of(&events, "room", "hall").contains(&"room_vacated".to_string())
+    })
+    .await;
+    receiver.fail.store(0, Ordering::Relaxed);
+    let ids = |events: &[Value]| -> BTreeSet<String> {
+        events
+            .iter()
+            .map(|e| e["id"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let want = ids(&drain(&b, "", 100).await.0);
+    wait_until("every event of the feed delivered", DEADLINE, || async {
+        want.is_subset(&ids(&receiver.events()))
+    })
+    .await;
+    assert_eq!(
+        ids(&receiver.events()),
+        ids(&drain(&b, "", 100).await.0),
+        "the receiver has the feed, no more"
+    );
+    // Per user, in seq order.
+    for user in ["u1", "u2", "u3", "u4", "u5"] {
+        let seqs: Vec<u64> = receiver
+            .events()
+            .iter()
+            .filter(|e| e["user"] == user && e.get("room").is_none())
+            .map(|e| e["seq"].as_u64().unwrap())
+            .collect();
+        let mut sorted = seqs.clone();
+        sorted.dedup();
+        assert!(sorted.windows(2).all(|w| w[0] < w[1]), "{user}: {seqs:?}");
     }
 }

@@ -290,7 +290,7 @@ async fn a_stopping_node_delivers_its_queue_first() {
     std::fs::write(
         &config,
         format!(
-            "webhook-url = [{:?}]\nwebhook-secret = {SECRET:?}\nwebhook-batch-ms = 0\n",
+            "webhook-url = [{:?}]\nwebhook-secret = {SECRET:?}\nwebhook-batch-ms = 0\nevent-retention-secs = 0\n",
             receiver.url
         ),
     )

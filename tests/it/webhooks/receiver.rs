@@ -193,7 +193,8 @@ pub(crate) fn verify(secret: &str, header: &str, body: &[u8]) -> bool {
     mac.verify_slice(&given).is_ok()
 }
 
-/// A node `id` that sends its webhooks to `receiver`, with `extra` flags.
+/// A node `id` that sends its webhooks to `receiver` (from its own queue,
+/// unless `extra` turns the event feed on), with `extra` flags.
 pub(crate) fn node_with_hooks(
     redis: &Redis,
     id: &str,
@@ -206,6 +207,11 @@ pub(crate) fn node_with_hooks(
         "--webhook-secret",
         SECRET,
     ];
+    // These tests are of the webhooks each node sends from its own queue,
+    // as with the event feed off; the feed's own are in tests/it/feed*.
+    if !extra.contains(&"--event-retention-secs") {
+        args.extend(["--event-retention-secs", "0"]);
+    }
     args.extend_from_slice(extra);
     Node::start_with(redis, id, &args)
 }
