@@ -324,22 +324,11 @@ impl Store {
         let mut out = Vec::new();
         for (bucket, value) in reply.iter().enumerate() {
             let items: Vec<(String, Vec<(String, String)>)> = redis::from_redis_value_ref(value)?;
-            for (id, fields) in items {
-                let field = |name: &str| {
-                    fields
-                        .iter()
-                        .find(|(k, _)| k == name)
-                        .map(|(_, v)| v.clone())
-                        .unwrap_or_default()
-                };
-                out.push(LogEntry {
-                    bucket: bucket as u32,
-                    n: field("n").parse().unwrap_or(0),
-                    owner: field("o"),
-                    entry: field("e"),
-                    id,
-                });
-            }
+            out.extend(
+                items
+                    .into_iter()
+                    .map(|(id, fields)| log_entry(bucket as u32, id, &fields)),
+            );
         }
         Ok(out)
     }

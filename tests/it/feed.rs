@@ -14,6 +14,17 @@ use crate::common::*;
 use crate::rooms::join;
 use crate::webhooks::receiver::{node_with_hooks, Receiver};
 
+/// Flags of a node whose webhooks come from the feed (on, whatever
+/// `node_with_hooks` defaults to), sent every 50 ms, with the admin key.
+const HOOKED: [&str; 6] = [
+    "--admin-key",
+    ADMIN,
+    "--webhook-batch-ms",
+    "50",
+    "--event-retention-secs",
+    "86400",
+];
+
 /// `GET /api/events` on `node` with the admin key; the page.
 async fn page(node: &Node, query: &str) -> Value {
     let (status, page) = get_as(&format!("{}/api/events?{query}", node.http()), Some(ADMIN)).await;
@@ -152,19 +163,7 @@ async fn every_transition_is_in_the_feed_in_order() {
 async fn the_feed_says_what_the_webhooks_say() {
     let redis = Redis::start();
     let receiver = Receiver::start(0).await;
-    let node = node_with_hooks(
-        &redis,
-        "n1",
-        &receiver,
-        &[
-            "--admin-key",
-            ADMIN,
-            "--webhook-batch-ms",
-            "50",
-            "--event-retention-secs",
-            "86400",
-        ],
-    );
+    let node = node_with_hooks(&redis, "n1", &receiver, &HOOKED);
     for (user, room) in [("alice", "r:1"), ("bob", "r:1"), ("carol", "r:2")] {
         let mut c = Client::connect(&node, user, "web").await;
         join(&mut c, room, json!({})).await;
@@ -338,12 +337,12 @@ async fn webhooks_come_from_the_log_whichever_node_lives() {
     let redis = Redis::start();
     let receiver = Receiver::start(usize::MAX).await;
     let flags = [
-        "--admin-key",
-        ADMIN,
-        "--webhook-batch-ms",
-        "50",
-        "--event-retention-secs",
-        "86400",
+        HOOKED[0],
+        HOOKED[1],
+        HOOKED[2],
+        HOOKED[3],
+        HOOKED[4],
+        HOOKED[5],
         "--ttl-ms",
         "3000",
         "--heartbeat-ms",
