@@ -84,10 +84,12 @@ impl Store {
         self.feed.map(|_| keys::room_feed(room))
     }
 
-    /// Adds to `pipe`, before a step that may record in `feed`, its entry
-    /// in the bucket's due index a little in the future (`GT`: one already
-    /// due is pushed back, so that a pass that found it empty just before
-    /// does not take it out).
+    /// Adds to `pre`, for a step that may record in `feed`, its entry in the
+    /// bucket's due index a little in the future (`GT`: one already due is
+    /// pushed back, so that a pass that found it empty just before does not
+    /// take it out). `pre` goes with [`Store::send_due`], apart from the
+    /// step: the bucket may be on another shard, whose failover must not
+    /// fail the step.
     pub(super) fn feed_due_before(&self, pipe: &mut Pipeline, feed: &str) {
         let Some(owner) = keys::feed_owner(feed) else {
             return;
@@ -98,6 +100,22 @@ impl Store {
             .arg(now_ms() + DUE_GRACE_MS)
             .arg(feed)
             .ignore();
+    }
+
+    /// Sends `pre` (see [`Store::feed_due_before`]) on its own, without
+    /// waiting: sent before the step, it is in Redis by the time the step
+    /// runs, unless the bucket's shard is failing (then the pass could not
+    /// run there either).
+    pub(super) fn send_due(&self, pre: Pipeline) {
+        if pre.cmd_iter().next().is_none() {
+            return;
+        }
+        let mut conn = self.conn();
+        tokio::spawn(async move {
+            if let Err(e) = pre.query_async::<()>(&mut conn).await {
+                log::debug!("feed: due index not written: {e}");
+            }
+        });
     }
 
     /// Tells this node's feed mover that a step recorded in `feed`.

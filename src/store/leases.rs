@@ -242,13 +242,14 @@ impl Store {
         let mut pipe = redis::Pipeline::with_capacity(leases.len());
         // One bad reply fails its own lease, not the batch.
         pipe.ignore_errors();
+        let mut pre = redis::pipe();
         for lease in leases {
             let lease = lease.borrow();
             let feed = self.feed_of(&lease.user);
             // A connect may record `online`; a refresh only when Redis lost
             // the user, rare enough to leave to the node that ran it.
             if let (Some(feed), ArriveMode::Connect) = (&feed, mode) {
-                self.feed_due_before(&mut pipe, feed);
+                self.feed_due_before(&mut pre, feed);
             }
             self.scripts.arrive(
                 &mut pipe,
@@ -261,6 +262,7 @@ impl Store {
                 feed.as_deref(),
             );
         }
+        self.send_due(pre);
         let reply = self.query(&pipe).await?;
         if reply.len() != leases.len() {
             return Err(StoreError::reply(
@@ -496,7 +498,9 @@ impl Store {
         let mut pipe = redis::pipe();
         let feed = self.feed_of(user);
         if let Some(feed) = &feed {
-            self.feed_due_before(&mut pipe, feed);
+            let mut pre = redis::pipe();
+            self.feed_due_before(&mut pre, feed);
+            self.send_due(pre);
         }
         self.scripts
             .depart(&mut pipe, user, device, owner, now_ms(), feed.as_deref());

@@ -172,13 +172,14 @@ impl Store {
         let mut pipe = redis::pipe();
         // One bad entry must not stall the pass for everyone.
         pipe.ignore_errors();
+        let mut pre = redis::pipe();
         let mut steps = 0;
         for member in due {
             match keys::parse_lease_member(member) {
                 Some((user, device)) => {
                     let feed = self.feed_of(user);
                     if let Some(feed) = &feed {
-                        self.feed_due_before(&mut pipe, feed);
+                        self.feed_due_before(&mut pre, feed);
                     }
                     self.scripts
                         .depart(&mut pipe, user, device, "", now, feed.as_deref());
@@ -190,6 +191,7 @@ impl Store {
             }
         }
         crate::metrics::departure_steps(path, steps);
+        self.send_due(pre);
         let reply = self.query(&pipe).await?;
         if reply.len() != due.len() {
             return Err(StoreError::reply(

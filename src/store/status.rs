@@ -21,7 +21,9 @@ impl Store {
         let mut pipe = redis::pipe();
         let feed = self.feed_of(user);
         if let Some(feed) = &feed {
-            self.feed_due_before(&mut pipe, feed);
+            let mut pre = redis::pipe();
+            self.feed_due_before(&mut pre, feed);
+            self.send_due(pre);
         }
         self.scripts.status(
             &mut pipe,

@@ -25,14 +25,16 @@ impl Store {
         }
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
+        let mut pre = redis::pipe();
         for (user, _) in &due {
             let feed = self.feed_of(user);
             if let Some(feed) = &feed {
-                self.feed_due_before(&mut pipe, feed);
+                self.feed_due_before(&mut pre, feed);
             }
             self.scripts
                 .status_end(&mut pipe, user, now, feed.as_deref());
         }
+        self.send_due(pre);
         let reply = self.query(&pipe).await?;
         if reply.len() != due.len() {
             return Err(StoreError::reply(

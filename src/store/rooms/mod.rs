@@ -251,7 +251,9 @@ impl Store {
     ) {
         let feed = self.room_feed_of(room).filter(|_| changes);
         if let Some(feed) = &feed {
-            self.feed_due_before(pipe, feed);
+            let mut pre = redis::pipe();
+            self.feed_due_before(&mut pre, feed);
+            self.send_due(pre);
         }
         let keys = keys::room_keys(room);
         let mut keys: Vec<&str> = keys.iter().map(String::as_str).collect();
