@@ -308,6 +308,14 @@ pub struct Args {
           value_parser = clap::value_parser!(u64).range(0..=2_592_000))]
     pub event_retention_secs: u64,
 
+    /// Most events the feed keeps of one user (or room) per
+    /// --event-retention-secs: beyond, its events are dropped (and counted
+    /// as lost), so that one account cannot fill Redis.
+    #[arg(long, env = "PRESENCE_EVENT_MAX_PER_USER",
+          default_value_t = config::DEFAULT_EVENT_MAX_PER_USER,
+          value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    pub event_max_per_user: u64,
+
     /// Most WebSockets one client address may hold open on this node (an
     /// IPv6 address counts by its /64); one more is refused with 429 before
     /// the upgrade. 0: no cap. Behind a proxy give --trust-proxy, so that

@@ -89,6 +89,7 @@ fn start(args: Args) -> anyhow::Result<()> {
     config.auth_expiring = Duration::from_millis(args.auth_expiring_ms);
     config.room_token_expiring = Duration::from_millis(args.room_token_expiring_ms);
     config.event_retention = Duration::from_secs(args.event_retention_secs);
+    config.event_max_per_user = args.event_max_per_user;
     config.rooms = config::RoomLimits {
         max_rooms_per_device: args.max_rooms_per_device as usize,
         max_room_devices: args.max_room_devices,

@@ -242,6 +242,7 @@ async fn open_store(
     if !config.event_retention.is_zero() {
         let settings = crate::store::feed::FeedSettings {
             retention: config.event_retention,
+            max_per_owner: config.event_max_per_user,
         };
         store = store.with_feed(settings, Some(feed));
     }

@@ -45,6 +45,9 @@ pub const DEFAULT_LAST_SEEN_RETENTION: Duration = Duration::from_secs(90 * 24 * 
 pub const DEFAULT_AUTH_TIMEOUT: Duration = Duration::from_secs(5);
 /// Default time before a token's expiry at which the session is told
 /// (`auth_expiring`) to send a fresh one.
+/// Default most events the feed keeps of one user or room per retention.
+pub const DEFAULT_EVENT_MAX_PER_USER: u64 = 10_000;
+
 /// Default time the event feed keeps an event: a day.
 pub const DEFAULT_EVENT_RETENTION: Duration = Duration::from_secs(86_400);
 
@@ -146,6 +149,9 @@ pub struct Config {
     /// How long the event feed keeps an event (`--event-retention-secs`);
     /// zero: the feed is off.
     pub event_retention: Duration,
+    /// Most events the feed keeps of one user or room per retention
+    /// (`--event-max-per-user`).
+    pub event_max_per_user: u64,
     /// `--trust-proxy`: peers whose `X-Forwarded-For` names the client
     /// (the HTTP layer's `client_ip`).
     pub trust_proxy: crate::proxy::TrustedProxies,
@@ -255,6 +261,7 @@ impl Config {
             auth_timeout: DEFAULT_AUTH_TIMEOUT,
             auth_expiring: DEFAULT_AUTH_EXPIRING,
             event_retention: DEFAULT_EVENT_RETENTION,
+            event_max_per_user: DEFAULT_EVENT_MAX_PER_USER,
             room_token_expiring: DEFAULT_ROOM_TOKEN_EXPIRING,
             trust_proxy: Default::default(),
             static_files: Default::default(),

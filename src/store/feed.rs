@@ -46,6 +46,9 @@ pub const DUE_GRACE_MS: i64 = 5_000;
 pub struct FeedSettings {
     /// How long the log keeps an event.
     pub retention: Duration,
+    /// Most events one user or room adds to the log per `retention`
+    /// (`--event-max-per-user`); beyond, they are dropped, counted as lost.
+    pub max_per_owner: u64,
 }
 
 /// One event of a bucket's log.
@@ -195,6 +198,11 @@ impl Store {
                 &keys::feed_log(*bucket),
                 &keys::feed_moved(*bucket),
                 &keep_from,
+                (
+                    settings.max_per_owner,
+                    settings.retention.as_millis() as u64,
+                    now_ms(),
+                ),
                 &groups,
             );
         }
@@ -313,7 +321,10 @@ impl Store {
             .await?;
         let old: Vec<&str> = fields
             .iter()
-            .filter(|(k, v)| k != "#n" && v.parse::<i64>().is_ok_and(|seq| seq < keep_from))
+            .filter(|(k, v)| {
+                let seq = v.split('|').next().and_then(|s| s.parse::<i64>().ok());
+                k != "#n" && seq.is_some_and(|seq| seq < keep_from)
+            })
             .map(|(k, _)| k.as_str())
             .collect();
         if !old.is_empty() {

@@ -364,16 +364,22 @@ impl Scripts {
 
     /// `feed_append.lua`: moves `groups` (feed, lost, entries) of one
     /// bucket into its `log` (`moved` its marks), trimming it to
-    /// `keep_from`; the reply is the last seq moved of each feed.
+    /// `keep_from`, at most `cap` events per feed and window of
+    /// `window_ms`; the reply is the last seq moved of each feed.
     pub(super) fn feed_append<'p>(
         &self,
         pipe: &'p mut Pipeline,
         log: &str,
         moved: &str,
         keep_from: &str,
+        (cap, window_ms, now): (u64, u64, i64),
         groups: &[(&str, u64, &[String])],
     ) -> &'p mut Pipeline {
-        let cmd = eval(pipe, &self.feed_append, &[log, moved]).arg(keep_from);
+        let cmd = eval(pipe, &self.feed_append, &[log, moved])
+            .arg(keep_from)
+            .arg(cap)
+            .arg(window_ms)
+            .arg(now);
         for (feed, lost, entries) in groups {
             cmd.arg(*feed).arg(*lost).arg(entries.len()).arg(*entries);
         }

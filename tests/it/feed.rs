@@ -208,6 +208,7 @@ async fn a_feed_a_dead_node_left_is_moved_by_another() {
     .with_feed(
         FeedSettings {
             retention: Duration::from_secs(3600),
+            max_per_owner: 10_000,
         },
         None,
     );
@@ -267,6 +268,7 @@ async fn what_goes_beyond_the_bounds_is_counted_as_lost() {
     .with_feed(
         FeedSettings {
             retention: Duration::from_secs(3600),
+            max_per_owner: 10_000,
         },
         None,
     )
@@ -419,4 +421,60 @@ async fn webhooks_come_from_the_log_whichever_node_lives() {
         sorted.dedup();
         assert!(sorted.windows(2).all(|w| w[0] < w[1]), "{user}: {seqs:?}");
     }
+}
+
+/// One account cannot fill Redis through the feed: past
+/// `--event-max-per-user` events in the retention window, its events are
+/// dropped and counted as lost, and another user's are kept.
+#[tokio::test]
+async fn one_account_cannot_fill_the_log() {
+    let redis = Redis::start();
+    let node = Node::start_with(
+        &redis,
+        "n1",
+        &["--admin-key", ADMIN, "--event-max-per-user", "5"],
+    );
+    let from = page(&node, "cursor=now").await["next_cursor"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mut alice = Client::connect(&node, "alice", "web").await;
+    for i in 0..20 {
+        let status = if i % 2 == 0 { "busy" } else { "away" };
+        alice
+            .send(json!({"type": "status", "status": status}))
+            .await;
+        alice.expect("presence").await;
+    }
+    // A reader sees a gap when the next event of the same bucket comes: bob
+    // is in alice's bucket.
+    let buckets = presence_server::keys::Buckets::default();
+    let bob = (0..)
+        .map(|i| format!("bob{i}"))
+        .find(|u| buckets.of(u) == buckets.of("alice"))
+        .unwrap();
+    let _bob = Client::connect(&node, &bob, "web").await;
+    wait_until("bob online in the feed", DEADLINE, || async {
+        let (events, _) = drain(&node, &from, 100).await;
+        kinds_of(&events, "user", &bob) == ["online"]
+    })
+    .await;
+    let (mut events, mut lost, mut cursor) = (Vec::new(), 0, from.clone());
+    loop {
+        let p = page(&node, &format!("limit=100&cursor={cursor}")).await;
+        lost += p["lost"].as_u64().unwrap();
+        cursor = p["next_cursor"].as_str().unwrap().to_string();
+        let got = p["events"].as_array().unwrap().clone();
+        if got.is_empty() {
+            break;
+        }
+        events.extend(got);
+    }
+    assert_eq!(
+        kinds_of(&events, "user", "alice"),
+        ["online", "status", "status", "status", "status"],
+        "{events:#?}"
+    );
+    assert_eq!(kinds_of(&events, "user", &bob), ["online"]);
+    assert_eq!(lost, 16, "alice's 16 status changes past the bound");
 }
