@@ -167,7 +167,11 @@ mod tests {
             assert_eq!(key.open(&sealed, b), Some(c.clone()));
             // Fresh each time, and unreadable.
             assert_ne!(key.seal(&c), sealed);
-            assert!(!sealed.contains(&(score as i64).to_string()), "{sealed}");
+            // (A long number only: "17" turns up in random base64 about
+            // once in 60 cursors.)
+            if score > 1e9 {
+                assert!(!sealed.contains(&(score as i64).to_string()), "{sealed}");
+            }
             // Another fleet's, another bucket count, or one bit changed.
             assert_eq!(CursorKey::new(&[8; 32]).open(&sealed, b), None);
             assert_eq!(key.open(&sealed, Buckets::new(4).unwrap()), None);
