@@ -252,6 +252,19 @@ fn jwt_verifier(args: &Args) -> anyhow::Result<JwtVerifier> {
     JwtVerifier::new(secret.as_deref(), public.as_deref(), jwks, rules)
 }
 
+/// An HMAC key given as a flag, or in a file (trimmed); empty when neither.
+fn secret_of(value: &Option<String>, file: &Option<std::path::PathBuf>) -> anyhow::Result<Vec<u8>> {
+    Ok(match (value, file) {
+        (Some(s), _) => s.trim().as_bytes().to_vec(),
+        (None, Some(path)) => std::fs::read_to_string(path)
+            .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?
+            .trim()
+            .as_bytes()
+            .to_vec(),
+        (None, None) => Vec::new(),
+    })
+}
+
 /// Where to POST transitions (`--webhook-url`), if anywhere.
 fn webhook_config(args: &Args) -> anyhow::Result<Option<WebhookConfig>> {
     Ok(if args.webhook_url.is_empty() {
@@ -260,15 +273,7 @@ fn webhook_config(args: &Args) -> anyhow::Result<Option<WebhookConfig>> {
         }
         None
     } else {
-        let secret = match (&args.webhook_secret, &args.webhook_secret_file) {
-            (Some(s), _) => s.trim().as_bytes().to_vec(),
-            (None, Some(path)) => std::fs::read_to_string(path)
-                .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?
-                .trim()
-                .as_bytes()
-                .to_vec(),
-            (None, None) => Vec::new(),
-        };
+        let secret = secret_of(&args.webhook_secret, &args.webhook_secret_file)?;
         let config = WebhookConfig {
             urls: args.webhook_url.clone(),
             secret,
@@ -300,15 +305,7 @@ fn room_join_config(
         );
         return Ok(None);
     }
-    let secret = match (&args.room_join_secret, &args.room_join_secret_file) {
-        (Some(s), _) => s.trim().as_bytes().to_vec(),
-        (None, Some(path)) => std::fs::read_to_string(path)
-            .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?
-            .trim()
-            .as_bytes()
-            .to_vec(),
-        (None, None) => Vec::new(),
-    };
+    let secret = secret_of(&args.room_join_secret, &args.room_join_secret_file)?;
     let config = RoomJoinConfig {
         url: url.clone(),
         secret,
