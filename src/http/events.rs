@@ -6,7 +6,7 @@ use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde::{Deserialize, Serialize};
 
-use super::users::is_service;
+use super::users::require_service;
 use super::{ApiError, AppState};
 use crate::protocol::{ErrorCode, ProtocolError};
 use crate::store::feed::FeedCursor;
@@ -56,13 +56,7 @@ pub(crate) async fn events(
     query: web::Query<EventsQuery>,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    if !is_service(&req, &state) {
-        return Err(ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            ErrorCode::Unauthorized,
-            "the event feed needs Authorization: Bearer <service or admin key>",
-        ));
-    }
+    require_service(&req, &state)?;
     if state.node.config.event_retention.is_zero() {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,

@@ -6,7 +6,7 @@ use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde::{Deserialize, Serialize};
 
-use super::users::{is_service, require_admin};
+use super::users::{require_admin, require_service};
 use super::{ApiError, AppState};
 use crate::config::Policy;
 use crate::ids;
@@ -251,13 +251,7 @@ pub(crate) async fn list_members(
     page: web::Query<ListPage>,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    if !is_service(&req, &state) {
-        return Err(ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            ErrorCode::Unauthorized,
-            "a room's member list needs Authorization: Bearer <admin or service key>",
-        ));
-    }
+    require_service(&req, &state)?;
     let room = room_of(room)?;
     let limit = page.limit.unwrap_or(LIST_DEFAULT_LIMIT);
     if !(1..=LIST_MAX_LIMIT).contains(&limit) {
