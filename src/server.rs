@@ -245,12 +245,19 @@ async fn open_store(
             max_per_owner: config.event_max_per_user,
         };
         store = store.with_feed(settings, Some(feed));
+        let direct = store.feed_can_write_log().await;
+        store = store.with_feed_direct(direct);
     }
     store.load_scripts().await.context("cannot load scripts")?;
-    store
+    let store = store
         .load_deployment()
         .await
-        .context("cannot read the deployment's settings (presence-meta)")?
+        .context("cannot read the deployment's settings (presence-meta)")?;
+    store
+        .feed_write_bound(&(0..store.bucket_count()).collect::<Vec<_>>())
+        .await
+        .context("cannot write the event feed's bound (presence-feed-moved)")?;
+    store
         .begin_run(&config.node_id, config.run_hold())
         .await
         .context("cannot record this node's run (presence-meta, presence-run)")

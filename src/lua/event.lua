@@ -30,8 +30,13 @@ local published = false
 -- `<seq>|<kind>|<at>|<record>` (record: [status, devices, last_seen, text,
 -- since, until, kinds, seq] as JSON); `feed_args` is how many arguments
 -- that took, for a script that counts its own.
-local feed_key, feed_now, feed_args = nil, nil, 0
-if #KEYS > 0 and string.sub(KEYS[#KEYS], 1, 14) == 'presence-feed:' then
+-- Where the caller writes the log in the step (`feed_direct.lua`), the
+-- bucket's log and marks follow the feed key as the last two keys.
+local feed_key, feed_now, feed_args, feed_log, feed_moved = nil, nil, 0, nil, nil
+if #KEYS > 2 and string.sub(KEYS[#KEYS], 1, 20) == 'presence-feed-moved:' then
+  feed_key, feed_log, feed_moved = KEYS[#KEYS - 2], KEYS[#KEYS - 1], KEYS[#KEYS]
+  feed_now, feed_args = ARGV[#ARGV], 1
+elseif #KEYS > 0 and string.sub(KEYS[#KEYS], 1, 14) == 'presence-feed:' then
   feed_key, feed_now, feed_args = KEYS[#KEYS], ARGV[#ARGV], 1
 end
 local feed_record = false
@@ -115,9 +120,14 @@ end
 local FEED_HELD = 256
 
 -- Records `record` of kind `kind` (one letter) with `seq` in the feed list
--- `key`, at `at`.
+-- `key`, at `at`; or, where the caller passed the bucket's log, in the log.
 local function feed_push(key, seq, kind, at, record)
-  local n = redis.call('RPUSH', key, string.format('%d', seq) .. '|' .. kind .. '|' .. at .. '|' .. record)
+  local entry = string.format('%d', seq) .. '|' .. kind .. '|' .. at .. '|' .. record
+  if feed_log then
+    feed_direct(feed_log, feed_moved, key, seq, entry, at)
+    return
+  end
+  local n = redis.call('RPUSH', key, entry)
   if n > FEED_HELD then
     redis.call('LPOP', key, n - FEED_HELD)
     redis.call('INCRBY', 'presence-feed-lost:' .. string.sub(key, 15), n - FEED_HELD)

@@ -13,6 +13,8 @@
 -- KEYS[10] presence-room-allowed:{r:<room>}      users a `members` room lets in, score 0
 -- KEYS[11] presence-room-removed:{r:<room>}      member -> when it was removed (recent removals), and user -> when it was
 -- KEYS[12] presence-feed:{r:<room>}              the room's event feed, when on (room_record)
+-- KEYS[13] presence-feed-log:{b<k>}, KEYS[14] presence-feed-moved:{b<k>}: its bucket's, where the
+--          step writes the log itself (no cluster)
 --
 -- ARGV[1] room, ARGV[2] most users and ARGV[3] most devices of a room
 -- whose members get every event (above either, counts), ARGV[4] the
@@ -50,12 +52,19 @@ local room_emitted = {}
 -- on): a user's first device joining and its last leaving, as those who
 -- see it see it, are recorded there in this same step as
 -- `<seq>|<j or l>|<at>|[user, users, devices]` (see event.lua); beyond 256
--- held, the oldest go, counted in presence-feed-lost:{r:<room>}.
+-- held, the oldest go, counted in presence-feed-lost:{r:<room>}. Where
+-- the caller passed the bucket's log and marks too (KEYS[13], KEYS[14]),
+-- the step writes the log itself (`feed_direct.lua`).
 local function room_record(kind, user, seq, users, devices)
   local key = KEYS[12]
   if not key then return end
-  local n = redis.call('RPUSH', key, string.format('%d', seq) .. '|' .. kind .. '|'
-    .. string.format('%d', room_now) .. '|' .. cjson.encode({user, users, devices}))
+  local entry = string.format('%d', seq) .. '|' .. kind .. '|'
+    .. string.format('%d', room_now) .. '|' .. cjson.encode({user, users, devices})
+  if KEYS[14] then
+    feed_direct(KEYS[13], KEYS[14], key, seq, entry, room_now)
+    return
+  end
+  local n = redis.call('RPUSH', key, entry)
   if n > 256 then
     redis.call('LPOP', key, n - 256)
     redis.call('INCRBY', 'presence-feed-lost:' .. string.sub(key, 15), n - 256)

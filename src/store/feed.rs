@@ -1,7 +1,13 @@
 //! The event feed in Redis: each transition recorded by the step that made
-//! it, in the feed of its user or room (same slot: `event.lua`,
-//! `room_common.lua`), then moved by any node into its bucket's log, a
-//! stream every node reads: the webhooks and `GET /api/events`.
+//! it, and kept in its bucket's log, a stream every node reads: the
+//! webhooks and `GET /api/events`.
+//!
+//! - On one Redis (no cluster, and no proxy that refuses a script two hash
+//!   tags: [`Store::feed_can_write_log`]) the step writes the log itself
+//!   (`feed_direct.lua`): nothing is left to move.
+//! - On a cluster no step spans two slots: the step records the event in
+//!   the feed of its user or room (same slot: `event.lua`,
+//!   `room_common.lua`), and a node moves it into the log, as follows.
 //!
 //! - A node that records an event moves it at once ([`Store::move_feed`]).
 //!   A node that dies first leaves it to the feed pass: before each step
@@ -76,15 +82,65 @@ pub(super) fn user_of(event: &str) -> Option<String> {
     serde_json::from_str::<User>(event).ok().map(|u| u.user)
 }
 
+/// The keys a step that may record passes last (see `event.lua`): its
+/// feed's, and where the steps write the log themselves, its bucket's log
+/// and marks after it.
+#[derive(Debug, Clone)]
+pub(crate) struct FeedKeys {
+    /// The feed, `presence-feed:{<owner>}`.
+    pub(super) feed: String,
+    /// The bucket's log and marks, where the step writes the log.
+    direct: Option<[String; 2]>,
+}
+
+impl FeedKeys {
+    /// The keys, in the order the step takes them.
+    pub(super) fn keys(&self) -> impl Iterator<Item = &str> {
+        std::iter::once(self.feed.as_str()).chain(self.direct.iter().flatten().map(String::as_str))
+    }
+}
+
 impl Store {
-    /// The feed key of `user` when the feed is on.
-    pub(super) fn feed_of(&self, user: &str) -> Option<String> {
-        self.feed.map(|_| keys::feed(user))
+    /// The keys a step passes for `feed`.
+    fn feed_keys(&self, feed: String) -> FeedKeys {
+        let direct = self
+            .feed_direct
+            .then(|| keys::feed_owner(&feed).map(|o| self.buckets.of(o)))
+            .flatten()
+            .map(|b| [keys::feed_log(b), keys::feed_moved(b)]);
+        FeedKeys { feed, direct }
     }
 
-    /// The feed key of `room` when the feed is on.
-    pub(super) fn room_feed_of(&self, room: &str) -> Option<String> {
-        self.feed.map(|_| keys::room_feed(room))
+    /// The feed keys of `user` when the feed is on.
+    pub(super) fn feed_of(&self, user: &str) -> Option<FeedKeys> {
+        self.feed.map(|_| self.feed_keys(keys::feed(user)))
+    }
+
+    /// The feed keys of `room` when the feed is on.
+    pub(super) fn room_feed_of(&self, room: &str) -> Option<FeedKeys> {
+        self.feed.map(|_| self.feed_keys(keys::room_feed(room)))
+    }
+
+    /// Whether a step may write its bucket's log itself: Redis is no
+    /// cluster, and a script may touch keys of two hash tags (a proxy in
+    /// front of shards refuses that). Otherwise steps record in their own
+    /// slot and nodes move the records (see the module docs).
+    pub async fn feed_can_write_log(&self) -> bool {
+        if self.conn.is_cluster() {
+            return false;
+        }
+        let mut conn = self.conn();
+        let probe: Result<Value, _> = redis::cmd("EVAL")
+            .arg("redis.call('EXISTS', KEYS[1]) return redis.call('EXISTS', KEYS[2])")
+            .arg(2)
+            .arg(keys::feed("probe"))
+            .arg(keys::feed_log(0))
+            .query_async(&mut conn)
+            .await;
+        if let Err(e) = &probe {
+            log::info!("event feed: steps record in their own slot ({e})");
+        }
+        probe.is_ok()
     }
 
     /// Adds to `pre`, for a step that may record in `feed`, its entry in the
@@ -93,15 +149,16 @@ impl Store {
     /// take it out). `pre` goes with [`Store::send_due`], apart from the
     /// step: the bucket may be on another shard, whose failover must not
     /// fail the step.
-    pub(super) fn feed_due_before(&self, pipe: &mut Pipeline, feed: &str) {
-        let Some(owner) = keys::feed_owner(feed) else {
+    /// A step that writes the log itself needs none.
+    pub(super) fn feed_due_before(&self, pipe: &mut Pipeline, feed: &FeedKeys) {
+        let Some(owner) = keys::feed_owner(&feed.feed).filter(|_| feed.direct.is_none()) else {
             return;
         };
         pipe.cmd("ZADD")
             .arg(keys::feed_due(self.buckets.of(owner)))
             .arg("GT")
             .arg(now_ms() + DUE_GRACE_MS)
-            .arg(feed)
+            .arg(&feed.feed)
             .ignore();
     }
 
@@ -123,6 +180,9 @@ impl Store {
 
     /// Tells this node's feed mover that a step recorded in `feed`.
     pub(super) fn feed_recorded(&self, feed: &str) {
+        if self.feed_direct {
+            return;
+        }
         if let Some(tx) = &self.feed_tx {
             // A full channel: the pass moves it.
             let _ = tx.try_send(feed.to_string());
@@ -312,6 +372,7 @@ impl Store {
             .query_async(&mut conn)
             .await?;
         let moved = keys::feed_moved(bucket);
+        self.feed_write_bound(&[bucket]).await?;
         let (next, fields): (u64, Vec<(String, String)>) = redis::cmd("HSCAN")
             .arg(&moved)
             .arg(scan)
@@ -323,7 +384,7 @@ impl Store {
             .iter()
             .filter(|(k, v)| {
                 let seq = v.split('|').next().and_then(|s| s.parse::<i64>().ok());
-                k != "#n" && seq.is_some_and(|seq| seq < keep_from)
+                !k.starts_with('#') && seq.is_some_and(|seq| seq < keep_from)
             })
             .map(|(k, _)| k.as_str())
             .collect();
@@ -335,6 +396,28 @@ impl Store {
                 .await?;
         }
         Ok(next)
+    }
+
+    /// Writes into `buckets`' marks the bound on events per feed and window
+    /// (`#cap`, `#window`) that the steps writing the log themselves read
+    /// (`feed_direct.lua`): at start, and again at each trim, in case Redis
+    /// lost them. The fleet's nodes should agree on it; the last writer
+    /// wins.
+    pub async fn feed_write_bound(&self, buckets: &[u32]) -> StoreResult<()> {
+        let Some(settings) = self.feed else {
+            return Ok(());
+        };
+        let mut pipe = redis::pipe();
+        for &bucket in buckets {
+            pipe.cmd("HSET")
+                .arg(keys::feed_moved(bucket))
+                .arg("#cap")
+                .arg(settings.max_per_owner)
+                .arg("#window")
+                .arg(settings.retention.as_millis() as u64)
+                .ignore();
+        }
+        self.query(&pipe).await.map(|_| ())
     }
 
     /// Up to `limit` events of each bucket's log after `after` (one stream

@@ -259,7 +259,7 @@ impl Store {
                 now,
                 self.max_devices,
                 self.run,
-                feed.as_deref(),
+                feed.as_ref(),
             );
         }
         self.send_due(pre);
@@ -503,7 +503,7 @@ impl Store {
             self.send_due(pre);
         }
         self.scripts
-            .depart(&mut pipe, user, device, owner, now_ms(), feed.as_deref());
+            .depart(&mut pipe, user, device, owner, now_ms(), feed.as_ref());
         crate::metrics::departure_steps("close", 1);
         let reply = self.query(&pipe).await?;
         let first = reply

@@ -137,6 +137,9 @@ pub struct Store {
     feed: Option<feed::FeedSettings>,
     /// This node's feed mover, told of each feed a step recorded in.
     feed_tx: Option<tokio::sync::mpsc::Sender<String>>,
+    /// The steps write the log themselves (not a cluster: see
+    /// `store::feed`).
+    feed_direct: bool,
 }
 
 impl Store {
@@ -161,6 +164,7 @@ impl Store {
             room_lists: rooms::RoomLists::default(),
             feed: None,
             feed_tx: None,
+            feed_direct: false,
         }
     }
 
@@ -178,6 +182,15 @@ impl Store {
         }
     }
 
+    /// This store, its steps writing the bucket's log themselves when
+    /// `direct` (see [`Store::feed_can_write_log`]).
+    pub fn with_feed_direct(self, direct: bool) -> Self {
+        Self {
+            feed_direct: direct,
+            ..self
+        }
+    }
+
     /// This store, sending each transition its steps make to `webhooks`.
     pub fn with_webhooks(self, webhooks: Option<Webhooks>) -> Self {
         Self { webhooks, ..self }
@@ -189,7 +202,7 @@ impl Store {
     /// a status change from an arrival or departure.
     fn report<'v>(&self, value: &'v Value, status_step: bool) -> Cow<'v, Value> {
         let (step, event) = scripts::reported(value);
-        if let (Some(_), Some(event)) = (&self.feed, &event) {
+        if let (Some(_), Some(event), false) = (&self.feed, &event, self.feed_direct) {
             // The step recorded it in the user's feed: move it now.
             if let Some(user) = feed::user_of(event) {
                 self.feed_recorded(&crate::keys::feed(&user));

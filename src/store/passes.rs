@@ -182,7 +182,7 @@ impl Store {
                         self.feed_due_before(&mut pre, feed);
                     }
                     self.scripts
-                        .depart(&mut pipe, user, device, "", now, feed.as_deref());
+                        .depart(&mut pipe, user, device, "", now, feed.as_ref());
                     steps += 1;
                 }
                 None => {
@@ -306,7 +306,7 @@ impl Store {
         for (user, devices) in users.iter().zip(&members) {
             let feed = self.feed_of(user);
             self.scripts
-                .reconcile(&mut pipe, user, devices, now, feed.as_deref());
+                .reconcile(&mut pipe, user, devices, now, feed.as_ref());
         }
         let reply = self.query(&pipe).await?;
         let mut repaired = 0;

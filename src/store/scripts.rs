@@ -7,6 +7,7 @@ use std::borrow::Cow;
 
 use redis::{Pipeline, Script, Value};
 
+use super::feed::FeedKeys;
 use super::leases::{Arrival, ArriveMode, Departure, Lease};
 use super::records::Observed;
 use super::reply::{array, at, int, opt_int, text};
@@ -18,7 +19,13 @@ use crate::model::{Audience, ChosenStatus, DeviceKind, Presence, Status};
 /// (`lua/event.lua`) in front of it.
 macro_rules! with_events {
     ($file:literal) => {
-        concat!(include_str!("../lua/event.lua"), "\n", include_str!($file))
+        concat!(
+            include_str!("../lua/feed_direct.lua"),
+            "\n",
+            include_str!("../lua/event.lua"),
+            "\n",
+            include_str!($file)
+        )
     };
 }
 
@@ -28,6 +35,8 @@ macro_rules! with_events {
 macro_rules! reporting {
     ($file:literal, $kind:literal) => {
         concat!(
+            include_str!("../lua/feed_direct.lua"),
+            "\n",
             include_str!("../lua/event.lua"),
             "\nlocal function step()\n",
             include_str!($file),
@@ -49,6 +58,8 @@ macro_rules! reporting {
 macro_rules! room {
     ($file:literal) => {
         concat!(
+            include_str!("../lua/feed_direct.lua"),
+            "\n",
             include_str!("../lua/room_common.lua"),
             "\n",
             include_str!($file)
@@ -75,7 +86,7 @@ pub(super) fn reported(value: &Value) -> (Cow<'_, Value>, Option<String>) {
 
 /// Adds the feed's time (`now`) as the last argument of the command just
 /// added, when its feed key (`feed`) is the last key: see `event.lua`.
-fn feed_now<'p>(pipe: &'p mut Pipeline, feed: Option<&str>, now: i64) -> &'p mut Pipeline {
+fn feed_now<'p>(pipe: &'p mut Pipeline, feed: Option<&FeedKeys>, now: i64) -> &'p mut Pipeline {
     if feed.is_some() {
         pipe.arg(now);
     }
@@ -230,7 +241,7 @@ impl Scripts {
         now: i64,
         max_devices: u32,
         run: u64,
-        feed: Option<&str>,
+        feed: Option<&FeedKeys>,
     ) -> &'p mut Pipeline {
         let default = ChosenStatus::default();
         let known = lease.known.as_ref().unwrap_or(&default);
@@ -240,7 +251,7 @@ impl Scripts {
             ArriveMode::Refresh => "refresh",
         };
         let mut k: Vec<&str> = vec![&key, &count, &status];
-        k.extend(feed);
+        k.extend(feed.into_iter().flat_map(FeedKeys::keys));
         eval(pipe, &self.arrive, &k)
             .arg(&lease.owner)
             .arg(ttl_ms)
@@ -270,11 +281,11 @@ impl Scripts {
         device: &str,
         owner: &str,
         now: i64,
-        feed: Option<&str>,
+        feed: Option<&FeedKeys>,
     ) -> &'p mut Pipeline {
         let [lease, count, status] = keys::device_keys(user, device);
         let mut k: Vec<&str> = vec![&lease, &count, &status];
-        k.extend(feed);
+        k.extend(feed.into_iter().flat_map(FeedKeys::keys));
         eval(pipe, &self.depart, &k)
             .arg(owner)
             .arg(device)
@@ -294,11 +305,11 @@ impl Scripts {
         text: &str,
         until: Option<i64>,
         now: i64,
-        feed: Option<&str>,
+        feed: Option<&FeedKeys>,
     ) -> &'p mut Pipeline {
         let (s, c) = (keys::status(user), keys::count(user));
         let mut k: Vec<&str> = vec![&s, &c];
-        k.extend(feed);
+        k.extend(feed.into_iter().flat_map(FeedKeys::keys));
         eval(pipe, &self.status, &k)
             .arg(status.as_str())
             .arg(text)
@@ -316,11 +327,11 @@ impl Scripts {
         pipe: &'p mut Pipeline,
         user: &str,
         now: i64,
-        feed: Option<&str>,
+        feed: Option<&FeedKeys>,
     ) -> &'p mut Pipeline {
         let (s, c) = (keys::status(user), keys::count(user));
         let mut k: Vec<&str> = vec![&s, &c];
-        k.extend(feed);
+        k.extend(feed.into_iter().flat_map(FeedKeys::keys));
         eval(pipe, &self.status_end, &k)
             .arg(now)
             .arg(user)
@@ -348,11 +359,15 @@ impl Scripts {
         user: &str,
         devices: &[String],
         now: i64,
-        feed: Option<&str>,
+        feed: Option<&FeedKeys>,
     ) -> &'p mut Pipeline {
         let mut keys = vec![keys::count(user), keys::status(user)];
         keys.extend(devices.iter().map(|d| keys::lease(user, d)));
-        keys.extend(feed.map(str::to_string));
+        keys.extend(
+            feed.into_iter()
+                .flat_map(FeedKeys::keys)
+                .map(str::to_string),
+        );
         let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
         eval(pipe, &self.reconcile, &keys)
             .arg(user)

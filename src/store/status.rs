@@ -32,7 +32,7 @@ impl Store {
             text.unwrap_or(""),
             until,
             now_ms(),
-            feed.as_deref(),
+            feed.as_ref(),
         );
         if let Some(until) = until {
             // Beside the step, in the same round trip: the status-end pass

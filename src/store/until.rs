@@ -31,8 +31,7 @@ impl Store {
             if let Some(feed) = &feed {
                 self.feed_due_before(&mut pre, feed);
             }
-            self.scripts
-                .status_end(&mut pipe, user, now, feed.as_deref());
+            self.scripts.status_end(&mut pipe, user, now, feed.as_ref());
         }
         self.send_due(pre);
         let reply = self.query(&pipe).await?;

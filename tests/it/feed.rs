@@ -191,6 +191,34 @@ async fn the_feed_says_what_the_webhooks_say() {
     assert_eq!(fed, hooked);
 }
 
+/// On one Redis (no cluster) a step writes its event into the bucket's log
+/// itself: nothing waits in a feed list or the due index for a node to
+/// move it, users' and rooms' alike.
+#[tokio::test]
+async fn on_one_redis_the_step_writes_the_log_itself() {
+    let redis = Redis::start();
+    let node = Node::start_with(&redis, "n1", &["--admin-key", ADMIN]);
+    let mut c = Client::connect(&node, "gus", "web").await;
+    join(&mut c, "porch", json!({})).await;
+    c.close().await;
+    let events = wait_for_events(&node, 6).await;
+    assert_eq!(
+        kinds_of(&events, "user", "gus"),
+        ["online", "room_joined", "room_left", "offline"]
+    );
+    let mut conn = redis.conn();
+    let left: Vec<String> = redis::cmd("KEYS")
+        .arg("presence-feed:*")
+        .query(&mut conn)
+        .unwrap();
+    assert!(left.is_empty(), "feed lists: {left:?}");
+    let due: Vec<String> = redis::cmd("KEYS")
+        .arg("presence-feed-due:*")
+        .query(&mut conn)
+        .unwrap();
+    assert!(due.is_empty(), "due index: {due:?}");
+}
+
 /// A node that dies right after a step that recorded an event, before it
 /// moved it (here: a store with the feed on and no mover, in this process),
 /// leaves it to the others: a live node's feed pass moves it.

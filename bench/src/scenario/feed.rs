@@ -94,6 +94,45 @@ async fn feed_bytes(conn: &mut redis::aio::MultiplexedConnection) -> anyhow::Res
     Ok(n)
 }
 
+/// What each command cost per transition (`INFO commandstats` since the
+/// last `CONFIG RESETSTAT`), most first: where the feed's extra CPU goes.
+async fn command_costs(
+    conn: &mut redis::aio::MultiplexedConnection,
+    transitions: f64,
+) -> anyhow::Result<String> {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await?;
+    let mut rows: Vec<(String, f64, f64)> = Vec::new();
+    for line in info.lines() {
+        let Some((name, rest)) = line
+            .strip_prefix("cmdstat_")
+            .and_then(|l| l.split_once(':'))
+        else {
+            continue;
+        };
+        let field = |k: &str| {
+            rest.split(',')
+                .find_map(|f| f.strip_prefix(k))
+                .and_then(|v| v.parse::<f64>().ok())
+                .unwrap_or(0.0)
+        };
+        rows.push((name.to_string(), field("calls="), field("usec=")));
+    }
+    rows.sort_by(|a, b| b.2.total_cmp(&a.2));
+    let total: f64 = rows.iter().map(|r| r.2).sum();
+    let mut out = format!("{:.1} us in commands per transition:", total / transitions);
+    for (name, calls, usec) in rows.iter().filter(|r| r.2 / transitions >= 0.05) {
+        out += &format!(
+            " {name} {:.2}x {:.2}us;",
+            calls / transitions,
+            usec / transitions
+        );
+    }
+    Ok(out)
+}
+
 /// `users` users come and go on `node`, `wave` at a time, with prefix
 /// `tag`; the Redis CPU seconds it took (less the idle share) and the time.
 async fn churn(setup: &Setup, tag: &str, args: &FeedArgs) -> anyhow::Result<(f64, Duration)> {
@@ -102,6 +141,10 @@ async fn churn(setup: &Setup, tag: &str, args: &FeedArgs) -> anyhow::Result<(f64
     let idle_from = redis_cpu(&mut conn).await?;
     tokio::time::sleep(Duration::from_secs(1)).await;
     let idle = redis_cpu(&mut conn).await? - idle_from;
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut conn)
+        .await?;
     let cpu_from = redis_cpu(&mut conn).await?;
     let start = Instant::now();
     let mut i = 0;
@@ -126,6 +169,10 @@ async fn churn(setup: &Setup, tag: &str, args: &FeedArgs) -> anyhow::Result<(f64
     }
     let took = start.elapsed();
     let cpu = redis_cpu(&mut conn).await? - cpu_from - idle * took.as_secs_f64();
+    eprintln!(
+        "feed: {}",
+        command_costs(&mut conn, 2.0 * args.users as f64).await?
+    );
     Ok((cpu.max(0.0), took))
 }
 

@@ -257,7 +257,7 @@ impl Store {
         }
         let keys = keys::room_keys(room);
         let mut keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-        keys.extend(feed.as_deref());
+        keys.extend(feed.iter().flat_map(|f| f.keys()));
         eval(pipe, script, &keys)
             .arg(room)
             .arg(self.room_lists.users)
