@@ -13,6 +13,7 @@
 pub mod client;
 pub mod fixture;
 pub mod floor;
+pub mod http_sink;
 pub mod plot;
 pub mod procs;
 pub mod report;
@@ -109,6 +110,9 @@ pub enum Scenario {
     /// The event feed: Redis CPU per transition with it off and on, Redis
     /// bytes per retained event.
     Feed(scenario::feed::FeedArgs),
+    /// The event feed delivered: events per second a fleet sends one
+    /// webhook receiver, from a backlog and live, and the delivery lag.
+    FeedDeliver(scenario::feed_deliver::FeedDeliverArgs),
     /// Rooms under attack (issue 37): one address at its read limits (room
     /// pages, counts of a hidden room, churn across the list limit) while a
     /// probe on another reads presence and `/healthz`: its latency, Redis
@@ -159,6 +163,7 @@ where
         Scenario::Fleet(a) => scenario::fleet::run(c, a).await,
         Scenario::Rooms(a) => scenario::rooms::run(c, a).await,
         Scenario::Feed(a) => scenario::feed::run(c, a).await,
+        Scenario::FeedDeliver(a) => scenario::feed_deliver::run(c, a).await,
         Scenario::RoomsAttack(a) => scenario::attack::run(c, a).await,
         Scenario::Storm(a) => scenario::storm::run(c, a).await,
         Scenario::StormWorker(a) => scenario::storm::run_worker(a).await,

@@ -47,7 +47,7 @@ async fn redis_cpu(conn: &mut redis::aio::MultiplexedConnection) -> anyhow::Resu
 }
 
 /// Events in every bucket's log.
-async fn logged(conn: &mut redis::aio::MultiplexedConnection) -> anyhow::Result<u64> {
+pub(crate) async fn logged(conn: &mut redis::aio::MultiplexedConnection) -> anyhow::Result<u64> {
     let mut n = 0;
     for b in 0..BUCKETS {
         let len: u64 = redis::cmd("XLEN")

@@ -20,8 +20,6 @@ use std::time::Instant;
 use anyhow::Context;
 use futures_util::SinkExt;
 use serde_json::{json, Value};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpListener;
 use tokio_tungstenite::tungstenite::Message;
 
 use crate::client::{next_json, Ws, HANDSHAKE_TIMEOUT};
@@ -50,55 +48,13 @@ fn exp() -> i64 {
 
 /// A backend that lets everyone in, and counts the questions.
 async fn backend() -> anyhow::Result<(SocketAddr, Arc<AtomicU64>)> {
-    let listener = TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
     let asked = Arc::new(AtomicU64::new(0));
     let count = asked.clone();
-    tokio::spawn(async move {
-        while let Ok((mut sock, _)) = listener.accept().await {
-            let count = count.clone();
-            tokio::spawn(async move {
-                let _ = sock.set_nodelay(true);
-                let mut buf = Vec::new();
-                loop {
-                    // One request: its head, then Content-Length bytes.
-                    let head_end = loop {
-                        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                            break i + 4;
-                        }
-                        let mut chunk = [0u8; 4096];
-                        match sock.read(&mut chunk).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                        }
-                    };
-                    let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
-                    let len: usize = head
-                        .lines()
-                        .find_map(|l| l.strip_prefix("content-length:"))
-                        .and_then(|v| v.trim().parse().ok())
-                        .unwrap_or(0);
-                    while buf.len() < head_end + len {
-                        let mut chunk = [0u8; 4096];
-                        match sock.read(&mut chunk).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                        }
-                    }
-                    buf.drain(..head_end + len);
-                    count.fetch_add(1, Ordering::Relaxed);
-                    let body = r#"{"allow":true}"#;
-                    let reply = format!(
-                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
-                        body.len()
-                    );
-                    if sock.write_all(reply.as_bytes()).await.is_err() {
-                        return;
-                    }
-                }
-            });
-        }
-    });
+    let addr = crate::http_sink::serve(move |_| {
+        count.fetch_add(1, Ordering::Relaxed);
+        (200, r#"{"allow":true}"#.to_string())
+    })
+    .await?;
     Ok((addr, asked))
 }
 

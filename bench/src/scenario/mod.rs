@@ -6,6 +6,7 @@ pub mod connections;
 pub mod expiry;
 pub mod fanout;
 pub mod feed;
+pub mod feed_deliver;
 pub mod fleet;
 pub mod join_policies;
 pub mod online;
