@@ -26,7 +26,7 @@ const HOOKED: [&str; 6] = [
 ];
 
 /// `GET /api/events` on `node` with the admin key; the page.
-async fn page(node: &Node, query: &str) -> Value {
+pub(crate) async fn page(node: &Node, query: &str) -> Value {
     let (status, page) = get_as(&format!("{}/api/events?{query}", node.http()), Some(ADMIN)).await;
     assert_eq!(status, 200, "{page}");
     page
@@ -34,7 +34,7 @@ async fn page(node: &Node, query: &str) -> Value {
 
 /// Every event from `cursor` on (`""`: the oldest), a page of `limit` at a
 /// time, until a page comes back empty; and the cursor after them.
-async fn drain(node: &Node, cursor: &str, limit: usize) -> (Vec<Value>, String) {
+pub(crate) async fn drain(node: &Node, cursor: &str, limit: usize) -> (Vec<Value>, String) {
     let mut cursor = cursor.to_string();
     let mut out = Vec::new();
     loop {
