@@ -449,7 +449,8 @@ impl World {
     /// `recorded`.
     pub async fn quiesce(&mut self, recorded: &mut Recorded, when: &str) {
         self.revive();
-        let deadline = Instant::now() + QUIET_WITHIN;
+        let start = Instant::now();
+        let deadline = start + QUIET_WITHIN;
         loop {
             self.drain().await;
             let why = match self.unquiet().await {
@@ -465,6 +466,7 @@ impl World {
                     if missing.is_empty() {
                         check::assert_in_order(&events, &format!("the feed {when}"));
                         recorded.add(&events);
+                        eprintln!("{when}: quiet after {:.1?}", start.elapsed());
                         return;
                     }
                     let some = &missing[..missing.len().min(10)];
