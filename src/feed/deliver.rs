@@ -4,7 +4,8 @@
 //! that dies leaves its buckets, and where each URL is in them, to the
 //! others; a receiver that is down gets the events when it is back, for as
 //! long as the log keeps them; what the log dropped before a URL took it is
-//! counted in the next batch's `lost`.
+//! counted in the next batch's `lost`. A place Redis lost (it came back
+//! empty, the log with it) starts again from the start of the log.
 //!
 //! Per bucket and URL, batches go one at a time, oldest first, so one
 //! user's (or room's) events arrive in `seq` order. At least once: a node
@@ -101,12 +102,15 @@ async fn send_one(
         .map_err(|e| e.to_string())?
     else {
         // Set when the node started (start_feed_sent); gone only if Redis
-        // lost it: start again from the end.
+        // lost it, and with it the bucket's log (same slot): what the log
+        // holds now was recorded since, and none of it was sent. From the
+        // end, the events recorded before this look (leases claimed again,
+        // rooms joined again) would never be.
         store
-            .start_feed_sent(&[url.to_string()])
+            .restart_feed_sent(bucket, url)
             .await
             .map_err(|e| e.to_string())?;
-        return Ok(false);
+        return Ok(true);
     };
     let entries = store
         .feed_read_bucket(bucket, &at.0, config.batch_size)

@@ -616,6 +616,39 @@ impl Store {
         self.query(&pipe).await.map(|_| ())
     }
 
+    /// Puts webhook `url` at the start of `bucket`'s log, unless it has a
+    /// place there (`HSETNX`): for a place Redis lost, whose log went with
+    /// it (same slot), so that every event recorded since is sent. The
+    /// place's ordinal is the one before the log's first event (the log's
+    /// ordinal when it is empty): what the log dropped before is no loss
+    /// of this URL's.
+    pub async fn restart_feed_sent(&self, bucket: u32, url: &str) -> StoreResult<()> {
+        let log = keys::feed_log(bucket);
+        let mut read = redis::pipe();
+        read.cmd("XRANGE")
+            .arg(&log)
+            .arg("-")
+            .arg("+")
+            .arg("COUNT")
+            .arg(1);
+        read.cmd("HGET").arg(keys::feed_moved(bucket)).arg("#n");
+        let reply = self.query(&read).await?;
+        let first: Vec<(String, Vec<(String, String)>)> =
+            redis::from_redis_value_ref(at(&reply, 0, &log)?)?;
+        let n = match first.into_iter().next() {
+            Some((id, fields)) => log_entry(bucket, id, &fields).n.saturating_sub(1),
+            None => redis::from_redis_value_ref::<Option<u64>>(at(&reply, 1, &log)?)?.unwrap_or(0),
+        };
+        let mut conn = self.conn();
+        let _: Value = redis::cmd("HSETNX")
+            .arg(keys::feed_sent(bucket))
+            .arg(url)
+            .arg(format!("0-0 {n}"))
+            .query_async(&mut conn)
+            .await?;
+        Ok(())
+    }
+
     /// Up to `limit` events of `bucket`'s log after `after`.
     pub async fn feed_read_bucket(
         &self,

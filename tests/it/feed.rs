@@ -26,7 +26,7 @@ const HOOKED: [&str; 6] = [
 ];
 
 /// `GET /api/events` on `node` with the admin key; the page.
-async fn page(node: &Node, query: &str) -> Value {
+pub(crate) async fn page(node: &Node, query: &str) -> Value {
     let (status, page) = get_as(&format!("{}/api/events?{query}", node.http()), Some(ADMIN)).await;
     assert_eq!(status, 200, "{page}");
     page
@@ -34,7 +34,7 @@ async fn page(node: &Node, query: &str) -> Value {
 
 /// Every event from `cursor` on (`""`: the oldest), a page of `limit` at a
 /// time, until a page comes back empty; and the cursor after them.
-async fn drain(node: &Node, cursor: &str, limit: usize) -> (Vec<Value>, String) {
+pub(crate) async fn drain(node: &Node, cursor: &str, limit: usize) -> (Vec<Value>, String) {
     let mut cursor = cursor.to_string();
     let mut out = Vec::new();
     loop {
@@ -505,4 +505,47 @@ async fn one_account_cannot_fill_the_log() {
     );
     assert_eq!(kinds_of(&events, "user", &bob), ["online"]);
     assert_eq!(lost, 16, "alice's 16 status changes past the bound");
+}
+
+/// Redis restarting empty loses each webhook URL's place in the log with
+/// the log itself (same slot). The events recorded once it is back, before
+/// a node that sends the webhooks looks for that place, are sent all the
+/// same: the URL starts again from the start of the new log, not from its
+/// end. Here the sending node is frozen (SIGSTOP) across the restart while
+/// another node, with no webhooks, records alice's lease claimed again
+/// (`online`) in the new log; then that node dies and the frozen one,
+/// resumed, takes the buckets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn webhooks_send_what_was_recorded_before_a_lost_place_was_looked_for() {
+    let mut redis = Redis::start();
+    let receiver = Receiver::start(0).await;
+    let mut sender = node_with_hooks(&redis, "sender", &receiver, &HOOKED);
+    let mut recorder = Node::start_with(&redis, "recorder", &["--admin-key", ADMIN]);
+    let _alice = Client::connect(&recorder, "alice", "web").await;
+    let first = receiver.wait_for("alice", "online").await;
+    unsafe {
+        libc::kill(sender.pid() as i32, libc::SIGSTOP);
+    }
+    redis.restart_empty();
+    // The recorder's session claims alice's lease again: `online`, in the
+    // new log.
+    let url = format!("{}/api/events?limit=100", recorder.http());
+    wait_until("alice online again in the new log", DEADLINE, || async {
+        // 503 until the node is back on Redis.
+        let (status, page) = get_as(&url, Some(ADMIN)).await;
+        status == 200 && kinds_of(page["events"].as_array().unwrap(), "user", "alice") == ["online"]
+    })
+    .await;
+    let (events, _) = drain(&recorder, "", 100).await;
+    let again = events[0]["id"].as_str().unwrap().to_string();
+    assert_ne!(again, first["id"].as_str().unwrap());
+    recorder.kill();
+    unsafe {
+        libc::kill(sender.pid() as i32, libc::SIGCONT);
+    }
+    wait_until(&format!("{again} delivered"), DEADLINE, || async {
+        receiver.events().iter().any(|e| e["id"] == again.as_str())
+    })
+    .await;
+    sender.kill();
 }

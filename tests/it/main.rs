@@ -14,6 +14,7 @@ mod devices_watch;
 mod docs;
 mod edge;
 mod feed;
+mod feed_chaos;
 mod fuzz;
 mod grants;
 mod hostile;

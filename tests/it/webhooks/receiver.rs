@@ -1,8 +1,10 @@
 //! The webhook receiver of these tests: a plain HTTP/1.1 server inside the
-//! test that records every POST (answering 500 while told to fail), the
-//! signature check of docs/events.md, and nodes that send to it.
+//! test that records every POST (answering 500 while told to fail, or to a
+//! share of them at random, and closing the connection without an answer
+//! while down), the signature check of docs/events.md, and nodes that send
+//! to it.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -22,7 +24,8 @@ pub(crate) struct Delivery {
     pub signature: String,
     /// The raw body.
     pub body: Vec<u8>,
-    /// What the receiver answered.
+    /// What the receiver answered: `0` when it was down and closed the
+    /// connection without an answer.
     pub answered: u16,
 }
 
@@ -42,6 +45,34 @@ pub(crate) struct Receiver {
     got: Arc<Mutex<Vec<Delivery>>>,
     /// POSTs still to be answered 500: set it to 0 to bring the receiver up.
     pub fail: Arc<AtomicUsize>,
+    /// Percent of the other POSTs answered 500 at random (0 by default).
+    pub fail_percent: Arc<AtomicU32>,
+    /// While set, the receiver is down: it closes each connection once
+    /// the request is in, without an answer.
+    pub down: Arc<AtomicBool>,
+}
+
+/// The receiver's failure switches, shared with its connections.
+#[derive(Clone, Default)]
+struct Faults {
+    fail: Arc<AtomicUsize>,
+    fail_percent: Arc<AtomicU32>,
+    down: Arc<AtomicBool>,
+}
+
+impl Faults {
+    /// What to answer the next POST: `None` to close without an answer.
+    fn answer(&self) -> Option<u16> {
+        if self.down.load(Ordering::SeqCst) {
+            return None;
+        }
+        let failing = self
+            .fail
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+            || rand::random_range(0..100) < self.fail_percent.load(Ordering::SeqCst);
+        Some(if failing { 500 } else { 200 })
+    }
 }
 
 impl Receiver {
@@ -50,14 +81,21 @@ impl Receiver {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}/hooks/presence", listener.local_addr().unwrap());
         let got = Arc::new(Mutex::new(Vec::new()));
-        let fail = Arc::new(AtomicUsize::new(fail));
-        let (g, f) = (got.clone(), fail.clone());
+        let faults = Faults::default();
+        faults.fail.store(fail, Ordering::SeqCst);
+        let (g, f) = (got.clone(), faults.clone());
         tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
                 tokio::spawn(serve(stream, g.clone(), f.clone()));
             }
         });
-        Self { url, got, fail }
+        Self {
+            url,
+            got,
+            fail: faults.fail.clone(),
+            fail_percent: faults.fail_percent.clone(),
+            down: faults.down,
+        }
     }
 
     /// Every POST so far.
@@ -99,11 +137,7 @@ impl Receiver {
 }
 
 /// Serves one connection: requests one after another (keep-alive).
-async fn serve(
-    stream: tokio::net::TcpStream,
-    got: Arc<Mutex<Vec<Delivery>>>,
-    fail: Arc<AtomicUsize>,
-) {
+async fn serve(stream: tokio::net::TcpStream, got: Arc<Mutex<Vec<Delivery>>>, faults: Faults) {
     let (read, mut write) = stream.into_split();
     let mut read = BufReader::new(read);
     loop {
@@ -134,18 +168,19 @@ async fn serve(
         if read.read_exact(&mut body).await.is_err() {
             return;
         }
-        let failing = fail
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok();
-        let answered = if failing { 500 } else { 200 };
+        let answer = faults.answer();
         got.lock().unwrap().push(Delivery {
             signature,
             body,
-            answered,
+            answered: answer.unwrap_or(0),
         });
+        let Some(answered) = answer else {
+            // Down: the connection closes with no answer.
+            return;
+        };
         let reply = format!(
             "HTTP/1.1 {answered} {}\r\ncontent-length: 0\r\n\r\n",
-            if failing {
+            if answered == 500 {
                 "Internal Server Error"
             } else {
                 "OK"
