@@ -249,15 +249,10 @@ async fn open_store(
         store = store.with_feed_direct(direct);
     }
     store.load_scripts().await.context("cannot load scripts")?;
-    let store = store
+    store
         .load_deployment()
         .await
-        .context("cannot read the deployment's settings (presence-meta)")?;
-    store
-        .feed_write_bound(&(0..store.bucket_count()).collect::<Vec<_>>())
-        .await
-        .context("cannot write the event feed's bound (presence-feed-moved)")?;
-    store
+        .context("cannot read the deployment's settings (presence-meta)")?
         .begin_run(&config.node_id, config.run_hold())
         .await
         .context("cannot record this node's run (presence-meta, presence-run)")

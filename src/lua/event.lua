@@ -9,13 +9,14 @@
 -- one the server makes for a lease that lapsed or a repair (`lapsed`) is
 -- no activity of the user's and only adds 1 (or takes now, when there is
 -- no seq yet).
+-- The new seq is stored by `publish_event`, which every caller calls with
+-- it (in one write with the feed's mark).
 local function next_seq(status_key, now, lapsed)
   local old = tonumber(redis.call('HGET', status_key, 'seq') or '0')
   local seq = old + 1
   if not lapsed or old == 0 then
     seq = math.max(seq, tonumber(now))
   end
-  redis.call('HSET', status_key, 'seq', seq)
   return seq
 end
 
@@ -41,6 +42,9 @@ elseif #KEYS > 0 and string.sub(KEYS[#KEYS], 1, 14) == 'presence-feed:' then
 end
 local feed_record = false
 local feed_seq = 0
+-- Whether the event is within its user's bound (`feed_mark`), where the
+-- step writes the log itself.
+local feed_keep = true
 
 -- The sorted distinct kinds of the user's counted devices (`k:<device>`
 -- beside each `d:<device>`; a device without one is `other`).
@@ -74,7 +78,7 @@ end
 -- who asked for device counts.
 local function publish_event(channel, status_key, user, devices, last_seen, seq, devices_only)
   local h = redis.call('HMGET', status_key, 'status', 'text', 'since', 'show_online', 'show_last_seen',
-    'last_seen', 'until')
+    'last_seen', 'until', 'feed')
   -- The stored last seen rides along on every event, as on every read: a
   -- viewer who may not see the user online sees it offline with that last
   -- seen, the same record an event or a snapshot.
@@ -108,9 +112,20 @@ local function publish_event(channel, status_key, user, devices, last_seen, seq,
     published = event
     if feed_key then
       feed_seq = seq
-      feed_record = cjson.encode({status, devices, last_seen or cjson.null, h[2] or cjson.null,
-        tonumber(h[3] or '0'), tonumber(h[7]) or cjson.null, table.concat(kinds or {}, ','), seq})
+      -- By hand, not cjson: this runs on every transition. The status and
+      -- the kinds are the server's own words; the text is the user's.
+      local function num(v) return v and string.format('%d', v) or 'null' end
+      feed_record = '["' .. status .. '",' .. devices .. ',' .. num(last_seen) .. ','
+        .. (h[2] and cjson.encode(h[2]) or 'null') .. ',' .. num(tonumber(h[3] or '0')) .. ','
+        .. num(tonumber(h[7])) .. ',"' .. table.concat(kinds or {}, ',') .. '",' .. num(seq) .. ']'
     end
+  end
+  if feed_record and feed_log then
+    local mark
+    mark, feed_keep = feed_mark(h[8], tonumber(feed_now))
+    redis.call('HSET', status_key, 'seq', seq, 'feed', mark)
+  else
+    redis.call('HSET', status_key, 'seq', seq)
   end
 end
 
@@ -124,7 +139,7 @@ local FEED_HELD = 256
 local function feed_push(key, seq, kind, at, record)
   local entry = string.format('%d', seq) .. '|' .. kind .. '|' .. at .. '|' .. record
   if feed_log then
-    feed_direct(feed_log, feed_moved, key, seq, entry, at)
+    feed_direct(feed_log, feed_moved, string.sub(key, 16, -2), entry, feed_keep)
     return
   end
   local n = redis.call('RPUSH', key, entry)

@@ -1,36 +1,37 @@
 -- The event feed written by the step itself, where the step's keys and the
 -- bucket's are on one server (no cluster: see store/feed.rs): the step that
 -- makes a transition appends it to its bucket's log (a stream) at once, in
--- the same atomic step, with the log's next ordinal (`#n`), under the bound
--- of events per feed and window that `feed_append.lua` keeps too (the marks
--- `<last seq>|<window start ms>|<events in it>`), so that the two ways mix
--- in one log. Nothing is left to move: no feed list, no due index.
+-- the same atomic step, with the log's next ordinal (`#n` in the bucket's
+-- marks). Nothing is left to move: no feed list, no due index.
 --
--- The bound and the window are the marks' `#cap` and `#window`, which the
--- feed pass writes from its node's flags; until it has (a Redis that
--- restarted empty), the flags' defaults.
+-- One user or room adds at most FEED_CAP events per window of FEED_WINDOW
+-- ms (its node's --event-max-per-user and --event-retention-secs, set in
+-- front of every script by the node that loads it): its mark, `<window
+-- start ms>|<events in it>`, is kept with the owner (a user's status hash,
+-- a room's meta). Beyond the bound the ordinal still moves on, and the gap
+-- is what a reader counts as lost.
 
--- Appends `entry` (`<seq>|<kind>|<at>|<record>`) of feed `feed` (its key,
--- `presence-feed:{<owner>}`) to log `log`, with marks `moved`, at `now` ms.
-local function feed_direct(log, moved, feed, seq, entry, now)
-  now = tonumber(now)
-  local m = redis.call('HMGET', moved, feed, '#n', '#cap', '#window')
-  local cap, window = tonumber(m[3]) or 10000, tonumber(m[4]) or 86400000
-  local last, since, added = 0, now, 0
-  if m[1] then
-    local a, b, c = string.match(m[1], '^(%d+)|(%d+)|(%d+)$')
-    if a then
-      last = tonumber(a)
-      if now - tonumber(b) < window then
-        since, added = tonumber(b), tonumber(c)
-      end
+-- The owner's mark after one more event at `now` (ms) from mark `mark`
+-- (nil: none yet), and whether that event is within the bound.
+local function feed_mark(mark, now)
+  local since, count = now, 0
+  if mark then
+    local b, c = string.match(mark, '^(%d+)|(%d+)$')
+    if b and now - tonumber(b) < FEED_WINDOW then
+      since, count = tonumber(b), tonumber(c)
     end
   end
-  local n = tonumber(m[2] or '0') + 1
-  if added < cap then
-    redis.call('XADD', log, '*', 'n', n, 'o', string.sub(feed, 16, -2), 'e', entry)
-    added = added + 1
+  local keep = count < FEED_CAP
+  if keep then count = count + 1 end
+  return string.format('%d|%d', since, count), keep
+end
+
+-- Appends `entry` (`<seq>|<kind>|<at>|<record>`) of `owner` (a user, or
+-- `r:<room>`) to log `log` with the next ordinal of marks `moved`; with
+-- `keep` false only the ordinal moves on.
+local function feed_direct(log, moved, owner, entry, keep)
+  local n = redis.call('HINCRBY', moved, '#n', 1)
+  if keep then
+    redis.call('XADD', log, '*', 'n', n, 'o', owner, 'e', entry)
   end
-  -- Beyond the bound the ordinal still moves on: the gap is the loss.
-  redis.call('HSET', moved, feed, string.format('%d|%d|%d', math.max(last, seq), since, added), '#n', n)
 end

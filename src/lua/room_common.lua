@@ -61,7 +61,9 @@ local function room_record(kind, user, seq, users, devices)
   local entry = string.format('%d', seq) .. '|' .. kind .. '|'
     .. string.format('%d', room_now) .. '|' .. cjson.encode({user, users, devices})
   if KEYS[14] then
-    feed_direct(KEYS[13], KEYS[14], key, seq, entry, room_now)
+    local mark, keep = feed_mark(redis.call('HGET', KEYS[4], 'feed'), room_now)
+    redis.call('HSET', KEYS[4], 'feed', mark)
+    feed_direct(KEYS[13], KEYS[14], string.sub(key, 16, -2), entry, keep)
     return
   end
   local n = redis.call('RPUSH', key, entry)

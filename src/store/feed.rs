@@ -372,7 +372,6 @@ impl Store {
             .query_async(&mut conn)
             .await?;
         let moved = keys::feed_moved(bucket);
-        self.feed_write_bound(&[bucket]).await?;
         let (next, fields): (u64, Vec<(String, String)>) = redis::cmd("HSCAN")
             .arg(&moved)
             .arg(scan)
@@ -396,28 +395,6 @@ impl Store {
                 .await?;
         }
         Ok(next)
-    }
-
-    /// Writes into `buckets`' marks the bound on events per feed and window
-    /// (`#cap`, `#window`) that the steps writing the log themselves read
-    /// (`feed_direct.lua`): at start, and again at each trim, in case Redis
-    /// lost them. The fleet's nodes should agree on it; the last writer
-    /// wins.
-    pub async fn feed_write_bound(&self, buckets: &[u32]) -> StoreResult<()> {
-        let Some(settings) = self.feed else {
-            return Ok(());
-        };
-        let mut pipe = redis::pipe();
-        for &bucket in buckets {
-            pipe.cmd("HSET")
-                .arg(keys::feed_moved(bucket))
-                .arg("#cap")
-                .arg(settings.max_per_owner)
-                .arg("#window")
-                .arg(settings.retention.as_millis() as u64)
-                .ignore();
-        }
-        self.query(&pipe).await.map(|_| ())
     }
 
     /// Up to `limit` events of each bucket's log after `after` (one stream

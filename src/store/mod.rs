@@ -178,6 +178,10 @@ impl Store {
         Self {
             feed: Some(settings),
             feed_tx: mover,
+            scripts: Arc::new(Scripts::with_feed_bound(
+                settings.max_per_owner,
+                settings.retention.as_millis() as u64,
+            )),
             ..self
         }
     }

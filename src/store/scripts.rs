@@ -164,15 +164,28 @@ pub(super) struct Reconciled {
 }
 
 impl Scripts {
-    /// Compiles the scripts (hashes them) and names them for the metrics.
+    /// Compiles the scripts (hashes them) and names them for the metrics,
+    /// with the feed's default bound (see [`Scripts::with_feed_bound`]).
     pub(super) fn new() -> Self {
+        Self::with_feed_bound(
+            crate::config::DEFAULT_EVENT_MAX_PER_USER,
+            crate::config::DEFAULT_EVENT_RETENTION.as_millis() as u64,
+        )
+    }
+
+    /// Compiles the scripts, the steps that write the log themselves
+    /// (`feed_direct.lua`) bounded to `cap` events per feed and window of
+    /// `window_ms`.
+    pub(super) fn with_feed_bound(cap: u64, window_ms: u64) -> Self {
+        let bound = format!("local FEED_CAP, FEED_WINDOW = {cap}, {window_ms}\n");
+        let bounded = |body: &str| Script::new(&format!("{bound}{body}"));
         let scripts = Self {
-            arrive: Script::new(reporting!("../lua/arrive.lua", "t")),
-            depart: Script::new(reporting!("../lua/depart.lua", "t")),
-            status: Script::new(reporting!("../lua/status.lua", "s")),
-            read: Script::new(with_events!("../lua/read.lua")),
-            reconcile: Script::new(reporting!("../lua/reconcile.lua", "t")),
-            privacy: Script::new(with_events!("../lua/privacy.lua")),
+            arrive: bounded(reporting!("../lua/arrive.lua", "t")),
+            depart: bounded(reporting!("../lua/depart.lua", "t")),
+            status: bounded(reporting!("../lua/status.lua", "s")),
+            read: bounded(with_events!("../lua/read.lua")),
+            reconcile: bounded(reporting!("../lua/reconcile.lua", "t")),
+            privacy: bounded(with_events!("../lua/privacy.lua")),
             zrem_if: Script::new(include_str!("../lua/zrem_if.lua")),
             lock_keep: Script::new(include_str!("../lua/lock_keep.lua")),
             feed_append: Script::new(include_str!("../lua/feed_append.lua")),
@@ -180,17 +193,17 @@ impl Scripts {
             forget_offline: Script::new(include_str!("../lua/forget_offline.lua")),
             migrate_devices: Script::new(include_str!("../lua/migrate_devices.lua")),
             fold_active: Script::new(include_str!("../lua/fold_active.lua")),
-            status_end: Script::new(reporting!("../lua/status_end.lua", "s")),
-            room_join: Script::new(room!("../lua/room_join.lua")),
-            room_leave: Script::new(room!("../lua/room_leave.lua")),
-            room_state: Script::new(room!("../lua/room_state.lua")),
-            room_expire: Script::new(room!("../lua/room_expire.lua")),
-            room_read: Script::new(room!("../lua/room_read.lua")),
-            room_page: Script::new(room!("../lua/room_page.lua")),
-            room_signal: Script::new(room!("../lua/room_signal.lua")),
-            room_visibility: Script::new(room!("../lua/room_visibility.lua")),
-            room_remove_user: Script::new(room!("../lua/room_remove_user.lua")),
-            room_allowed: Script::new(room!("../lua/room_allowed.lua")),
+            status_end: bounded(reporting!("../lua/status_end.lua", "s")),
+            room_join: bounded(room!("../lua/room_join.lua")),
+            room_leave: bounded(room!("../lua/room_leave.lua")),
+            room_state: bounded(room!("../lua/room_state.lua")),
+            room_expire: bounded(room!("../lua/room_expire.lua")),
+            room_read: bounded(room!("../lua/room_read.lua")),
+            room_page: bounded(room!("../lua/room_page.lua")),
+            room_signal: bounded(room!("../lua/room_signal.lua")),
+            room_visibility: bounded(room!("../lua/room_visibility.lua")),
+            room_remove_user: bounded(room!("../lua/room_remove_user.lua")),
+            room_allowed: bounded(room!("../lua/room_allowed.lua")),
         };
         crate::redis::conn::name_scripts(scripts.named());
         scripts
