@@ -45,6 +45,8 @@ local feed_seq = 0
 -- Whether the event is within its user's bound (`feed_mark`), where the
 -- step writes the log itself.
 local feed_keep = true
+-- Whether the recorded transition left the user offline.
+local feed_offline = false
 
 -- The sorted distinct kinds of the user's counted devices (`k:<device>`
 -- beside each `d:<device>`; a device without one is `other`).
@@ -78,7 +80,7 @@ end
 -- who asked for device counts.
 local function publish_event(channel, status_key, user, devices, last_seen, seq, devices_only)
   local h = redis.call('HMGET', status_key, 'status', 'text', 'since', 'show_online', 'show_last_seen',
-    'last_seen', 'until', 'feed')
+    'last_seen', 'until', 'fs', 'fc')
   -- The stored last seen rides along on every event, as on every read: a
   -- viewer who may not see the user online sees it offline with that last
   -- seen, the same record an event or a snapshot.
@@ -112,6 +114,7 @@ local function publish_event(channel, status_key, user, devices, last_seen, seq,
     published = event
     if feed_key then
       feed_seq = seq
+      feed_offline = status == 'offline'
       -- By hand, not cjson: this runs on every transition. The status and
       -- the kinds are the server's own words; the text is the user's.
       local function num(v) return v and string.format('%d', v) or 'null' end
@@ -121,9 +124,9 @@ local function publish_event(channel, status_key, user, devices, last_seen, seq,
     end
   end
   if feed_record and feed_log then
-    local mark
-    mark, feed_keep = feed_mark(h[8], tonumber(feed_now))
-    redis.call('HSET', status_key, 'seq', seq, 'feed', mark)
+    local since, count
+    since, count, feed_keep = feed_mark(h[8], h[9], tonumber(feed_now))
+    redis.call('HSET', status_key, 'seq', seq, 'fs', since, 'fc', count)
   else
     redis.call('HSET', status_key, 'seq', seq)
   end

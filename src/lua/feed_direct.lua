@@ -6,24 +6,23 @@
 --
 -- One user or room adds at most FEED_CAP events per window of FEED_WINDOW
 -- ms (its node's --event-max-per-user and --event-retention-secs, set in
--- front of every script by the node that loads it): its mark, `<window
--- start ms>|<events in it>`, is kept with the owner (a user's status hash,
--- a room's meta). Beyond the bound the ordinal still moves on, and the gap
--- is what a reader counts as lost.
+-- front of every script by the node that loads it): its window's start
+-- and count, the fields `fs` and `fc`, are kept with the owner (a user's
+-- status hash, a room's meta). Beyond the bound the ordinal still moves on,
+-- and the gap is what a reader counts as lost.
 
--- The owner's mark after one more event at `now` (ms) from mark `mark`
--- (nil: none yet), and whether that event is within the bound.
-local function feed_mark(mark, now)
-  local since, count = now, 0
-  if mark then
-    local b, c = string.match(mark, '^(%d+)|(%d+)$')
-    if b and now - tonumber(b) < FEED_WINDOW then
-      since, count = tonumber(b), tonumber(c)
-    end
+-- The owner's window after one more event at `now` (ms), from the fields
+-- read (`since`, `count`; nil: none yet): its start, its count, and
+-- whether that event is within the bound.
+local function feed_mark(since, count, now)
+  since, count = tonumber(since), tonumber(count)
+  if not since or not count or now - since >= FEED_WINDOW then
+    since, count = now, 0
   end
-  local keep = count < FEED_CAP
-  if keep then count = count + 1 end
-  return string.format('%d|%d', since, count), keep
+  if count < FEED_CAP then
+    return since, count + 1, true
+  end
+  return since, count, false
 end
 
 -- Appends `entry` (`<seq>|<kind>|<at>|<record>`) of `owner` (a user, or

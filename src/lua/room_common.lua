@@ -61,8 +61,9 @@ local function room_record(kind, user, seq, users, devices)
   local entry = string.format('%d', seq) .. '|' .. kind .. '|'
     .. string.format('%d', room_now) .. '|' .. cjson.encode({user, users, devices})
   if KEYS[14] then
-    local mark, keep = feed_mark(redis.call('HGET', KEYS[4], 'feed'), room_now)
-    redis.call('HSET', KEYS[4], 'feed', mark)
+    local m = redis.call('HMGET', KEYS[4], 'fs', 'fc')
+    local since, count, keep = feed_mark(m[1], m[2], room_now)
+    redis.call('HSET', KEYS[4], 'fs', since, 'fc', count)
     feed_direct(KEYS[13], KEYS[14], string.sub(key, 16, -2), entry, keep)
     return
   end

@@ -45,7 +45,7 @@ macro_rules! reporting {
             "  local kind = '",
             $kind,
             "'\n",
-            "  if kind == 't' then kind = (string.find(feed_record, '^%[\"offline\"') and 'f' or 'o') end\n",
+            "  if kind == 't' then kind = feed_offline and 'f' or 'o' end\n",
             "  feed_push(feed_key, feed_seq, kind, feed_now, feed_record)\n",
             "end\n",
             "reply[#reply + 1] = published or ''\nreturn reply\n"

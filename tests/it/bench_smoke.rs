@@ -133,6 +133,11 @@ async fn feed() {
     bench(&["feed", "--users", "200", "--wave", "100"]).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn feed_deliver() {
+    bench(&["feed-deliver", "--users", "100", "--wave", "50"]).await;
+}
+
 /// Every phase of `rooms-attack` tiny: rooms of a few devices, one burst,
 /// a second of queries, two seconds of crossing a list limit lowered to 10
 /// users (so that 10 residents and 2 churners cross it both ways).
