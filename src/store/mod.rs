@@ -153,7 +153,10 @@ impl Store {
     pub fn with_limits(conn: impl Into<RedisConn>, ttl: Duration, max_devices: u32) -> Self {
         Self {
             conn: conn.into(),
-            scripts: Arc::new(Scripts::new()),
+            scripts: Arc::new(Scripts::with_feed_bound(
+                crate::config::DEFAULT_EVENT_MAX_PER_USER,
+                crate::config::DEFAULT_EVENT_RETENTION.as_millis() as u64,
+            )),
             ttl_ms: ttl.as_millis() as u64,
             max_devices,
             buckets: Buckets::default(),

@@ -165,17 +165,8 @@ pub(super) struct Reconciled {
 
 impl Scripts {
     /// Compiles the scripts (hashes them) and names them for the metrics,
-    /// with the feed's default bound (see [`Scripts::with_feed_bound`]).
-    pub(super) fn new() -> Self {
-        Self::with_feed_bound(
-            crate::config::DEFAULT_EVENT_MAX_PER_USER,
-            crate::config::DEFAULT_EVENT_RETENTION.as_millis() as u64,
-        )
-    }
-
-    /// Compiles the scripts, the steps that write the log themselves
-    /// (`feed_direct.lua`) bounded to `cap` events per feed and window of
-    /// `window_ms`.
+    /// the steps that write the log themselves (`feed_direct.lua`) bounded
+    /// to `cap` events per feed and window of `window_ms`.
     pub(super) fn with_feed_bound(cap: u64, window_ms: u64) -> Self {
         let bound = format!("local FEED_CAP, FEED_WINDOW = {cap}, {window_ms}\n");
         let bounded = |body: &str| Script::new(&format!("{bound}{body}"));
