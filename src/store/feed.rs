@@ -578,7 +578,19 @@ impl Store {
     /// Starts each of `urls` at the end of every bucket's log, unless it
     /// has a place there already (`HSETNX`): a URL's first deliveries are
     /// the events after its first node started with it, not a day's worth.
+    ///
+    /// On a Redis this node found without a deployment (new, or emptied),
+    /// each starts at the log's start instead: nodes that ran before may
+    /// have recorded events in it already (repairs of what Redis lost).
     pub async fn start_feed_sent(&self, urls: &[String]) -> StoreResult<()> {
+        if self.fresh {
+            for bucket in self.buckets.all() {
+                for url in urls {
+                    self.restart_feed_sent(bucket, url).await?;
+                }
+            }
+            return Ok(());
+        }
         let heads = self.feed_heads().await?;
         let mut pipe = redis::pipe();
         for (bucket, (id, n)) in heads.iter().enumerate() {

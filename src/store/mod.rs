@@ -137,6 +137,9 @@ pub struct Store {
     feed: Option<feed::FeedSettings>,
     /// This node's feed mover, told of each feed a step recorded in.
     feed_tx: Option<tokio::sync::mpsc::Sender<String>>,
+    /// This node found Redis without a deployment (new, or it lost its
+    /// data) and wrote one (see [`Store::load_deployment`]).
+    fresh: bool,
     /// The steps write the log themselves (not a cluster: see
     /// `store::feed`).
     feed_direct: bool,
@@ -168,6 +171,7 @@ impl Store {
             feed: None,
             feed_tx: None,
             feed_direct: false,
+            fresh: false,
         }
     }
 

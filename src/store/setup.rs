@@ -22,8 +22,7 @@ impl super::Store {
         pipe.cmd("HSETNX")
             .arg(keys::META)
             .arg("buckets")
-            .arg(keys::DEFAULT_BUCKETS)
-            .ignore();
+            .arg(keys::DEFAULT_BUCKETS);
         pipe.cmd("HGET").arg(keys::META).arg("buckets");
         pipe.cmd("HGET").arg(keys::META).arg("schema");
         // The key of the online list's cursors, the same on every node:
@@ -35,7 +34,7 @@ impl super::Store {
             .arg(&secret[..])
             .ignore();
         pipe.cmd("HGET").arg(keys::META).arg("cursor-key");
-        let (buckets, schema, secret): (String, Option<u32>, Vec<u8>) =
+        let (created, buckets, schema, secret): (bool, String, Option<u32>, Vec<u8>) =
             pipe.query_async(&mut conn).await?;
         if secret.len() != 32 {
             return Err(StoreError::reply(
@@ -52,6 +51,7 @@ impl super::Store {
         })?;
         let store = Self {
             cursor_key,
+            fresh: created,
             ..self.with_buckets(buckets)
         };
         match schema {

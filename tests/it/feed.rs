@@ -549,3 +549,36 @@ async fn webhooks_send_what_was_recorded_before_a_lost_place_was_looked_for() {
     .await;
     sender.kill();
 }
+
+/// The same loss, met by a node that starts after it: Redis restarted
+/// empty, a node that ran before recorded alice's lease claimed again in
+/// the new log, and only then does a node with the webhooks start. It found
+/// Redis without a deployment, so its URL starts at the start of the new
+/// log, not at its end, and the event is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_starts_on_an_emptied_redis_sends_what_is_there() {
+    let mut redis = Redis::start();
+    let receiver = Receiver::start(0).await;
+    let mut sender = node_with_hooks(&redis, "sender", &receiver, &HOOKED);
+    let mut recorder = Node::start_with(&redis, "recorder", &["--admin-key", ADMIN]);
+    let _alice = Client::connect(&recorder, "alice", "web").await;
+    receiver.wait_for("alice", "online").await;
+    sender.kill();
+    redis.restart_empty();
+    let url = format!("{}/api/events?limit=100", recorder.http());
+    wait_until("alice online again in the new log", DEADLINE, || async {
+        let (status, page) = get_as(&url, Some(ADMIN)).await;
+        status == 200 && kinds_of(page["events"].as_array().unwrap(), "user", "alice") == ["online"]
+    })
+    .await;
+    let (events, _) = drain(&recorder, "", 100).await;
+    let again = events[0]["id"].as_str().unwrap().to_string();
+    let _late = node_with_hooks(&redis, "late", &receiver, &HOOKED);
+    // The recorder, sending nothing itself, goes: the late node takes every
+    // bucket once the recorder's locks lapse.
+    recorder.kill();
+    wait_until(&format!("{again} delivered"), DEADLINE, || async {
+        receiver.events().iter().any(|e| e["id"] == again.as_str())
+    })
+    .await;
+}

@@ -281,8 +281,9 @@ async fn sigterm_and_reconnect_elsewhere_shows_no_transition() {
 
 /// The hash of an online user with one device and the default status holds
 /// two fields: the device's and `seq`, which each refresh raises to its
-/// time (it dates the last activity). Fails on schema 3, which also kept
-/// `active`.
+/// time (it dates the last activity); with the event feed on (the default;
+/// one Redis), also the window of its bound, `fs` and `fc`. Fails on
+/// schema 3, which also kept `active`.
 #[tokio::test]
 async fn a_default_status_device_writes_only_its_field_and_seq() {
     let redis = Redis::start();
@@ -311,5 +312,5 @@ async fn a_default_status_device_writes_only_its_field_and_seq() {
         .await
         .unwrap();
     fields.sort();
-    assert_eq!(fields, ["d:phone", "seq"]);
+    assert_eq!(fields, ["d:phone", "fc", "fs", "seq"]);
 }
