@@ -507,6 +507,19 @@ async fn one_account_cannot_fill_the_log() {
     assert_eq!(lost, 16, "alice's 16 status changes past the bound");
 }
 
+/// Waits until `recorder` has recorded alice `online` in a log Redis
+/// emptied (503 until the node is back on Redis); that event's id.
+async fn online_again(recorder: &Node) -> String {
+    let url = format!("{}/api/events?limit=100", recorder.http());
+    wait_until("alice online again in the new log", DEADLINE, || async {
+        let (status, page) = get_as(&url, Some(ADMIN)).await;
+        status == 200 && kinds_of(page["events"].as_array().unwrap(), "user", "alice") == ["online"]
+    })
+    .await;
+    let (events, _) = drain(recorder, "", 100).await;
+    events[0]["id"].as_str().unwrap().to_string()
+}
+
 /// Redis restarting empty loses each webhook URL's place in the log with
 /// the log itself (same slot). The events recorded once it is back, before
 /// a node that sends the webhooks looks for that place, are sent all the
@@ -529,15 +542,7 @@ async fn webhooks_send_what_was_recorded_before_a_lost_place_was_looked_for() {
     redis.restart_empty();
     // The recorder's session claims alice's lease again: `online`, in the
     // new log.
-    let url = format!("{}/api/events?limit=100", recorder.http());
-    wait_until("alice online again in the new log", DEADLINE, || async {
-        // 503 until the node is back on Redis.
-        let (status, page) = get_as(&url, Some(ADMIN)).await;
-        status == 200 && kinds_of(page["events"].as_array().unwrap(), "user", "alice") == ["online"]
-    })
-    .await;
-    let (events, _) = drain(&recorder, "", 100).await;
-    let again = events[0]["id"].as_str().unwrap().to_string();
+    let again = online_again(&recorder).await;
     assert_ne!(again, first["id"].as_str().unwrap());
     recorder.kill();
     unsafe {
@@ -565,14 +570,7 @@ async fn a_node_that_starts_on_an_emptied_redis_sends_what_is_there() {
     receiver.wait_for("alice", "online").await;
     sender.kill();
     redis.restart_empty();
-    let url = format!("{}/api/events?limit=100", recorder.http());
-    wait_until("alice online again in the new log", DEADLINE, || async {
-        let (status, page) = get_as(&url, Some(ADMIN)).await;
-        status == 200 && kinds_of(page["events"].as_array().unwrap(), "user", "alice") == ["online"]
-    })
-    .await;
-    let (events, _) = drain(&recorder, "", 100).await;
-    let again = events[0]["id"].as_str().unwrap().to_string();
+    let again = online_again(&recorder).await;
     let _late = node_with_hooks(&redis, "late", &receiver, &HOOKED);
     // The recorder, sending nothing itself, goes: the late node takes every
     // bucket once the recorder's locks lapse.
