@@ -110,6 +110,7 @@ local function publish_event(channel, status_key, user, devices, last_seen, seq,
   })
   redis.call('SPUBLISH', channel, event)
   -- A change of the device count alone is no transition: no webhook.
+  local recorded = false
   if not devices_only then
     published = event
     if feed_key then
@@ -121,9 +122,12 @@ local function publish_event(channel, status_key, user, devices, last_seen, seq,
       feed_record = '["' .. status .. '",' .. devices .. ',' .. num(last_seen) .. ','
         .. (h[2] and cjson.encode(h[2]) or 'null') .. ',' .. num(tonumber(h[3] or '0')) .. ','
         .. num(tonumber(h[7])) .. ',"' .. table.concat(kinds or {}, ',') .. '",' .. num(seq) .. ']'
+      recorded = true
     end
   end
-  if feed_record and feed_log then
+  -- The seq, and where this call recorded its event in the log itself, the
+  -- user's window of the bound, in one write.
+  if recorded and feed_log then
     local since, count
     since, count, feed_keep = feed_mark(h[8], h[9], tonumber(feed_now))
     redis.call('HSET', status_key, 'seq', seq, 'fs', since, 'fc', count)
