@@ -148,8 +148,7 @@ impl Store {
     /// pushed back, so that a pass that found it empty just before does not
     /// take it out). `pre` goes with [`Store::send_due`], apart from the
     /// step: the bucket may be on another shard, whose failover must not
-    /// fail the step.
-    /// A step that writes the log itself needs none.
+    /// fail the step. A step that writes the log itself needs none.
     pub(super) fn feed_due_before(&self, pipe: &mut Pipeline, feed: &FeedKeys) {
         let Some(owner) = keys::feed_owner(&feed.feed).filter(|_| feed.direct.is_none()) else {
             return;
@@ -176,6 +175,13 @@ impl Store {
                 log::debug!("feed: due index not written: {e}");
             }
         });
+    }
+
+    /// [`Store::feed_due_before`] and [`Store::send_due`] for one step.
+    pub(super) fn send_due_for(&self, feed: &FeedKeys) {
+        let mut pre = redis::pipe();
+        self.feed_due_before(&mut pre, feed);
+        self.send_due(pre);
     }
 
     /// Tells this node's feed mover that a step recorded in `feed`.
@@ -569,7 +575,7 @@ impl Store {
         let _: Value = redis::cmd("HSET")
             .arg(keys::feed_sent(bucket))
             .arg(url)
-            .arg(format!("{id} {n}"))
+            .arg(sent_place(id, n))
             .query_async(&mut conn)
             .await?;
         Ok(())
@@ -598,7 +604,7 @@ impl Store {
                 pipe.cmd("HSETNX")
                     .arg(keys::feed_sent(bucket as u32))
                     .arg(url)
-                    .arg(format!("{id} {n}"))
+                    .arg(sent_place(id, *n))
                     .ignore();
             }
         }
@@ -632,7 +638,7 @@ impl Store {
         let _: Value = redis::cmd("HSETNX")
             .arg(keys::feed_sent(bucket))
             .arg(url)
-            .arg(format!("0-0 {n}"))
+            .arg(sent_place("0-0", n))
             .query_async(&mut conn)
             .await?;
         Ok(())
@@ -659,15 +665,13 @@ impl Store {
             .map(|(id, fields)| log_entry(bucket, id, &fields))
             .collect())
     }
+}
 
-    /// The newest id of `bucket`'s log and the log's ordinal so far.
-    pub async fn feed_head(&self, bucket: u32) -> StoreResult<(String, u64)> {
-        let heads = self.feed_heads().await?;
-        Ok(heads
-            .into_iter()
-            .nth(bucket as usize)
-            .unwrap_or_else(|| ("0-0".to_string(), 0)))
-    }
+/// A webhook URL's place in a bucket's log as `presence-feed-sent:{b<k>}`
+/// keeps it: the id of the last event it took and that event's ordinal
+/// (read back by [`Store::feed_sent`]).
+fn sent_place(id: &str, n: u64) -> String {
+    format!("{id} {n}")
 }
 
 /// A log entry from a stream item's fields.

@@ -498,9 +498,7 @@ impl Store {
         let mut pipe = redis::pipe();
         let feed = self.feed_of(user);
         if let Some(feed) = &feed {
-            let mut pre = redis::pipe();
-            self.feed_due_before(&mut pre, feed);
-            self.send_due(pre);
+            self.send_due_for(feed);
         }
         self.scripts
             .depart(&mut pipe, user, device, owner, now_ms(), feed.as_ref());

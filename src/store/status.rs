@@ -21,9 +21,7 @@ impl Store {
         let mut pipe = redis::pipe();
         let feed = self.feed_of(user);
         if let Some(feed) = &feed {
-            let mut pre = redis::pipe();
-            self.feed_due_before(&mut pre, feed);
-            self.send_due(pre);
+            self.send_due_for(feed);
         }
         self.scripts.status(
             &mut pipe,

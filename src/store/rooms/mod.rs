@@ -251,9 +251,7 @@ impl Store {
     ) {
         let feed = self.room_feed_of(room).filter(|_| changes);
         if let Some(feed) = &feed {
-            let mut pre = redis::pipe();
-            self.feed_due_before(&mut pre, feed);
-            self.send_due(pre);
+            self.send_due_for(feed);
         }
         let keys = keys::room_keys(room);
         let mut keys: Vec<&str> = keys.iter().map(String::as_str).collect();
