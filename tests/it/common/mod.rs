@@ -558,6 +558,19 @@ impl Client {
         self.rx.try_recv().ok()
     }
 
+    /// Every frame waiting, in order, and whether the connection closed
+    /// after them.
+    pub fn waiting(&mut self) -> (Vec<Value>, bool) {
+        let mut frames = Vec::new();
+        while let Some(item) = self.try_next() {
+            match item {
+                Incoming::Frame(v) => frames.push(v),
+                Incoming::Closed(_) => return (frames, true),
+            }
+        }
+        (frames, false)
+    }
+
     /// Connects and waits for `hello`; None if the server refused or
     /// closed instead (e.g. while Redis is away).
     pub async fn try_connect(node: &Node, user: &str, device: &str) -> Option<Self> {

@@ -245,16 +245,12 @@ impl World {
     }
 
     async fn drain_device(&mut self, i: usize) {
-        let mut closed = false;
-        while let Some(client) = self.devices[i].client.as_mut() {
-            match client.try_next() {
-                Some(Incoming::Frame(v)) => self.device_frame(i, &v),
-                Some(Incoming::Closed(_)) => {
-                    closed = true;
-                    break;
-                }
-                None => break,
-            }
+        let (frames, closed) = self.devices[i]
+            .client
+            .as_mut()
+            .map_or_else(Default::default, Client::waiting);
+        for v in &frames {
+            self.device_frame(i, v);
         }
         if closed {
             self.devices[i].client = None;

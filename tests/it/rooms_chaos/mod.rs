@@ -268,16 +268,12 @@ impl World {
     /// reconnected (its node died, or it was taken over).
     async fn drain(&mut self) {
         for i in 0..self.devices.len() {
-            let mut closed = false;
-            while let Some(client) = self.devices[i].client.as_mut() {
-                match client.try_next() {
-                    Some(Incoming::Frame(v)) => self.devices[i].apply(&v),
-                    Some(Incoming::Closed(_)) => {
-                        closed = true;
-                        break;
-                    }
-                    None => break,
-                }
+            let (frames, closed) = self.devices[i]
+                .client
+                .as_mut()
+                .map_or_else(Default::default, Client::waiting);
+            for v in &frames {
+                self.devices[i].apply(v);
             }
             if closed {
                 self.devices[i].client = None;
