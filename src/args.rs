@@ -61,6 +61,14 @@ pub struct Args {
     #[arg(long, env = "PRESENCE_TTL_MS", value_parser = clap::value_parser!(u64).range(100..=86_400_000))]
     pub ttl_ms: Option<u64>,
 
+    /// After SIGTERM, how long to keep serving with /readyz answering 503
+    /// before closing every WebSocket with 1001, in ms: time for a load
+    /// balancer (a Kubernetes endpoints controller) to stop sending new
+    /// clients. A second SIGTERM cuts it short.
+    #[arg(long, env = "PRESENCE_DRAIN_DELAY_MS", default_value_t = 0,
+          value_parser = clap::value_parser!(u64).range(0..=600_000))]
+    pub drain_delay_ms: u64,
+
     /// This node's id in lease values and logs [default: presence-<random>].
     #[arg(long, env = "PRESENCE_NODE_ID")]
     pub node_id: Option<String>,
@@ -446,6 +454,20 @@ pub struct Args {
     #[arg(long, env = "PRESENCE_LOCAL_REDIS_DIR", default_value_os_t = std::env::temp_dir())]
     pub local_redis_dir: PathBuf,
 
+    /// Start a private redis-server when neither --redis-url nor
+    /// --redis-sentinel is given, under --auth jwt too. Without it a jwt
+    /// node refuses to start without a Redis: nodes with private Redis
+    /// servers would each see only their own clients.
+    #[arg(long, env = "PRESENCE_LOCAL_REDIS")]
+    pub local_redis: bool,
+
+    /// Validate the flags, environment and config file, print the
+    /// effective settings (secrets masked) and exit: 0 when the node would
+    /// start with them, 1 with the reason when not. Binds no port and
+    /// connects to nothing.
+    #[arg(long)]
+    pub check_config: bool,
+
     /// Reverse proxies (addresses or CIDR blocks, comma-separated, e.g.
     /// 127.0.0.1,10.0.0.0/8) whose X-Forwarded-For names the client in the
     /// logs. From any other peer the header is ignored.
@@ -471,6 +493,9 @@ pub struct Args {
     pub config: Option<PathBuf>,
 }
 
+/// The environment variables the config file set (for `--check-config`).
+static FROM_CONFIG_FILE: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+
 /// Parses flags, with the config file (if any) under the environment.
 pub fn parse_args() -> anyhow::Result<Args> {
     let args = Args::parse();
@@ -479,8 +504,14 @@ pub fn parse_args() -> anyhow::Result<Args> {
     };
     // The file's values go in as the flags' env vars where those are unset;
     // parsing again then ranks them below flags and env.
-    config_file::apply(&path, &Args::command())?;
+    let set = config_file::apply(&path, &Args::command())?;
+    let _ = FROM_CONFIG_FILE.set(set);
     Ok(Args::parse())
+}
+
+/// The environment variables that came from the config file.
+pub fn from_config_file() -> &'static [String] {
+    FROM_CONFIG_FILE.get().map_or(&[], |v| v.as_slice())
 }
 
 /// `--auth`.

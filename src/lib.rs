@@ -92,6 +92,7 @@ pub mod node;
 pub mod privacy;
 pub mod protocol;
 pub mod proxy;
+pub mod readiness;
 pub mod redis;
 pub mod registry;
 pub mod rooms;

@@ -1,6 +1,7 @@
 //! `presence-server`: flags, logging, an optional private Redis, then [`server::run`].
 
 mod args;
+mod check_config;
 
 use std::net::{TcpListener, ToSocketAddrs};
 use std::process::ExitCode;
@@ -48,6 +49,9 @@ fn main() -> ExitCode {
         .node_id
         .get_or_insert_with(|| format!("presence-{:08x}", rand::random::<u32>()));
     logging::init(node_id, args.log_format);
+    if args.check_config {
+        return check_config::run(&args, settings(&args));
+    }
     match start(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -58,7 +62,35 @@ fn main() -> ExitCode {
     }
 }
 
+/// What a node starts with, validated: everything but the ports and Redis.
+struct Settings {
+    config: Config,
+    security: Security,
+    redis: RedisOptions,
+}
+
 fn start(args: Args) -> anyhow::Result<()> {
+    let Settings {
+        config,
+        security,
+        redis,
+    } = settings(&args)?;
+    raise_fd_limit();
+    let listener = TcpListener::bind(&args.listen)
+        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", args.listen))?;
+    let internal = match &args.internal_listen {
+        Some(addr) => Some(
+            TcpListener::bind(addr)
+                .map_err(|e| anyhow::anyhow!("cannot listen on {addr} (--internal-listen): {e}"))?,
+        ),
+        None => None,
+    };
+    actix_web::rt::System::new().block_on(server::run(config, security, &redis, listener, internal))
+}
+
+/// The flags checked and turned into a node's settings; the checks of
+/// `--check-config` are these.
+fn settings(args: &Args) -> anyhow::Result<Settings> {
     let node_id = args
         .node_id
         .clone()
@@ -67,6 +99,7 @@ fn start(args: Args) -> anyhow::Result<()> {
     let heartbeat = Duration::from_millis(args.heartbeat_ms);
     let mut config = Config::new(node_id);
     config.heartbeat = heartbeat;
+    config.drain_delay = Duration::from_millis(args.drain_delay_ms);
     config.ttl = args
         .ttl_ms
         .map_or(heartbeat * config::TTL_HEARTBEATS, Duration::from_millis);
@@ -98,7 +131,7 @@ fn start(args: Args) -> anyhow::Result<()> {
         announce_max: args.room_announce_max,
         announce_max_devices: args.room_announce_max_devices,
         occupancy_interval: Duration::from_millis(args.room_occupancy_ms),
-        policies: room_policies(&args)?,
+        policies: room_policies(args)?,
     };
     log::info!("room policies: {}", config.rooms.policies.describe());
     config.admission = config::AdmissionLimits {
@@ -116,29 +149,43 @@ fn start(args: Args) -> anyhow::Result<()> {
         (None, true) => StaticFiles::Off,
         (None, false) => StaticFiles::Demo,
     };
-    let mut security = security(&args)?;
-    security.room_join = room_join_config(&args, &config.rooms.policies)?;
-    raise_fd_limit();
-
-    let listener = TcpListener::bind(&args.listen)
-        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", args.listen))?;
-    let internal = match &args.internal_listen {
-        Some(addr) => Some(
-            TcpListener::bind(addr)
-                .map_err(|e| anyhow::anyhow!("cannot listen on {addr} (--internal-listen): {e}"))?,
-        ),
-        None => None,
-    };
+    let mut security = security(args)?;
+    security.room_join = room_join_config(args, &config.rooms.policies)?;
     let redis = RedisOptions {
-        url: args.redis_url,
-        sentinels: args.redis_sentinel,
-        sentinel_master: args.redis_sentinel_master,
-        tls_ca_file: args.redis_tls_ca_file,
-        tls_cert_file: args.redis_tls_cert_file,
-        tls_key_file: args.redis_tls_key_file,
-        local_dir: Some(args.local_redis_dir),
+        url: args.redis_url.clone(),
+        sentinels: args.redis_sentinel.clone(),
+        sentinel_master: args.redis_sentinel_master.clone(),
+        tls_ca_file: args.redis_tls_ca_file.clone(),
+        tls_cert_file: args.redis_tls_cert_file.clone(),
+        tls_key_file: args.redis_tls_key_file.clone(),
+        local_dir: Some(args.local_redis_dir.clone()),
     };
-    actix_web::rt::System::new().block_on(server::run(config, security, &redis, listener, internal))
+    check_shared_redis(args)?;
+    Ok(Settings {
+        config,
+        security,
+        redis,
+    })
+}
+
+/// A node without a Redis URL starts a private redis-server, which in a
+/// fleet splits the nodes apart without a word: under `--auth jwt`
+/// (production) that needs `--local-redis`; under dev auth it is said.
+fn check_shared_redis(args: &Args) -> anyhow::Result<()> {
+    if args.redis_url.is_some() || !args.redis_sentinel.is_empty() || args.local_redis {
+        return Ok(());
+    }
+    match args.auth {
+        AuthMode::Jwt => anyhow::bail!(
+            "--auth jwt needs a shared Redis: give --redis-url (REDIS_URL) or --redis-sentinel; \
+             --local-redis starts a private redis-server instead, whose node sees only its own clients"
+        ),
+        AuthMode::Dev => log::warn!(
+            "no --redis-url (REDIS_URL): starting a private redis-server; a node started \
+             this way shares no state with any other (a fleet needs one Redis)"
+        ),
+    }
+    Ok(())
 }
 
 /// Authentication, origins and the admin key from the flags.

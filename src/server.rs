@@ -90,7 +90,8 @@ pub async fn run(
         config.ttl,
     );
 
-    let registry = start_actors(&client, &store, &config).await?;
+    let readiness = Arc::new(crate::readiness::Readiness::new());
+    let registry = start_actors(&client, &store, &config, &readiness).await?;
     let room_proxy = match security.room_join.clone() {
         Some(join) => Some(crate::rooms::proxy::RoomProxy::new(
             join,
@@ -124,6 +125,7 @@ pub async fn run(
         public_metrics: security.public_metrics,
         dev_hosts,
         redis_health,
+        readiness: readiness.clone(),
     });
     let addr = listener.local_addr()?;
     let (server, internal) = serve(state, listener, internal, &config.node_id)?;
@@ -131,6 +133,8 @@ pub async fn run(
         server.handle(),
         internal.as_ref().map(|s| s.handle()),
         registry,
+        readiness,
+        config.drain_delay,
     ));
     log::info!(
         "node {} listening on http://{addr} (heartbeat {:?}, lease ttl {:?})",
@@ -265,6 +269,7 @@ async fn start_actors(
     client: &crate::redis::Source,
     store: &Store,
     config: &Arc<Config>,
+    readiness: &Arc<crate::readiness::Readiness>,
 ) -> anyhow::Result<actix::Addr<Registry>> {
     let (registry_ready, registry_subscribed) = oneshot::channel();
     let (expiry_ready, expiry_subscribed) = oneshot::channel();
@@ -278,7 +283,9 @@ async fn start_actors(
     )
     .with_rooms(config.rooms.occupancy_interval)
     .start();
-    ExpiryListener::new(client.clone(), store.clone(), config.clone(), expiry_ready).start();
+    ExpiryListener::new(client.clone(), store.clone(), config.clone(), expiry_ready)
+        .with_readiness(readiness.clone())
+        .start();
     tokio::time::timeout(SUBSCRIBE_TIMEOUT, async {
         let _ = registry_subscribed.await;
         let _ = expiry_subscribed.await;
@@ -395,16 +402,32 @@ async fn signal() {
 }
 
 /// Rolling deploys without flicker: on the first SIGTERM or SIGINT the node
-/// stops accepting, closes every WebSocket with 1001 (going away) so that
-/// clients reconnect to another node, and leaves their leases to lapse
-/// instead of announcing departures. A second signal, or
-/// [`SHUTDOWN_TIMEOUT`], cuts what is left.
+/// answers `/readyz` with 503 at once and keeps serving for `drain_delay`
+/// (`--drain-delay-ms`), so that a load balancer stops sending it clients;
+/// then it stops accepting, closes every WebSocket with 1001 (going away)
+/// so that clients reconnect to another node, and leaves their leases to
+/// lapse instead of announcing departures. A second signal cuts the delay
+/// short, and one during the close, or [`SHUTDOWN_TIMEOUT`], cuts what is
+/// left.
 async fn shutdown_on_signal(
     server: actix_web::dev::ServerHandle,
     internal: Option<actix_web::dev::ServerHandle>,
     registry: actix::Addr<Registry>,
+    readiness: Arc<crate::readiness::Readiness>,
+    drain_delay: Duration,
 ) {
     signal().await;
+    readiness.drain();
+    if !drain_delay.is_zero() {
+        log::info!(
+            "draining: /readyz answers 503; closing sessions in {} ms (--drain-delay-ms)",
+            drain_delay.as_millis()
+        );
+        tokio::select! {
+            _ = tokio::time::sleep(drain_delay) => {}
+            _ = signal() => log::warn!("second signal: closing sessions now"),
+        }
+    }
     if let Some(internal) = internal {
         // Scrapes and health checks need no grace period.
         actix::spawn(async move { internal.stop(true).await });

@@ -117,6 +117,9 @@ pub struct Config {
     pub heartbeat: Duration,
     /// Lease TTL: how long a silent device stays online.
     pub ttl: Duration,
+    /// After SIGTERM, how long the node keeps serving with `/readyz` at 503
+    /// before it closes its sessions (`--drain-delay-ms`).
+    pub drain_delay: Duration,
     /// Users one session may watch at once.
     pub max_watches: usize,
     /// Largest client frame accepted, in bytes.
@@ -248,6 +251,7 @@ impl Config {
         Self {
             node_id: node_id.into(),
             heartbeat: DEFAULT_HEARTBEAT,
+            drain_delay: Duration::ZERO,
             ttl: DEFAULT_HEARTBEAT * TTL_HEARTBEATS,
             max_watches: DEFAULT_MAX_WATCHES,
             max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,

@@ -117,6 +117,8 @@ pub struct ExpiryListener {
     reap_failing: bool,
     /// A reconciliation pass is in flight.
     reconciling: bool,
+    /// Told of every tick, for `/readyz`.
+    readiness: Option<Arc<crate::readiness::Readiness>>,
     /// When the last reconciliation pass started.
     last_reconcile: Instant,
     /// When the last-seen retention trim last ran.
@@ -143,6 +145,7 @@ impl ExpiryListener {
             config,
             reaping: false,
             reap_failing: false,
+            readiness: None,
             reconciling: false,
             last_reconcile: Instant::now(),
             last_trim: Instant::now(),
@@ -154,7 +157,16 @@ impl ExpiryListener {
     /// Starts one deadline pass (and, when due, the retention trim) unless
     /// one is still running; on the node holding the lock, also starts the
     /// reconciliation pass when due.
+    /// Tells `readiness` of every tick from now on.
+    pub fn with_readiness(mut self, readiness: Arc<crate::readiness::Readiness>) -> Self {
+        self.readiness = Some(readiness);
+        self
+    }
+
     fn tick(&mut self, ctx: &mut Context<Self>) {
+        if let Some(readiness) = &self.readiness {
+            readiness.expiry_ticked();
+        }
         if self.reaping {
             return;
         }

@@ -68,8 +68,10 @@ pub struct AppState {
     pub public_metrics: bool,
     /// With development auth, the `Host` names `/ws` and `/api/*` answer to.
     pub dev_hosts: Option<DevHosts>,
-    /// Redis's state as last checked, for `/healthz`.
+    /// Redis's state as last checked, for `/healthz` and `/readyz`.
     pub redis_health: Arc<crate::redis::RedisHealth>,
+    /// The expiry listener's pulse and the drain, for `/readyz`.
+    pub readiness: Arc<crate::readiness::Readiness>,
 }
 
 /// An HTTP error: a status and the same `{code, message}` as an error frame.

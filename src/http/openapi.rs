@@ -40,6 +40,8 @@ use crate::webhooks::{Kind, RoomKind, RoomWebhookEvent, WebhookBatch, WebhookEve
         super::users::put_contacts,
         super::users::get_contacts,
         super::ops::healthz,
+        super::ops::livez,
+        super::ops::readyz,
         super::ops::metrics,
         super::ops::info,
         super::rooms::room,

@@ -1,4 +1,5 @@
-//! Operations: `/healthz`, `/metrics` (Prometheus text) and `/api/info`.
+//! Operations: the probes `/livez` and `/readyz`, `/healthz` (both in one,
+//! kept for compatibility), `/metrics` (Prometheus text) and `/api/info`.
 
 use actix_web::{web, HttpResponse};
 
@@ -8,7 +9,8 @@ use crate::registry::GetStats;
 
 /// `GET /healthz`: 200 when the process is up and Redis answered the last
 /// health check (at most about a second ago), else 503. Answers from that
-/// cached state, so it is as fast with Redis down as up.
+/// cached state, so it is as fast with Redis down as up. Not a liveness
+/// probe (it depends on Redis): use `/livez` and `/readyz`.
 #[utoipa::path(get, path = "/healthz", tag = "operations",
     responses(
         (status = 200, description = "Up, Redis reachable", body = Object),
@@ -27,6 +29,48 @@ pub(crate) async fn healthz(state: web::Data<AppState>) -> HttpResponse {
         HttpResponse::ServiceUnavailable().json(serde_json::json!({
             "status": "unavailable", "node": state.node.config.node_id, "redis": "down",
             "error": redis.details["error"], "redis_details": redis.details,
+        }))
+    }
+}
+
+/// `GET /livez`: 200 while the process and its event loop answer. It
+/// never depends on Redis: a liveness probe that did would restart every
+/// node of a fleet during a Redis incident and turn it into a reconnect
+/// storm.
+#[utoipa::path(get, path = "/livez", tag = "operations",
+    responses((status = 200, description = "The process answers", body = Object)))]
+pub(crate) async fn livez(state: web::Data<AppState>) -> HttpResponse {
+    HttpResponse::Ok().json(serde_json::json!({
+        "status": "ok", "node": state.node.config.node_id,
+    }))
+}
+
+/// `GET /readyz`: 200 when the node may be sent new clients: Redis answered
+/// the last health check, the expiry listener runs and the node is not
+/// draining. 503 otherwise, with the reasons; 503 from the moment the node
+/// gets SIGTERM (`--drain-delay-ms` keeps it serving while a load balancer
+/// takes it out).
+#[utoipa::path(get, path = "/readyz", tag = "operations",
+    responses(
+        (status = 200, description = "Ready", body = Object),
+        (status = 503, description = "Not ready: Redis unreachable, expiry listener stalled or draining", body = Object),
+    ))]
+pub(crate) async fn readyz(state: web::Data<AppState>) -> HttpResponse {
+    let mut reasons = Vec::new();
+    let redis = state.redis_health.report();
+    if !redis.up {
+        reasons.push(format!("redis unreachable: {}", redis.details["error"]));
+    }
+    if let Err(e) = state.readiness.check(state.node.config.reaper_interval()) {
+        reasons.push(e.to_string());
+    }
+    let node = &state.node.config.node_id;
+    if reasons.is_empty() {
+        HttpResponse::Ok().json(serde_json::json!({"status": "ready", "node": node}))
+    } else {
+        HttpResponse::ServiceUnavailable().json(serde_json::json!({
+            "status": "unavailable", "node": node, "reasons": reasons,
+            "draining": state.readiness.draining(),
         }))
     }
 }

@@ -222,6 +222,8 @@ fn operations(r: &mut impl Router) {
         web::route().to(super::room_members::remove_member),
     );
     r.add(Method::GET, "/healthz", web::route().to(healthz));
+    r.add(Method::GET, "/livez", web::route().to(super::ops::livez));
+    r.add(Method::GET, "/readyz", web::route().to(super::ops::readyz));
     r.add(Method::GET, "/metrics", web::route().to(metrics));
 }
 

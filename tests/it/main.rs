@@ -31,6 +31,7 @@ mod online_list;
 mod openapi;
 mod presence;
 mod privacy_matrix;
+mod probes;
 mod protocol;
 mod proxy;
 mod recipes;
