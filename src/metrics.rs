@@ -77,6 +77,8 @@ pub struct Metrics {
     pub redis_errors: IntCounterVec,
     /// Lease refreshes per batch sent by the refresher.
     pub refresh_batch_size: Histogram,
+    /// What the alerts watch: Redis reachable, refreshes taken, open files.
+    pub health: HealthSeries,
     /// The webhook queue's series.
     pub webhooks: WebhookSeries,
     /// The rooms' series.
@@ -111,6 +113,11 @@ pub fn slow_consumer_dropped() {
 /// Counts one batch of `size` lease refreshes.
 pub fn refresh_batch(size: usize) {
     METRICS.refresh_batch_size.observe(size as f64);
+}
+
+/// Counts `n` lease refreshes Redis did not take.
+pub fn refreshes_failed(n: usize) {
+    METRICS.health.refreshes_failed.inc_by(n as u64);
 }
 
 /// Counts one re-read of the watched users that re-sent `records` records.
@@ -216,6 +223,39 @@ impl WebhookSeries {
             queued: s.gauge(
                 "presence_webhook_queued",
                 "Webhook events waiting to be delivered, over every URL.",
+            ),
+        }
+    }
+}
+
+/// What the alerts watch (deploy/prometheus/alerts.yml) beside the rest.
+pub struct HealthSeries {
+    /// Lease refreshes that Redis did not take (an error for the batch or
+    /// for the refresh).
+    pub refreshes_failed: IntCounter,
+    /// 1 while Redis answered the last health check (every 0.5 s), else 0.
+    pub redis_up: IntGauge,
+    /// File descriptors this process has open (read at scrape time).
+    open_fds: IntGauge,
+    /// This process's open-file limit (the soft `RLIMIT_NOFILE`).
+    max_fds: IntGauge,
+}
+
+impl HealthSeries {
+    fn new(s: &Series) -> Self {
+        Self {
+            refreshes_failed: s.counter(
+                "presence_refreshes_failed_total",
+                "Lease refreshes Redis did not take (the batch or the refresh failed).",
+            ),
+            redis_up: s.gauge(
+                "presence_redis_up",
+                "1 while Redis answered the node's last health check (every 0.5 s), else 0.",
+            ),
+            open_fds: s.gauge("process_open_fds", "Number of open file descriptors."),
+            max_fds: s.gauge(
+                "process_max_fds",
+                "Maximum number of open file descriptors (the soft RLIMIT_NOFILE).",
             ),
         }
     }
@@ -483,6 +523,7 @@ impl Metrics {
                 Histogram::with_opts(histogram_opts(REFRESH_BATCH, BATCH_BUCKETS))
                     .expect("valid metric"),
             ),
+            health: HealthSeries::new(&s),
             webhooks: WebhookSeries::new(&s),
             rooms: RoomSeries::new(&s),
             room_join: RoomJoinSeries::new(&s),
@@ -512,6 +553,9 @@ impl Metrics {
         self.watched_users.set(registry.watched_users as i64);
         self.rooms.rooms.set(registry.rooms as i64);
         self.rooms.memberships.set(registry.room_memberships as i64);
+        let (open, max) = fd_counts();
+        self.health.open_fds.set(open);
+        self.health.max_fds.set(max);
         let mut out = Vec::new();
         // Encoding into a Vec cannot fail for the text format.
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
@@ -531,6 +575,24 @@ impl Metrics {
             "transitions_delivered": self.transitions_delivered.get(),
         })
     }
+}
+
+/// This process's open file descriptors and its soft open-file limit:
+/// one directory listing and one system call, cheap at scrape time. -1
+/// for what cannot be read (no `/proc`).
+fn fd_counts() -> (i64, i64) {
+    let open = std::fs::read_dir("/proc/self/fd").map_or(-1, |dir| dir.count() as i64);
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into the struct it is handed and nothing else.
+    let max = match unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } {
+        0 if limit.rlim_cur == libc::RLIM_INFINITY => i64::MAX,
+        0 => i64::try_from(limit.rlim_cur).unwrap_or(i64::MAX),
+        _ => -1,
+    };
+    (open, max)
 }
 
 /// What may ask for a departure step: a clean close, an expired-key event,
@@ -581,8 +643,38 @@ mod tests {
             "presence_slow_consumers_dropped_total 1",
             "presence_registry_resyncs_total",
             "presence_departure_steps_total{path=\"pass\"}",
+            "presence_refreshes_failed_total",
+            "presence_redis_up",
         ] {
             assert!(text.contains(name), "{name} missing from:\n{text}");
         }
+    }
+
+    /// The open-file gauges follow the process: a file opened shows in
+    /// `process_open_fds`, and the limit is the soft `RLIMIT_NOFILE`.
+    #[test]
+    fn open_files_are_counted_at_scrape_time() {
+        let value = |text: &str, name: &str| -> i64 {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+                .unwrap_or_else(|| panic!("{name} missing from:\n{text}"))
+        };
+        let before = value(&METRICS.render(NodeGauges::default()), "process_open_fds");
+        let files: Vec<_> = (0..20)
+            .map(|_| std::fs::File::open("/proc/self/stat").unwrap())
+            .collect();
+        let text = METRICS.render(NodeGauges::default());
+        // Other tests of this binary open and close files meanwhile.
+        assert!(value(&text, "process_open_fds") >= before + 10, "{text}");
+        let mut limit = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        assert_eq!(
+            unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) },
+            0
+        );
+        assert_eq!(value(&text, "process_max_fds"), limit.rlim_cur as i64);
+        drop(files);
     }
 }

@@ -228,12 +228,14 @@ async fn send_batch(store: &Store, batch: Vec<Request>) -> Result<(), StoreError
     crate::metrics::refresh_batch(batch.len());
     match store.arrive_batch(ArriveMode::Refresh, &batch).await {
         Ok(outcomes) => {
+            crate::metrics::refreshes_failed(outcomes.iter().filter(|o| o.is_err()).count());
             for (request, outcome) in batch.into_iter().zip(outcomes) {
                 release_after(store, answer(request, outcome));
             }
             Ok(())
         }
         Err(e) => {
+            crate::metrics::refreshes_failed(batch.len());
             for request in batch {
                 release_after(store, answer(request, Err(e.clone())));
             }

@@ -100,6 +100,7 @@ impl RedisHealth {
                 policy,
             }),
         });
+        crate::metrics::METRICS.health.redis_up.set(1);
         tokio::spawn(check_health(conn, health.clone()));
         health
     }
@@ -200,6 +201,10 @@ async fn check_health(mut conn: impl ConnectionLike + Send, health: Arc<RedisHea
         } else {
             None
         };
+        crate::metrics::METRICS
+            .health
+            .redis_up
+            .set(i64::from(result.is_ok()));
         health.update(|s| {
             s.up = result.is_ok();
             s.error = result.err();

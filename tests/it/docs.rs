@@ -305,7 +305,7 @@ fn slug(heading: &str) -> String {
         .collect()
 }
 
-fn anchors(text: &str) -> Vec<String> {
+pub(crate) fn anchors(text: &str) -> Vec<String> {
     let mut in_code = false;
     let mut out = Vec::new();
     for line in text.lines() {
