@@ -362,6 +362,10 @@ pub fn parse_lease(key: &str) -> Option<(&str, &str)> {
     Some((user, device))
 }
 
+/// Fleet-wide figures the reconciliation pass counts, for every node's
+/// metrics: `online_users` and `counted_at` (epoch ms).
+pub const STATS: &str = "presence-stats";
+
 /// Pattern matching every user's hash (for the reconciliation scan).
 pub const STATUS_PATTERN: &str = "presence-status:{*}";
 

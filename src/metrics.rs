@@ -59,6 +59,9 @@ pub struct Metrics {
     pub departure_steps: IntCounterVec,
     /// Users repaired by the reconciliation pass.
     pub reconcile_repairs: IntCounter,
+    /// Users with a device, fleet-wide, as the last reconciliation pass
+    /// counted them.
+    pub online_users: IntGauge,
     /// Stale `presence-online` entries dropped by the reconciliation pass:
     /// always 0 since key schema 4, which has no such index (kept so that
     /// dashboards and `/healthz` readers do not break).
@@ -489,6 +492,10 @@ impl Metrics {
             reconcile_repairs: s.counter(
                 "presence_reconcile_repairs_total",
                 "Users repaired by the reconciliation pass.",
+            ),
+            online_users: s.gauge(
+                "presence_online_users",
+                "Users with at least one device (invisible ones included), fleet-wide, as the last reconciliation pass counted them (the same on every node).",
             ),
             online_pruned: s.counter(
                 "presence_online_pruned_total",

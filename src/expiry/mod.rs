@@ -35,6 +35,9 @@ use crate::store::{Store, StoreError};
 /// few commands per bucket and second, not one per bucket and tick.
 const LOCK_HOLD_TICKS: u32 = 4;
 
+/// How often each node reads the fleet's online users for its metrics.
+const ONLINE_USERS_READ: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// What a node knows of one bucket's deadline-pass lock.
 #[derive(Debug, Clone, Copy, Default)]
 struct LockView {
@@ -244,7 +247,7 @@ impl ExpiryListener {
         self.last_reconcile = Instant::now();
         let store = self.store.clone();
         let pass = async move {
-            let (mut cursor, mut users, mut repaired) = (0, 0, 0);
+            let (mut cursor, mut users, mut repaired, mut online) = (0, 0, 0, 0);
             // Each primary of a cluster holds its own keys.
             for node in store.data_nodes().await? {
                 loop {
@@ -252,6 +255,7 @@ impl ExpiryListener {
                     let (next, seen, fixed) = (step.next_cursor, step.looked_at, step.repaired);
                     users += seen;
                     repaired += fixed;
+                    online += step.online;
                     METRICS.reconcile_repairs.inc_by(fixed as u64);
                     cursor = next;
                     if cursor == 0 {
@@ -259,6 +263,8 @@ impl ExpiryListener {
                     }
                 }
             }
+            store.record_online_users(online).await?;
+            METRICS.online_users.set(online as i64);
             Ok::<_, StoreError>((users, repaired))
         };
         ctx.spawn(pass.into_actor(self).map(|res, act, _| {
@@ -350,6 +356,16 @@ impl Actor for ExpiryListener {
             on_key,
         ));
         ctx.run_interval(self.config.reaper_interval(), |act, ctx| act.tick(ctx));
+        // The fleet's online users, as the last reconciliation pass (on
+        // whichever node ran it) counted them.
+        ctx.run_interval(ONLINE_USERS_READ, |act, _| {
+            let store = act.store.clone();
+            actix::spawn(async move {
+                if let Ok(Some(users)) = store.online_users().await {
+                    METRICS.online_users.set(users as i64);
+                }
+            });
+        });
         // The record of this node's run, which names it for the devices it
         // holds: one short script per renewal.
         ctx.run_interval(self.config.run_renew_interval(), |act, _| {

@@ -70,9 +70,37 @@ pub struct Reconciliation {
     pub looked_at: usize,
     /// Users repaired.
     pub repaired: usize,
+    /// Users left with at least one device (invisible ones included).
+    pub online: usize,
 }
 
 impl Store {
+    /// Records the users online fleet-wide, as the reconciliation pass that
+    /// just ended counted them, for every node's `presence_online_users`.
+    pub async fn record_online_users(&self, users: usize) -> StoreResult<()> {
+        let mut conn = self.conn();
+        redis::cmd("HSET")
+            .arg(keys::STATS)
+            .arg("online_users")
+            .arg(users)
+            .arg("counted_at")
+            .arg(now_ms())
+            .query_async::<()>(&mut conn)
+            .await?;
+        Ok(())
+    }
+
+    /// The users online fleet-wide as the last reconciliation pass counted
+    /// them; `None` before any pass ended.
+    pub async fn online_users(&self) -> StoreResult<Option<u64>> {
+        let mut conn = self.conn();
+        Ok(redis::cmd("HGET")
+            .arg(keys::STATS)
+            .arg("online_users")
+            .query_async(&mut conn)
+            .await?)
+    }
+
     /// Takes or keeps the deadline-pass lock of `bucket` for `hold`; true
     /// when this node holds it.
     pub async fn hold_reaper_lock(
@@ -298,6 +326,7 @@ impl Store {
                 next_cursor: next,
                 looked_at: 0,
                 repaired: 0,
+                online: 0,
             });
         }
         let mut pipe = redis::pipe();
@@ -309,7 +338,7 @@ impl Store {
                 .reconcile(&mut pipe, user, devices, now, feed.as_ref());
         }
         let reply = self.query(&pipe).await?;
-        let mut repaired = 0;
+        let (mut repaired, mut online) = (0, users.len());
         for (user, value) in users.iter().zip(&reply) {
             let r = match parse_reconciled(&self.report(value, false), user) {
                 Ok(r) => r,
@@ -318,6 +347,9 @@ impl Store {
                     continue;
                 }
             };
+            if r.new_count == 0 {
+                online -= 1;
+            }
             if r.removed == 0 && r.old_count == r.new_count {
                 continue;
             }
@@ -334,6 +366,7 @@ impl Store {
             next_cursor: next,
             looked_at: users.len(),
             repaired,
+            online,
         })
     }
 }

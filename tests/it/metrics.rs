@@ -160,3 +160,29 @@ async fn an_expired_lease_costs_one_departure_step_in_the_fleet() {
         "{steps} departure steps for {DEVICES} lapsed leases"
     );
 }
+
+/// `presence_online_users`: the users with a device, fleet-wide, counted by
+/// the reconciliation pass on one node and shown by every node; a user on
+/// two devices counts once, an invisible one counts, one gone does not.
+#[tokio::test]
+async fn online_users_is_the_fleets_count_on_every_node() {
+    let redis = Redis::start();
+    let fast = ["--reconcile-interval-ms", "300"];
+    let a = Node::start_with(&redis, "users-a", &fast);
+    let b = Node::start_with(&redis, "users-b", &fast);
+    let _alice_phone = Client::connect(&a, "alice", "phone").await;
+    let _alice_laptop = Client::connect(&b, "alice", "laptop").await;
+    let _bob = Client::connect(&b, "bob", "phone").await;
+    let mut carol = Client::connect(&a, "carol", "phone").await;
+    carol
+        .send(json!({"type": "status", "status": "invisible"}))
+        .await;
+    let dave = Client::connect(&a, "dave", "phone").await;
+    dave.close().await;
+    for node in [&a, &b] {
+        wait_until("presence_online_users to be 3", DEADLINE, || async {
+            metric(node, "presence_online_users").await == 3.0
+        })
+        .await;
+    }
+}
