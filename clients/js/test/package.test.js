@@ -96,7 +96,7 @@ before(async () => {
   // The package has no dependencies (ws is an optional peer): installs offline.
   execFileSync("npm", ["install", "--offline", "--no-audit", "--no-fund", path.join(tmp, tarball)], { cwd: app, stdio: "pipe" });
   dev = await startNode("pkg-dev", ["--heartbeat-ms", "1000"]);
-  jwt = await startNode("pkg-jwt", ["--auth", "jwt", "--jwt-secret", SECRET]);
+  jwt = await startNode("pkg-jwt", ["--auth", "jwt", "--jwt-secret", SECRET, "--local-redis"]);
 });
 
 after(() => {
