@@ -10,6 +10,7 @@ mod bench_smoke;
 mod chaos;
 mod cluster;
 mod config;
+mod deploy;
 mod devices_watch;
 mod docs;
 mod edge;
