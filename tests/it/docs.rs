@@ -320,7 +320,11 @@ fn anchors(text: &str) -> Vec<String> {
 
 #[test]
 fn every_relative_link_of_the_docs_leads_somewhere() {
-    let mut files = vec!["README.md".to_string(), "clients/js/README.md".to_string()];
+    let mut files = vec![
+        "README.md".to_string(),
+        "BENCHMARKS.md".to_string(),
+        "clients/js/README.md".to_string(),
+    ];
     files.extend(doc_files());
     let mut broken = Vec::new();
     for file in &files {
