@@ -11,6 +11,7 @@ mod chaos;
 mod cluster;
 mod config;
 mod dashboard;
+mod deploy;
 mod devices_watch;
 mod docs;
 mod edge;
