@@ -2,6 +2,7 @@
 // show it, started from the query string (?user=&device=&url=&url=&contact=&room=),
 // or (?probe=1) components that count their renders, to show which frames
 // re-render which components.
+import { StrictMode } from "react";
 import { createRoot } from "react-dom/client";
 import PresenceClient from "presence-client";
 import { PresenceProvider, useRoom, usePresence, useOccupancy } from "presence-client/react";
@@ -50,6 +51,11 @@ if (params.get("probe")) {
   window.showUser = (user) => {
     const el = document.body.appendChild(document.createElement("div"));
     createRoot(el).render(<PresenceProvider client={client}><UserProbe user={user} /></PresenceProvider>);
+  };
+  // A room's only component, mounted under StrictMode (mount, unmount, mount) while connected.
+  window.showRoom = (id) => {
+    const el = document.body.appendChild(document.createElement("div"));
+    createRoot(el).render(<StrictMode><PresenceProvider client={client}><RoomProbe id={id} /></PresenceProvider></StrictMode>);
   };
 } else {
   window.client = start(root, {

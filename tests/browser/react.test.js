@@ -109,6 +109,15 @@ test("two users in a room through the hooks: members, typing, status, a node kil
   const alice = await step("alice opens the page on node 1", () => open("alice", query([
     ["user", "alice"], ["device", "tab"], ["url", [wsUrl(n1), wsUrl(n2)]], ["contact", "bob"], ["room", "chat:1"],
   ])));
+  await step("alice is in the room; her own callbacks on it keep working beside the hooks'", async () => {
+    await expectMembers(alice.page, ["alice"]);
+    await alice.page.evaluate(() => {
+      const room = window.client.rooms.get("chat:1");
+      window.seen = [];
+      room.onJoin = (e) => window.seen.push(`join ${e.user}`);
+      room.onLeave = (e) => window.seen.push(`leave ${e.user}`);
+    });
+  });
   const bob = await step("bob opens the page on node 2", () => open("bob", query([
     ["user", "bob"], ["device", "phone"], ["url", [wsUrl(n2), wsUrl(n1)]], ["contact", "alice"], ["room", "chat:1"],
   ])));
@@ -121,6 +130,7 @@ test("two users in a room through the hooks: members, typing, status, a node kil
     await a.locator('.contacts li[data-user="bob"][data-status="online"]').waitFor({ timeout: DEADLINE_MS });
     await b.locator('.contacts li[data-user="alice"][data-status="online"]').waitFor({ timeout: DEADLINE_MS });
     await a.locator(".here", { hasText: "2 here" }).waitFor({ timeout: DEADLINE_MS });
+    assert.deepEqual(await a.evaluate(() => window.seen), ["join bob"]);
   });
   await step("bob types: alice sees it; bob sends: it clears", async () => {
     await b.locator(".chat input").pressSequentially("hi", { delay: 20 });
@@ -152,6 +162,12 @@ test("two users in a room through the hooks: members, typing, status, a node kil
     await expectMembers(b, ["alice", "bob"]);
   });
   await step("alice leaves by unmounting the room: bob sees her go", async () => {
+    await b.evaluate(() => {
+      const room = window.client.rooms.get("chat:1");
+      window.seen = [];
+      room.onJoin = (e) => window.seen.push(`join ${e.user}`);
+      room.onLeave = (e) => window.seen.push(`leave ${e.user}`);
+    });
     await a.locator("button.toggle", { hasText: "Leave" }).click();
     await expectMembers(b, ["bob"]);
     assert.equal(await a.locator(".chat").count(), 0);
@@ -160,6 +176,8 @@ test("two users in a room through the hooks: members, typing, status, a node kil
     await a.locator("button.toggle", { hasText: "Join" }).click();
     await expectMembers(b, ["alice", "bob"]);
     await expectMembers(a, ["alice", "bob"]);
+    // Her room's two components (and StrictMode's double mount) share one join: one leave, one join.
+    assert.deepEqual(await b.evaluate(() => window.seen), ["leave alice", "join alice"]);
   });
   for (const p of [alice, bob]) await p.context.close();
 });
@@ -214,6 +232,24 @@ test("frames about another room or another user re-render nothing", { timeout: 1
     await page.evaluate(() => window.showUser("erin"));
     await probe('[data-user="erin"][data-status="offline"]').waitFor({ state: "attached", timeout: DEADLINE_MS });
     assert.equal(await page.evaluate(() => window.client.watched.has("erin")), true, "erin stays the app's");
+  });
+  await step("StrictMode mounts a room's only component twice: the others see one join and no leave", async () => {
+    await page.evaluate(() => new Promise((resolve) => {
+      const room = window.carol.join("room:c");
+      window.carolSeen = [];
+      room.onJoin = (e) => window.carolSeen.push(`join ${e.user}`);
+      room.onLeave = (e) => window.carolSeen.push(`leave ${e.user}`);
+      room.onSync = () => resolve();
+    }));
+    await page.evaluate(() => window.showRoom("room:c"));
+    await probe('[data-room="room:c"][data-joined="true"][data-members="carol,dave"]').waitFor({ state: "attached", timeout: DEADLINE_MS });
+    await until("carol to hear of dave", DEADLINE_MS, () => page.evaluate(() => window.carolSeen.length > 0));
+    // A stray leave and join would come right behind the first join: give them a round trip.
+    await page.evaluate(() => new Promise((resolve) => {
+      window.carol.rooms.get("room:c").onSignal = resolve;
+      window.client.rooms.get("room:c").signal({ ping: true });
+    }));
+    assert.deepEqual(await page.evaluate(() => window.carolSeen), ["join dave"]);
   });
   await context.close();
 });
