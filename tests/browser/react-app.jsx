@@ -5,18 +5,24 @@
 import { StrictMode } from "react";
 import { createRoot } from "react-dom/client";
 import PresenceClient from "presence-client";
-import { PresenceProvider, useRoom, usePresence, useOccupancy } from "presence-client/react";
+import { PresenceProvider, useRoom, usePresence, useOccupancy, useSelf } from "presence-client/react";
 import { start } from "../../docs/examples/react-chat.jsx";
 
 window.PresenceClient = PresenceClient;
 window.renders = {};
 const rendered = (name) => { window.renders[name] = (window.renders[name] || 0) + 1; };
 
-function RoomProbe({ id }) {
+function RoomProbe({ id, options }) {
   rendered(`room ${id}`);
-  const room = useRoom(id);
+  const room = useRoom(id, options);
   const members = [...(room.members ?? new Map()).keys()].join(",");
-  return <p data-room={id} data-joined={String(room.joined)} data-members={members} data-typing={room.typingUsers.join(",")} />;
+  return <p data-room={id} data-joined={String(room.joined)} data-members={members} data-typing={room.typingUsers.join(",")}
+    data-error={room.error?.code ?? ""} />;
+}
+
+function SelfProbe() {
+  const { user, record } = useSelf();
+  return <p data-self={user ?? ""} data-status={record?.status ?? "unknown"} />;
 }
 
 function UserProbe({ user }) {
@@ -34,7 +40,22 @@ function CountProbe({ id }) {
 const params = new URLSearchParams(location.search);
 const url = params.getAll("url");
 const root = document.getElementById("root");
-if (params.get("probe")) {
+if (params.get("jwt")) {
+  // Token auth: the user comes from hello; rooms under --room-policy token get their room
+  // tokens from the client's getToken, or from useRoom's own.
+  const client = new PresenceClient({ url, token: params.get("token"), device: "jwt", getToken: (room) => window.clientTokens[room] });
+  client.connect();
+  window.client = client;
+  // Mounted before hello names the user.
+  createRoot(document.body.appendChild(document.createElement("div"))).render(<PresenceProvider client={client}><SelfProbe /></PresenceProvider>);
+  const byHook = { getToken: (room) => window.hookTokens[room] };
+  window.showRooms = (hooked, plain) => createRoot(root).render(
+    <PresenceProvider client={client}>
+      {hooked.map((id) => <RoomProbe key={id} id={id} options={byHook} />)}
+      {plain.map((id) => <RoomProbe key={id} id={id} />)}
+    </PresenceProvider>,
+  );
+} else if (params.get("probe")) {
   const client = new PresenceClient({ url, user: params.get("user"), device: "probe" });
   client.connect();
   window.client = client;

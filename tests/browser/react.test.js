@@ -5,7 +5,8 @@
 // typing and its clearing, a status change, alice's node SIGKILLed and her
 // hooks back on the other node with the same members, and unmounting the
 // room leaving it. Then components that count their renders show that frames
-// about another room or user re-render nothing.
+// about another room or user re-render nothing, and a JWT node's token rooms
+// take useRoom's getToken for their room and the client's for the others.
 //
 //   cargo build && (cd tests/browser && npm ci && npm test)
 //
@@ -14,6 +15,7 @@
 
 const { test, before, after } = require("node:test");
 const assert = require("node:assert/strict");
+const crypto = require("node:crypto");
 const fs = require("node:fs");
 const http = require("node:http");
 const os = require("node:os");
@@ -250,6 +252,38 @@ test("frames about another room or another user re-render nothing", { timeout: 1
       window.client.rooms.get("room:c").signal({ ping: true });
     }));
     assert.deepEqual(await page.evaluate(() => window.carolSeen), ["join dave"]);
+  });
+  await context.close();
+});
+
+/** An HS256 JWT with `claims`, signed with `secret`, valid for ten minutes. */
+function jwt(claims, secret) {
+  const part = (o) => Buffer.from(JSON.stringify(o)).toString("base64url");
+  const unsigned = `${part({ alg: "HS256", typ: "JWT" })}.${part({ exp: Math.floor(Date.now() / 1000) + 600, ...claims })}`;
+  return `${unsigned}.${crypto.createHmac("sha256", secret).update(unsigned).digest("base64url")}`;
+}
+
+test("token rooms: useRoom's getToken for its room, the client's for the others; useSelf waits for hello", { timeout: 120_000 }, async () => {
+  const secret = crypto.randomBytes(32).toString("hex");
+  const n = await step("a JWT node with token rooms starts", () =>
+    h.startNode("react-jwt", ["--auth", "jwt", "--jwt-secret", secret, "--room-policy", "doc:*=token", "--allowed-origins", ORIGIN]));
+  const { context, page } = await step("fay opens the page with a connection token", () =>
+    open("fay", query([["jwt", "1"], ["token", jwt({ sub: "fay" }, secret)], ["url", wsUrl(n)]])));
+  await step("fay's rooms join with the right tokens; one for another room is refused", async () => {
+    await page.evaluate(({ hook, own }) => {
+      window.hookTokens = hook;
+      window.clientTokens = own;
+      window.showRooms(["doc:7", "doc:9"], ["doc:8"]);
+    }, {
+      // doc:7 through useRoom's getToken, doc:8 through the client's; doc:9's names another room.
+      hook: { "doc:7": jwt({ sub: "fay", room: "doc:7" }, secret), "doc:9": jwt({ sub: "fay", room: "doc:7" }, secret) },
+      own: { "doc:8": jwt({ sub: "fay", room: "doc:8" }, secret), "doc:7": "not.a.token" },
+    });
+    for (const id of ["doc:7", "doc:8"]) {
+      await page.locator(`[data-room="${id}"][data-joined="true"][data-members="fay"]`).waitFor({ state: "attached", timeout: DEADLINE_MS });
+    }
+    await page.locator('[data-room="doc:9"][data-error="forbidden"]').waitFor({ state: "attached", timeout: DEADLINE_MS });
+    await page.locator('[data-self="fay"][data-status="online"]').waitFor({ state: "attached", timeout: DEADLINE_MS });
   });
   await context.close();
 });
