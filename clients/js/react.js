@@ -95,7 +95,6 @@ class RoomEntry {
     this.counts = NO_COUNTS;
     const o = options || {};
     const c = store.client;
-    if (o.getToken) store.dispatchTokens();
     this.room = c.join(id, { state: o.state, token: o.token });
     const changed = () => this.refresh();
     this.untaps = ["onSync", "onJoin", "onLeave", "onUpdate", "onOccupancy", "onTyping", "onError"].map((n) => tap(this.room, n, changed));
@@ -257,6 +256,8 @@ class Store {
 
   subscribeRoom(id, options, listener) {
     this.attach();
+    // Before the join: it asks getToken.
+    if (options && options.getToken) this.dispatchTokens();
     let e = this.rooms.get(id);
     if (!e) {
       e = new RoomEntry(this, id, options);
