@@ -15,19 +15,13 @@
 
 const { test, before, after } = require("node:test");
 const assert = require("node:assert/strict");
-const { spawn } = require("node:child_process");
 const fs = require("node:fs");
-const net = require("node:net");
 const os = require("node:os");
 const path = require("node:path");
 const { chromium } = require("playwright-core");
+const { ROOT, CHROMIUM, CHROMIUM_ARGS, DEADLINE_MS, freePort, until, Harness } = require("./harness");
 
-const ROOT = path.resolve(__dirname, "..", "..");
-const BIN = process.env.PRESENCE_SERVER_BIN || path.join(ROOT, "target", "debug", "presence-server");
-const CHROMIUM = process.env.CHROMIUM_PATH || "/usr/bin/chromium";
 const ARTIFACTS = process.env.ARTIFACTS_DIR || path.join(ROOT, "artifacts");
-/** How long any expected change may take to show; generous for a busy CI machine. */
-const DEADLINE_MS = 20_000;
 /** Colours of the dots, as the page's CSS defines them (light scheme). */
 const COLOURS = {
   online: "rgb(31, 157, 85)",
@@ -36,124 +30,19 @@ const COLOURS = {
   offline: "rgb(139, 147, 161)",
 };
 
-const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "presence-browser-"));
-let redis = null; // { child, port }
-const nodes = []; // { id, child, base, logs } of every node started
+const h = new Harness(fs.mkdtempSync(path.join(os.tmpdir(), "presence-browser-")));
 let node = null; // the first node: serves the pages
 let browser = null;
 const pageLogs = []; // console and page errors of every page, for failure messages
-
-/** A port free on loopback right now. */
-function freePort() {
-  return new Promise((resolve, reject) => {
-    const srv = net.createServer();
-    srv.once("error", reject);
-    srv.listen(0, "127.0.0.1", () => {
-      const { port } = srv.address();
-      srv.close(() => resolve(port));
-    });
-  });
-}
-
-/** Resolves when `check()` resolves true, rejects with `what` after `ms`. */
-async function until(what, ms, check) {
-  const deadline = Date.now() + ms;
-  for (;;) {
-    if (await check()) return;
-    if (Date.now() > deadline) throw new Error(`timed out after ${ms} ms waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 50));
-  }
-}
-
-/** True when a Redis server answers PING on `port`. */
-function pings(port) {
-  return new Promise((resolve) => {
-    const sock = net.connect(port, "127.0.0.1");
-    let buf = "";
-    sock.setTimeout(500, () => { sock.destroy(); resolve(false); });
-    sock.on("connect", () => sock.write("PING\r\n"));
-    sock.on("data", (d) => { buf += d; if (buf.includes("\r\n")) { sock.destroy(); resolve(buf.startsWith("+PONG")); } });
-    sock.on("error", () => resolve(false));
-  });
-}
-
-function redisLog() {
-  try { return fs.readFileSync(path.join(tmp, "redis.log"), "utf8"); } catch { return "(no redis log)"; }
-}
-
-function nodeLogs(lines) {
-  if (!nodes.length) return "(no node started)";
-  return nodes.map((n) => `--- presence-server ${n.id} log (last ${lines} lines) ---\n` + n.logs.slice(-lines).join("\n")).join("\n");
-}
 
 /** Everything that helps explain a failure. */
 function diagnostics() {
   const tail = (s, n) => s.split("\n").slice(-n).join("\n");
   return [
-    nodeLogs(80),
-    "--- redis log (last 20 lines) ---", tail(redisLog(), 20),
+    h.nodeLogs(80),
+    "--- redis log (last 20 lines) ---", tail(h.redisLog(), 20),
     "--- browser console ---", tail(pageLogs.join("\n"), 60),
   ].join("\n");
-}
-
-async function startRedis() {
-  // The free port may be taken by a parallel test before redis binds it: try a few.
-  for (let i = 0; i < 5; i++) {
-    const port = await freePort();
-    const child = spawn("redis-server", [
-      path.join(ROOT, "redis.conf"), "--port", String(port), "--bind", "127.0.0.1",
-      "--dir", tmp, "--logfile", path.join(tmp, "redis.log"), "--appendonly", "no",
-    ], { stdio: "ignore" });
-    let dead = false;
-    let spawnError = null;
-    child.once("exit", () => { dead = true; });
-    child.once("error", (e) => { spawnError = e; });
-    try {
-      await until("redis-server to answer PING", DEADLINE_MS, async () => {
-        if (spawnError) throw new Error(`cannot run redis-server (apt-get install -y redis-server): ${spawnError.message}`);
-        return dead || (await pings(port));
-      });
-    } catch (e) {
-      child.kill("SIGKILL");
-      throw new Error(`${e.message}\n${redisLog()}`);
-    }
-    if (!dead) return { child, port };
-  }
-  throw new Error(`redis-server did not start on any of 5 ports:\n${redisLog()}`);
-}
-
-/** Starts a node against the test's Redis and waits for its "listening on" line. */
-async function startNode(redisPort, id, extra = [], listen = "127.0.0.1:0") {
-  if (!fs.existsSync(BIN)) throw new Error(`${BIN} is missing: run \`cargo build\` first (or set PRESENCE_SERVER_BIN)`);
-  const child = spawn(BIN, [
-    "--listen", listen,
-    "--redis-url", `redis://127.0.0.1:${redisPort}/0`,
-    "--node-id", id,
-    "--heartbeat-ms", "1000",
-    ...extra,
-  ], { stdio: ["ignore", "ignore", "pipe"], env: { ...process.env, RUST_LOG: "presence_server=debug,info" } });
-  const logs = [];
-  const n = { id, child, logs, base: null };
-  nodes.push(n);
-  let pending = "";
-  child.stderr.setEncoding("utf8");
-  child.stderr.on("data", (d) => {
-    pending += d;
-    const lines = pending.split("\n");
-    pending = lines.pop();
-    for (const line of lines) {
-      logs.push(line);
-      const m = line.match(/listening on (http:\/\/\S+)/);
-      if (m) n.base = m[1];
-    }
-  });
-  let exit = null;
-  child.once("exit", (code, sig) => { exit = `exited with ${code ?? sig}`; });
-  await until("presence-server to log \"listening on\"", DEADLINE_MS, () => {
-    if (exit) throw new Error(`presence-server ${id} ${exit} before listening:\n${logs.join("\n")}`);
-    return n.base !== null;
-  });
-  return n;
 }
 
 /** Opens the demo page in a fresh browser context (its own storage: a separate person). */
@@ -186,25 +75,21 @@ async function step(name, fn) {
 }
 
 before(async () => {
-  redis = await startRedis();
-  node = await startNode(redis.port, "browser-1");
+  await h.startRedis();
+  node = await h.startNode("browser-1");
   if (!fs.existsSync(CHROMIUM)) throw new Error(`${CHROMIUM} is missing: apt-get install -y chromium (or set CHROMIUM_PATH)`);
   browser = await chromium.launch({
     executablePath: CHROMIUM,
     // playwright-core gives each launch a fresh temporary user-data-dir.
     // presence.test: a host name the dev-auth node does not answer to (its 403 test).
-    args: ["--headless", "--no-sandbox", "--host-resolver-rules=MAP presence.test 127.0.0.1", "--disable-gpu", "--disable-quic", "--no-first-run",
-      "--disable-background-networking", "--disable-component-update", "--disable-sync"],
+    args: [...CHROMIUM_ARGS, "--host-resolver-rules=MAP presence.test 127.0.0.1"],
     timeout: 60_000,
   });
 });
 
 after(async () => {
   if (browser) await browser.close().catch(() => {});
-  for (const p of [...nodes, redis]) {
-    if (p && p.child.exitCode === null) p.child.kill("SIGKILL");
-  }
-  fs.rmSync(tmp, { recursive: true, force: true });
+  h.stop();
 });
 
 test("dots follow other users through online, away, busy and offline", { timeout: 180_000 }, async () => {
@@ -437,7 +322,7 @@ test("a first visit: no contacts prefilled, the log collapsed, add and remove co
 });
 
 test("a refused origin and a refused host name are explained, not looped on silently", { timeout: 120_000 }, async () => {
-  const strict = await step("a node that allows no other origin", () => startNode(redis.port, "browser-strict"));
+  const strict = await step("a node that allows no other origin", () => h.startNode("browser-strict"));
   const context = await browser.newContext({ viewport: { width: 1120, height: 780 }, colorScheme: "light", locale: "en-US" });
   const page = await context.newPage();
   page.on("console", (m) => pageLogs.push(`[origin] ${m.type()}: ${m.text()}`));
@@ -461,8 +346,8 @@ test("a refused origin and a refused host name are explained, not looped on sile
 test("a page given two nodes rides out the death of the one it is on", { timeout: 180_000 }, async () => {
   // The page comes from the first node: the others must let its origin in.
   const allow = ["--allowed-origins", node.base];
-  const second = await step("a second node starts", () => startNode(redis.port, "browser-2", allow));
-  const doomed = await step("a third node starts", () => startNode(redis.port, "browser-3", allow));
+  const second = await step("a second node starts", () => h.startNode("browser-2", allow));
+  const doomed = await step("a third node starts", () => h.startNode("browser-3", allow));
   // Alice's page comes from the first node but talks to the doomed one,
   // with the second as the fallback.
   const servers = [doomed.base, second.base].map((b) => b.replace(/^http/, "ws") + "/ws").join(",");
@@ -504,7 +389,7 @@ test("a page given two nodes rides out the death of the one it is on", { timeout
 test("a room: who is here on which device, who is typing, leaving, and a node restart", { timeout: 180_000 }, async () => {
   // A node of its own on a fixed port: it restarts where the pages expect it.
   const listen = `127.0.0.1:${await freePort()}`;
-  let own = await step("a node for the room starts", () => startNode(redis.port, "browser-rooms", [], listen));
+  let own = await step("a node for the room starts", () => h.startNode("browser-rooms", [], listen));
   const alice = await step("alice signs in", () => openAs("alice", "device=laptop", own.base));
   const bob = await step("bob signs in", () => openAs("bob", "device=phone", own.base));
   const [a, b] = [alice.page, bob.page];
@@ -558,7 +443,7 @@ test("a room: who is here on which device, who is typing, leaving, and a node re
   await step("the node restarts: both pages reconnect by themselves and are back in the room", async () => {
     own.child.kill("SIGKILL");
     await a.locator('#state[data-state="reconnecting"]').waitFor({ timeout: DEADLINE_MS });
-    own = await startNode(redis.port, "browser-rooms-2", [], listen);
+    own = await h.startNode("browser-rooms-2", [], listen);
     for (const p of [a, b]) {
       await p.locator('#state[data-state="open"]').waitFor({ timeout: DEADLINE_MS });
       await p.locator('#room-card[data-joined="true"]').waitFor({ timeout: DEADLINE_MS });
@@ -584,7 +469,7 @@ test("a room: who is here on which device, who is typing, leaving, and a node re
 test("a room the app's backend controls: a refused join and a removal are said in words", { timeout: 120_000 }, async () => {
   const key = "admin-key-of-the-browser-test-0123456789";
   const own = await step("a node with a member-list room policy starts", () =>
-    startNode(redis.port, "browser-private", ["--room-policy", "private:*=members", "--admin-key", key]));
+    h.startNode("browser-private", ["--room-policy", "private:*=members", "--admin-key", key]));
   /** The admin API, as the app's backend calls it. */
   const admin = async (method, p, body) => {
     const res = await fetch(own.base + p, {
@@ -652,7 +537,7 @@ function hs256(secret, sub) {
 
 test("under JWT auth the page asks for a token and explains a refused one", { timeout: 120_000 }, async () => {
   const secret = "0123456789abcdef0123456789abcdef-browser-secret";
-  const jwt = await step("a JWT node starts", () => startNode(redis.port, "browser-jwt-page", ["--auth", "jwt", "--jwt-secret", secret]));
+  const jwt = await step("a JWT node starts", () => h.startNode("browser-jwt-page", ["--auth", "jwt", "--jwt-secret", secret]));
   const context = await browser.newContext({ viewport: { width: 1120, height: 780 }, colorScheme: "light", locale: "en-US" });
   const page = await context.newPage();
   page.on("console", (m) => pageLogs.push(`[jwt-page] ${m.type()}: ${m.text()}`));
@@ -691,7 +576,7 @@ test("under JWT auth the page asks for a token and explains a refused one", { ti
 test("with JWT auth the page sends its token as the first frame, never in the URL", { timeout: 120_000 }, async () => {
   const secret = "0123456789abcdef0123456789abcdef-browser-secret";
   const jwt = await step("a JWT node starts", () =>
-    startNode(redis.port, "browser-jwt", ["--auth", "jwt", "--jwt-secret", secret, "--allowed-origins", node.base]));
+    h.startNode("browser-jwt", ["--auth", "jwt", "--jwt-secret", secret, "--allowed-origins", node.base]));
   const token = hs256(secret, "auth0|alice3");
   const server = jwt.base.replace(/^http/, "ws") + "/ws";
   const context = await browser.newContext({ viewport: { width: 1120, height: 780 }, colorScheme: "light", locale: "en-US" });

@@ -103,12 +103,27 @@ after(() => {
   for (const n of nodes) n.child.kill("SIGTERM");
 });
 
-test("the tarball holds the library, its ESM entry and its types, and nothing else", () => {
+test("the tarball holds the library, its ESM entry, the React hooks and their types, and nothing else", () => {
   const installed = path.join(app, "node_modules", "presence-client");
   const files = fs.readdirSync(installed).sort();
-  assert.deepEqual(files, ["README.md", "package.json", "presence-client.d.ts", "presence-client.js", "presence-client.mjs"]);
+  assert.deepEqual(files, [
+    "README.md", "package.json", "presence-client.d.ts", "presence-client.js", "presence-client.mjs", "react.d.ts", "react.js", "react.mjs",
+  ]);
   // The very file every node serves at /presence-client.js.
   assert.equal(fs.readFileSync(path.join(installed, "presence-client.js"), "utf8"), fs.readFileSync(path.join(PKG, "presence-client.js"), "utf8"));
+});
+
+test("presence-client/react: the same hooks from require and import, with the app's React", () => {
+  // React is the app's (an optional peer): the one the client's tests use.
+  fs.symlinkSync(path.join(PKG, "node_modules", "react"), path.join(app, "node_modules", "react"), "dir");
+  const r = run("react.mjs", `
+import { createRequire } from "node:module";
+import * as esm from "presence-client/react";
+const cjs = createRequire(import.meta.url)("presence-client/react");
+const names = Object.keys(esm).sort();
+console.log(JSON.stringify({ names, same: names.every((n) => esm[n] === cjs[n]) }));
+`);
+  assert.deepEqual(r, { names: ["PresenceProvider", "useOccupancy", "usePresence", "usePresenceClient", "useRoom", "useSelf"], same: true });
 });
 
 test("without a WebSocket class, the error says what to install or pass", () => {

@@ -82,3 +82,21 @@ test("presence-client.d.ts's Room interface declares exactly the Room's public m
   const actualRoom = [...names].filter((n) => !n.startsWith("_")).sort();
   assert.deepEqual(actualRoom, [...declaredRoom].sort());
 });
+
+test("react.d.ts declares exactly the hooks react.js and react.mjs export", async () => {
+  const file = path.join(STATIC, "react.d.ts");
+  const src = ts.createSourceFile(file, fs.readFileSync(file, "utf8"), ts.ScriptTarget.ES2020, true);
+  const declaredFns = [];
+  src.forEachChild((node) => {
+    if (ts.isFunctionDeclaration(node) && node.name && (ts.getModifiers(node) || []).some((m) => m.kind === ts.SyntaxKind.ExportKeyword)) {
+      declaredFns.push(node.name.text);
+    }
+  });
+  const cjs = require(path.join(STATIC, "react.js"));
+  assert.deepEqual(Object.keys(cjs).sort(), declaredFns.sort());
+  for (const name of declaredFns) assert.equal(typeof cjs[name], "function", name);
+  // The ES module entry hands out the very same functions (one store per client).
+  const esm = await import(path.join(STATIC, "react.mjs"));
+  assert.deepEqual(Object.keys(esm).sort(), declaredFns.sort());
+  for (const name of declaredFns) assert.equal(esm[name], cjs[name], name);
+});
