@@ -17,7 +17,8 @@ import contextlib
 import os
 import sqlite3
 import threading
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 from flask import Flask, jsonify, request
 

@@ -6,6 +6,7 @@ receiver in this process and the Flask example of docs/examples."""
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import importlib.util
 import os
@@ -16,10 +17,11 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, TypeVar
 
 import pytest
 
@@ -89,9 +91,23 @@ def redis() -> Iterator[Redis]:
         shutil.copy(REPO / "redis.conf", tmp / "redis.conf")
         port = free_port()
         process = subprocess.Popen(
-            ["redis-server", str(tmp / "redis.conf"), "--port", str(port), "--bind", "127.0.0.1",
-             "--dir", str(tmp), "--logfile", str(tmp / "redis.log"), "--appendonly", "no"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            [
+                "redis-server",
+                str(tmp / "redis.conf"),
+                "--port",
+                str(port),
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                str(tmp),
+                "--logfile",
+                str(tmp / "redis.log"),
+                "--appendonly",
+                "no",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         end = time.monotonic() + DEADLINE
         while process.poll() is None and not _pings(port) and time.monotonic() < end:
             time.sleep(0.02)
@@ -185,8 +201,9 @@ def example(node_port: int, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 
     module = load_example()
     database = tmp_path_factory.mktemp("example") / "last_seen.sqlite3"
-    app = module.create_app(f"http://127.0.0.1:{node_port}", SERVICE_KEY, WEBHOOK_SECRET,
-                            str(database))
+    app = module.create_app(
+        f"http://127.0.0.1:{node_port}", SERVICE_KEY, WEBHOOK_SECRET, str(database)
+    )
     server = make_server("127.0.0.1", 0, app, threaded=True)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -204,24 +221,35 @@ class Node:
         return "\n".join(self.logs[-n:])
 
 
-@pytest.fixture(scope="session")
-def node(redis: Redis, receiver: Receiver, example: Example, node_port: int) -> Iterator[Node]:
+@contextlib.contextmanager
+def start_node(
+    redis: Redis, node_id: str, flags: list[str], listen: str = "127.0.0.1:0"
+) -> Iterator[Node]:
+    """A node on ``redis`` with both keys and ``flags``, killed at the end."""
     if not BINARY.exists():
-        pytest.fail(f"no presence-server binary at {BINARY}: run cargo build, or set "
-                    "PRESENCE_SERVER_BIN")
+        pytest.fail(
+            f"no presence-server binary at {BINARY}: run cargo build, or set PRESENCE_SERVER_BIN"
+        )
     args = [
-        str(BINARY), "--listen", f"127.0.0.1:{node_port}", "--redis-url", redis.url, "--node-id", "py-test",
-        "--admin-key", ADMIN_KEY, "--service-key", SERVICE_KEY,
-        "--webhook-url", receiver.url,
-        "--webhook-url", f"{example.url}/hooks/presence",
-        "--webhook-secret", WEBHOOK_SECRET, "--webhook-batch-ms", "20",
-        "--heartbeat-ms", str(HEARTBEAT_MS), "--room-policy", "team:*=members",
+        str(BINARY),
+        "--listen",
+        listen,
+        "--redis-url",
+        redis.url,
+        "--node-id",
+        node_id,
+        "--admin-key",
+        ADMIN_KEY,
+        "--service-key",
+        SERVICE_KEY,
+        *flags,
     ]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PRESENCE_", "REDIS_URL"))}
-    # The tests read far faster than a client would.
+    # The tests read far faster than a client would (a flag beats this).
     env.update(PRESENCE_HTTP_READS_PER_SEC="10000000", RUST_LOG="info")
-    process = subprocess.Popen(args, env=env, stdin=subprocess.DEVNULL,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    process = subprocess.Popen(
+        args, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
     logs: list[str] = []
     found: list[str] = []
 
@@ -235,14 +263,38 @@ def node(redis: Redis, receiver: Receiver, example: Example, node_port: int) -> 
 
     threading.Thread(target=read, daemon=True).start()
     try:
-        addr = wait_for("the node's 'listening on' line",
-                        lambda: found[0] if found else process.poll() is not None and "exited")
+        addr = wait_for(
+            "the node's 'listening on' line",
+            lambda: found[0] if found else process.poll() is not None and "exited",
+        )
         if addr == "exited":
             pytest.fail("presence-server exited:\n" + "\n".join(logs))
         yield Node(process, f"http://{addr}", logs)
     finally:
         process.kill()
         process.wait()
+
+
+@pytest.fixture(scope="session")
+def node(redis: Redis, receiver: Receiver, example: Example, node_port: int) -> Iterator[Node]:
+    """The node of the tests: dev auth, webhooks to the receiver and the
+    example, a heartbeat of 500 ms, and member lists for team:* rooms."""
+    flags = [
+        "--webhook-url",
+        receiver.url,
+        "--webhook-url",
+        f"{example.url}/hooks/presence",
+        "--webhook-secret",
+        WEBHOOK_SECRET,
+        "--webhook-batch-ms",
+        "20",
+        "--heartbeat-ms",
+        str(HEARTBEAT_MS),
+        "--room-policy",
+        "team:*=members",
+    ]
+    with start_node(redis, "py-test", flags, listen=f"127.0.0.1:{node_port}") as started:
+        yield started
 
 
 @pytest.fixture(scope="session")

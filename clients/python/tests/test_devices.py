@@ -7,9 +7,8 @@ import time
 
 import pytest
 
-from presence_client import BadRequest, PresenceClient, PresenceError
-
 from conftest import HEARTBEAT_MS, unique, wait_for
+from presence_client import BadRequest, PresenceClient, PresenceError
 
 
 def test_a_heartbeat_claims_a_lease(client: PresenceClient) -> None:
@@ -18,8 +17,11 @@ def test_a_heartbeat_claims_a_lease(client: PresenceClient) -> None:
     assert (lease.heartbeat_ms, lease.ttl_ms) == (HEARTBEAT_MS, 3 * HEARTBEAT_MS)
     assert client.presence(user).kinds == ("bot",)
     # Without heartbeats the lease lapses: offline within ttl + 1 s.
-    wait_for("the lease to lapse", lambda: client.presence(user).devices == 0,
-             deadline=lease.ttl_ms / 1000 + 5)
+    wait_for(
+        "the lease to lapse",
+        lambda: client.presence(user).devices == 0,
+        deadline=lease.ttl_ms / 1000 + 5,
+    )
 
 
 def test_a_device_stays_online_while_its_thread_runs(client: PresenceClient) -> None:

@@ -12,11 +12,17 @@ from pathlib import Path
 
 import pytest
 
-from presence_client import PresenceClient
-
 from conftest import (
-    ADMIN_KEY, REPO, SERVICE_KEY, WEBHOOK_SECRET, Node, free_port, unique, wait_for,
+    ADMIN_KEY,
+    REPO,
+    SERVICE_KEY,
+    WEBHOOK_SECRET,
+    Node,
+    free_port,
+    unique,
+    wait_for,
 )
+from presence_client import PresenceClient
 
 DOC = REPO / "docs" / "python.md"
 BLOCK = re.compile(r"(?:<!-- ([^>]*) -->\n)?```python\n(.*?)```\n", re.S)
@@ -34,8 +40,9 @@ def test_the_example_block_is_the_example_file() -> None:
     assert examples[0] == path.read_text(), f"docs/python.md's copy of {path.name} differs"
 
 
-def test_the_snippets_run(node: Node, client: PresenceClient,
-                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_snippets_run(
+    node: Node, client: PresenceClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("PRESENCE_URL", node.url)
     monkeypatch.setenv("PRESENCE_SERVICE_KEY", SERVICE_KEY)
     monkeypatch.setenv("PRESENCE_ADMIN_KEY", ADMIN_KEY)
@@ -62,13 +69,26 @@ def test_the_snippets_run(node: Node, client: PresenceClient,
 
 def test_the_documented_command_starts_the_example(node: Node, tmp_path: Path) -> None:
     port = free_port()
-    env = {**os.environ, "PRESENCE_URL": node.url, "PRESENCE_SERVICE_KEY": SERVICE_KEY,
-           "PRESENCE_WEBHOOK_SECRET": WEBHOOK_SECRET,
-           "LAST_SEEN_DB": str(tmp_path / "last_seen.sqlite3")}
-    command = [sys.executable, "-m", "flask", "--app", "docs/examples/python_backend.py",
-               "run", "--port", str(port)]
-    process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE)
+    env = {
+        **os.environ,
+        "PRESENCE_URL": node.url,
+        "PRESENCE_SERVICE_KEY": SERVICE_KEY,
+        "PRESENCE_WEBHOOK_SECRET": WEBHOOK_SECRET,
+        "LAST_SEEN_DB": str(tmp_path / "last_seen.sqlite3"),
+    }
+    command = [
+        sys.executable,
+        "-m",
+        "flask",
+        "--app",
+        "docs/examples/python_backend.py",
+        "run",
+        "--port",
+        str(port),
+    ]
+    process = subprocess.Popen(
+        command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
     try:
         import urllib.request
 
@@ -78,7 +98,8 @@ def test_the_documented_command_starts_the_example(node: Node, tmp_path: Path) -
             assert process.poll() is None, process.stderr.read().decode() if process.stderr else ""
             try:
                 with urllib.request.urlopen(
-                        f"http://127.0.0.1:{port}/users/{user}/presence", timeout=2) as res:
+                    f"http://127.0.0.1:{port}/users/{user}/presence", timeout=2
+                ) as res:
                     return bool(res.status == 200)
             except OSError:
                 return False

@@ -8,18 +8,18 @@ import datetime
 import pytest
 
 import presence_client
+from conftest import ADMIN_KEY, SERVICE_KEY, Node, Redis, free_port, start_node, unique
 from presence_client import (
     BadRequest,
     ConnectionFailed,
     NotFound,
     PresenceClient,
     PresenceError,
+    RateLimited,
     TooLarge,
     Unauthorized,
     Unavailable,
 )
-
-from conftest import ADMIN_KEY, SERVICE_KEY, Node, free_port, unique
 
 
 def test_bad_input_is_a_bad_request_with_the_servers_code(client: PresenceClient) -> None:
@@ -64,6 +64,17 @@ def test_too_many_is_too_large(client: PresenceClient) -> None:
     assert (e.value.status, e.value.code) == (413, "too_many_users")
 
 
+def test_beyond_the_read_budget_is_rate_limited_with_retry_after(redis: Redis) -> None:
+    # Service reads: 1 user a second, and bursts of 1,000 (the least a burst
+    # is): of a query of 2,000 users, the second request of 1,000 is over.
+    with start_node(redis, "py-budget", ["--service-reads-per-sec", "1"]) as small:
+        reader = PresenceClient(small.url, service_key=SERVICE_KEY)
+        with pytest.raises(RateLimited) as e:
+            reader.query([f"u{i}" for i in range(2_000)])
+    assert (e.value.status, e.value.code) == (429, "rate_limited")
+    assert e.value.retry_after is not None and e.value.retry_after > 0
+
+
 def test_an_unknown_route_is_not_found(client: PresenceClient) -> None:
     with pytest.raises(NotFound) as e:
         client._public.request("GET", "/api/no-such-route")
@@ -79,6 +90,15 @@ def test_no_server_is_a_connection_failure_like_unavailable() -> None:
 
 
 def test_every_exception_is_exported() -> None:
-    for name in ["BadRequest", "Unauthorized", "Forbidden", "NotFound", "Conflict", "TooLarge",
-                 "RateLimited", "Unavailable", "ConnectionFailed"]:
+    for name in [
+        "BadRequest",
+        "Unauthorized",
+        "Forbidden",
+        "NotFound",
+        "Conflict",
+        "TooLarge",
+        "RateLimited",
+        "Unavailable",
+        "ConnectionFailed",
+    ]:
         assert issubclass(getattr(presence_client, name), PresenceError)

@@ -11,9 +11,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from presence_client import PresenceClient, sign
-
 from conftest import SERVICE_KEY, WEBHOOK_SECRET, Example, Node, unique, wait_for
+from presence_client import PresenceClient, sign
 
 
 def get(url: str) -> Any:
@@ -34,21 +33,29 @@ def post(url: str, body: bytes, signature: str | None) -> int:
 
 
 def test_the_example_keeps_last_seen_from_the_webhooks(
-        client: PresenceClient, example: Example, node: Node) -> None:
+    client: PresenceClient, example: Example, node: Node
+) -> None:
     user = unique("carol")
     client.heartbeat(user, "phone", kind="mobile")
     rows = example.app.extensions["last_seen"]
     wait_for("the webhook's online row", lambda: (rows.row(user) or {}).get("status") == "online")
     assert rows.row(user)["last_seen"] is None
     shown = get(f"{example.url}/users/{user}/presence")
-    assert shown == {"user": user, "online": True, "status": "online", "kinds": ["mobile"],
-                     "last_seen": None}
+    assert shown == {
+        "user": user,
+        "online": True,
+        "status": "online",
+        "kinds": ["mobile"],
+        "last_seen": None,
+    }
 
     client.remove_device(user, "phone")
     truth = client.presence(user).last_seen
     assert truth is not None
-    wait_for("the webhook's offline row",
-             lambda: get(f"{example.url}/users/{user}/presence")["last_seen"] == truth)
+    wait_for(
+        "the webhook's offline row",
+        lambda: get(f"{example.url}/users/{user}/presence")["last_seen"] == truth,
+    )
     assert get(f"{example.url}/users/{user}/presence")["online"] is False
 
     # An id the server refuses comes back as the server's code.
@@ -62,10 +69,27 @@ def test_the_example_keeps_last_seen_from_the_webhooks(
 
 def test_the_example_refuses_forged_webhooks(example: Example) -> None:
     user = unique("forged")
-    body = json.dumps({"node": "x", "events": [{
-        "id": f"{user}:99", "type": "online", "at": 1, "seq": 99, "user": user,
-        "status": "online", "devices": 1, "last_seen": None, "text": None, "since": 0,
-        "until": None, "kinds": []}]}).encode()
+    body = json.dumps(
+        {
+            "node": "x",
+            "events": [
+                {
+                    "id": f"{user}:99",
+                    "type": "online",
+                    "at": 1,
+                    "seq": 99,
+                    "user": user,
+                    "status": "online",
+                    "devices": 1,
+                    "last_seen": None,
+                    "text": None,
+                    "since": 0,
+                    "until": None,
+                    "kinds": [],
+                }
+            ],
+        }
+    ).encode()
     hook = f"{example.url}/hooks/presence"
     assert post(hook, body, None) == 401
     assert post(hook, body, sign(body, "not-the-webhook-secret")) == 401
@@ -78,14 +102,16 @@ def test_the_example_refuses_forged_webhooks(example: Example) -> None:
 
 
 def test_a_fresh_example_catches_up_from_the_feed(
-        client: PresenceClient, example: Example, node: Node, tmp_path: Path) -> None:
+    client: PresenceClient, example: Example, node: Node, tmp_path: Path
+) -> None:
     user = unique("dave")
     client.heartbeat(user, "laptop")
     client.remove_device(user, "laptop")
     truth = client.presence(user).last_seen
     # A new app on an empty database, with the node up: it reads the whole feed.
-    app = example.module.create_app(node.url, SERVICE_KEY, WEBHOOK_SECRET,
-                                    str(tmp_path / "fresh.sqlite3"))
+    app = example.module.create_app(
+        node.url, SERVICE_KEY, WEBHOOK_SECRET, str(tmp_path / "fresh.sqlite3")
+    )
     last_seen = app.extensions["last_seen"]
     row = last_seen.row(user)
     assert row is not None and (row["status"], row["last_seen"]) == ("offline", truth)

@@ -5,23 +5,32 @@ from __future__ import annotations
 
 import datetime
 
-from presence_client import OnlineUser, PresenceClient, Record, UserPresence
-
 from conftest import Node, unique, wait_for
+from presence_client import OnlineUser, PresenceClient, Record, UserPresence
 
 
 def test_a_user_with_its_devices(client: PresenceClient) -> None:
     user = unique("reader")
     assert client.presence(user) == UserPresence(
-        user=user, status="offline", devices=0, last_seen=None, text=None, until=None,
-        kinds=(), device_list=(), view="service")
+        user=user,
+        status="offline",
+        devices=0,
+        last_seen=None,
+        text=None,
+        until=None,
+        kinds=(),
+        device_list=(),
+        view="service",
+    )
     client.heartbeat(user, "laptop", kind="desktop")
     client.heartbeat(user, "phone", kind="mobile")
     got = client.presence(user)
     assert got.online and got.status == "online" and got.devices == 2
     assert got.kinds == ("desktop", "mobile") and got.view == "service"
     assert [(d.device, d.kind, d.node) for d in got.device_list] == [
-        ("laptop", "desktop", "py-test"), ("phone", "mobile", "py-test")]
+        ("laptop", "desktop", "py-test"),
+        ("phone", "mobile", "py-test"),
+    ]
     assert all(d.expires_in_ms and d.expires_in_ms > 0 for d in got.device_list)
     client.remove_device(user, "laptop")
     client.remove_device(user, "phone")
@@ -75,7 +84,8 @@ def test_the_online_list_pages_with_its_cursor(client: PresenceClient) -> None:
 
 
 def test_privacy_hides_from_viewers_not_from_the_service(
-        client: PresenceClient, node: Node) -> None:
+    client: PresenceClient, node: Node
+) -> None:
     user = unique("private")
     client.heartbeat(user, "d")
     anonymous = PresenceClient(node.url)  # dev auth: an anonymous viewer
@@ -120,8 +130,10 @@ def test_status_with_until_returns_to_online(client: PresenceClient) -> None:
     back = wait_for("the status to end", ended)
     assert back.text is None and back.until is None
     # An int is epoch ms; invisible is the service view's truth.
-    far = int((datetime.datetime.now(datetime.timezone.utc)
-               + datetime.timedelta(days=1)).timestamp() * 1000)
+    far = int(
+        (datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(days=1)).timestamp()
+        * 1000
+    )
     assert client.set_status(user, "invisible", until=far).until == far
     assert client.presence(user).status == "invisible"
     assert client.query([user])[0].status == "invisible"

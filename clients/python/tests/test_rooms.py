@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import websocket  # websocket-client, a test dependency only
 
-from presence_client import Forbidden, PresenceClient, RoomPage
-
 from conftest import DEADLINE, Node, unique
+from presence_client import Forbidden, PresenceClient, RoomPage
 
 
 class Socket:
@@ -78,7 +78,9 @@ def test_room_reads(client: PresenceClient, sockets: Any) -> None:
     members = {m.user: m for m in page.members}
     assert [(d.device, d.state) for d in members[alice].devices] == [("web", {"page": 1})]
     assert [(d.device, d.state) for d in members[bob].devices] == [
-        ("laptop", {"page": 7}), ("phone", {})]
+        ("laptop", {"page": 7}),
+        ("phone", {}),
+    ]
     assert all(d.joined_at > 0 for m in page.members for d in m.devices)
 
     # Paged by user: one user a page.
@@ -89,7 +91,10 @@ def test_room_reads(client: PresenceClient, sockets: Any) -> None:
     empty = unique("empty")
     counts = client.rooms([room, empty, room])
     assert [(c.room, c.users, c.devices) for c in counts] == [
-        (room, 2, 3), (empty, 0, 0), (room, 2, 3)]
+        (room, 2, 3),
+        (empty, 0, 0),
+        (room, 2, 3),
+    ]
     assert client.user_rooms(bob).rooms == {room}
     assert {d.device for d in client.user_rooms(bob).devices} == {"phone", "laptop"}
     assert client.user_rooms(unique("nobody")).devices == ()

@@ -4,12 +4,12 @@ to the package's exceptions."""
 from __future__ import annotations
 
 import json
-import socket
 import ssl
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from .errors import ConnectionFailed, PresenceError, error_for
 
@@ -70,7 +70,7 @@ class Transport:
                 raw = res.read()
         except urllib.error.HTTPError as e:
             raise _refusal(e) from None
-        except (urllib.error.URLError, socket.timeout, ConnectionError) as e:
+        except (TimeoutError, urllib.error.URLError, ConnectionError) as e:
             reason = getattr(e, "reason", e)
             raise ConnectionFailed(None, "unavailable", f"{method} {url}: {reason}") from e
         return json.loads(raw) if raw else None

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import datetime
 import ssl
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, TypeVar
 
 from . import __version__
 from ._http import Query, Transport, segment
@@ -33,6 +34,8 @@ from .records import (
 
 #: Most users (or rooms) one bulk query names; longer lists are split.
 MAX_QUERY = 1_000
+
+T = TypeVar("T")
 
 
 class PresenceClient:
@@ -75,24 +78,38 @@ class PresenceClient:
 
     # ---- requests ------------------------------------------------------------------------
 
-    def _read(self, method: str, path: str, *, query: Query | None = None,
-              body: Any = None) -> Any:
+    def _read(self, method: str, path: str, *, query: Query | None = None, body: Any = None) -> Any:
         """A read of the public API, with the service key (else the admin
         key, where it works; with neither, anonymous: dev auth only)."""
         if self.service_key or not self.admin_key:
-            return self._public.request(method, path, bearer=self.service_key, query=query,
-                                        body=body)
+            return self._public.request(
+                method, path, bearer=self.service_key, query=query, body=body
+            )
         return self._admin.request(method, path, bearer=self.admin_key, query=query, body=body)
 
-    def _operate(self, method: str, path: str, *, query: Query | None = None,
-                 body: Any = None, service: bool = False) -> Any:
+    def _operate(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Query | None = None,
+        body: Any = None,
+        service: bool = False,
+    ) -> Any:
         """A call of the operations routes (admin; with ``service``, the
         service key does too), where the admin key works."""
         key = self.admin_key or (self.service_key if service else None)
         return self._admin.request(method, path, bearer=key, query=query, body=body)
 
-    def _act(self, method: str, path: str, token: str | None, *, query: Query | None = None,
-             body: Any = None) -> Any:
+    def _act(
+        self,
+        method: str,
+        path: str,
+        token: str | None,
+        *,
+        query: Query | None = None,
+        body: Any = None,
+    ) -> Any:
         """A call for one user: with its ``token``, else the admin key."""
         if token:
             return self._public.request(method, path, bearer=token, query=query, body=body)
@@ -103,8 +120,9 @@ class PresenceClient:
     def info(self) -> ServerInfo:
         """``GET /api/info``: the server's version, auth mode and heartbeat."""
         d = self._public.request("GET", "/api/info")
-        return ServerInfo(server=d["server"], version=d["version"], auth=d["auth"],
-                          heartbeat_ms=d["heartbeat_ms"])
+        return ServerInfo(
+            server=d["server"], version=d["version"], auth=d["auth"], heartbeat_ms=d["heartbeat_ms"]
+        )
 
     def presence(self, user: str) -> UserPresence:
         """``GET /api/presence/{user}``: the user's record and live devices."""
@@ -113,59 +131,56 @@ class PresenceClient:
     def query(self, users: Iterable[str]) -> list[Record]:
         """``POST /api/presence/query``: the records of ``users``, in their
         order; a list longer than 1,000 is asked 1,000 at a time."""
-        users = list(users)
-        out: list[Record] = []
-        for i in range(0, len(users), MAX_QUERY):
-            d = self._read("POST", "/api/presence/query", body={"users": users[i:i + MAX_QUERY]})
-            out.extend(Record.from_json(r) for r in d["presence"])
-        return out
+        path = "/api/presence/query"
+        pages = (self._read("POST", path, body={"users": c}) for c in _chunks(users))
+        return [Record.from_json(r) for page in pages for r in page["presence"]]
 
-    def online(self, *, limit: int = 50, cursor: str | None = None,
-               seen_within_ms: int | None = None) -> OnlinePage:
+    def online(
+        self, *, limit: int = 50, cursor: str | None = None, seen_within_ms: int | None = None
+    ) -> OnlinePage:
         """``GET /api/online``: one page of the users online now, most
         recently active first (then, with ``seen_within_ms``, those last
         seen within it). Pass ``next_cursor`` back until it is ``None``."""
-        d = self._read("GET", "/api/online", query={
-            "limit": limit, "cursor": cursor, "seen_within_ms": seen_within_ms})
+        d = self._read(
+            "GET",
+            "/api/online",
+            query={"limit": limit, "cursor": cursor, "seen_within_ms": seen_within_ms},
+        )
         return OnlinePage.from_json(d)
 
-    def iter_online(self, *, limit: int = 200,
-                    seen_within_ms: int | None = None) -> Iterator[OnlineUser]:
+    def iter_online(
+        self, *, limit: int = 200, seen_within_ms: int | None = None
+    ) -> Iterator[OnlineUser]:
         """Every user of :meth:`online`, reading ``limit`` at a time."""
-        cursor: str | None = None
-        while True:
+
+        def read(cursor: str | None) -> tuple[list[OnlineUser], str | None]:
             page = self.online(limit=limit, cursor=cursor, seen_within_ms=seen_within_ms)
-            yield from page.users
-            if page.next_cursor is None:
-                return
-            cursor = page.next_cursor
+            return page.users, page.next_cursor
+
+        return _paged(read)
 
     def room(self, room: str, *, limit: int | None = None, cursor: str | None = None) -> RoomPage:
         """``GET /api/rooms/{room}``: the room's counts and a page of its
         members (by user, at most ``limit`` users and devices)."""
-        d = self._read("GET", f"/api/rooms/{segment(room)}",
-                       query={"limit": limit, "cursor": cursor})
+        d = self._read(
+            "GET", f"/api/rooms/{segment(room)}", query={"limit": limit, "cursor": cursor}
+        )
         return RoomPage.from_json(d)
 
     def iter_room(self, room: str, *, limit: int | None = None) -> Iterator[RoomMember]:
         """Every member of :meth:`room`, page after page."""
-        cursor: str | None = None
-        while True:
+
+        def read(cursor: str | None) -> tuple[list[RoomMember], str | None]:
             page = self.room(room, limit=limit, cursor=cursor)
-            yield from page.members
-            if page.next_cursor is None:
-                return
-            cursor = page.next_cursor
+            return page.members, page.next_cursor
+
+        return _paged(read)
 
     def rooms(self, rooms: Iterable[str]) -> list[RoomCounts]:
         """``POST /api/rooms/query``: the counts of ``rooms``, in their
         order; a list longer than 1,000 is asked 1,000 at a time."""
-        rooms = list(rooms)
-        out: list[RoomCounts] = []
-        for i in range(0, len(rooms), MAX_QUERY):
-            d = self._read("POST", "/api/rooms/query", body={"rooms": rooms[i:i + MAX_QUERY]})
-            out.extend(RoomCounts.from_json(r) for r in d["rooms"])
-        return out
+        pages = (self._read("POST", "/api/rooms/query", body={"rooms": c}) for c in _chunks(rooms))
+        return [RoomCounts.from_json(r) for page in pages for r in page["rooms"]]
 
     def user_rooms(self, user: str) -> UserRooms:
         """``GET /api/users/{user}/rooms``: the rooms each device of the user is in."""
@@ -173,8 +188,14 @@ class PresenceClient:
 
     # ---- admin: users ----------------------------------------------------------------------
 
-    def set_privacy(self, user: str, *, online: Audience | None = None,
-                    last_seen: Audience | None = None, token: str | None = None) -> None:
+    def set_privacy(
+        self,
+        user: str,
+        *,
+        online: Audience | None = None,
+        last_seen: Audience | None = None,
+        token: str | None = None,
+    ) -> None:
         """``PUT /api/users/{user}/privacy``: who may see the user online,
         and its last seen (``everyone``, ``contacts`` or ``nobody``)."""
         body = {k: v for k, v in (("online", online), ("last_seen", last_seen)) if v is not None}
@@ -183,17 +204,24 @@ class PresenceClient:
     def set_contacts(self, user: str, contacts: Iterable[str]) -> list[str]:
         """``PUT /api/users/{user}/contacts`` (admin): the users who count as
         the user's contacts; answers them sorted, without repeats."""
-        d = self._operate("PUT", f"/api/users/{segment(user)}/contacts",
-                          body={"contacts": list(contacts)})
+        d = self._operate(
+            "PUT", f"/api/users/{segment(user)}/contacts", body={"contacts": list(contacts)}
+        )
         return list(d["contacts"])
 
     def contacts(self, user: str) -> list[str]:
         """``GET /api/users/{user}/contacts`` (admin)."""
         return list(self._operate("GET", f"/api/users/{segment(user)}/contacts")["contacts"])
 
-    def set_status(self, user: str, status: SettableStatus, text: str | None = None, *,
-                   until: int | datetime.datetime | None = None,
-                   token: str | None = None) -> Record:
+    def set_status(
+        self,
+        user: str,
+        status: SettableStatus,
+        text: str | None = None,
+        *,
+        until: int | datetime.datetime | None = None,
+        token: str | None = None,
+    ) -> Record:
         """``PUT /api/users/{user}/status``: sets the status and text, as the
         user's own ``status`` frame does. At ``until`` (epoch ms, or an aware
         datetime; at most 30 days ahead) it returns to ``online``. Answers
@@ -203,8 +231,9 @@ class PresenceClient:
             body["text"] = text
         if until is not None:
             body["until"] = _epoch_ms(until)
-        return Record.from_json(self._act("PUT", f"/api/users/{segment(user)}/status", token,
-                                          body=body))
+        return Record.from_json(
+            self._act("PUT", f"/api/users/{segment(user)}/status", token, body=body)
+        )
 
     # ---- admin: rooms ------------------------------------------------------------------------
 
@@ -212,8 +241,7 @@ class PresenceClient:
         """``PUT /api/rooms/{room}/members`` (admin): the room's member list
         (``--room-policy members``) is exactly ``users``; the devices of
         users taken off it leave the room at once."""
-        d = self._operate("PUT", f"/api/rooms/{segment(room)}/members",
-                          body={"users": list(users)})
+        d = self._operate("PUT", f"/api/rooms/{segment(room)}/members", body={"users": list(users)})
         return MembersChanged.from_json(d)
 
     def add_member(self, room: str, user: str) -> MembersChanged:
@@ -228,34 +256,43 @@ class PresenceClient:
         d = self._operate("DELETE", f"/api/rooms/{segment(room)}/members/{segment(user)}")
         return UserRemoved.from_json(d)
 
-    def members(self, room: str, *, limit: int | None = None,
-                cursor: str | None = None) -> MembersPage:
+    def members(
+        self, room: str, *, limit: int | None = None, cursor: str | None = None
+    ) -> MembersPage:
         """``GET /api/rooms/{room}/members`` (admin or service key): one page
         of the member list, sorted."""
-        d = self._operate("GET", f"/api/rooms/{segment(room)}/members",
-                          query={"limit": limit, "cursor": cursor}, service=True)
+        d = self._operate(
+            "GET",
+            f"/api/rooms/{segment(room)}/members",
+            query={"limit": limit, "cursor": cursor},
+            service=True,
+        )
         return MembersPage.from_json(d)
 
     def iter_members(self, room: str, *, limit: int | None = None) -> Iterator[str]:
         """Every user on the room's member list, page after page."""
-        cursor: str | None = None
-        while True:
+
+        def read(cursor: str | None) -> tuple[list[str], str | None]:
             page = self.members(room, limit=limit, cursor=cursor)
-            yield from page.users
-            if page.next_cursor is None:
-                return
-            cursor = page.next_cursor
+            return page.users, page.next_cursor
+
+        return _paged(read)
 
     # ---- HTTP heartbeat devices ----------------------------------------------------------------
 
-    def heartbeat(self, user: str, device: str, *, kind: DeviceKind | None = None,
-                  token: str | None = None) -> Heartbeat:
+    def heartbeat(
+        self, user: str, device: str, *, kind: DeviceKind | None = None, token: str | None = None
+    ) -> Heartbeat:
         """``POST /api/users/{user}/devices/{device}/heartbeat``: claims or
         refreshes the lease of a device that holds no WebSocket (a socket
         holding the id is closed with ``4001``). Heartbeat again within the
         answer's ``heartbeat_ms``, or use :meth:`device`."""
-        d = self._act("POST", f"/api/users/{segment(user)}/devices/{segment(device)}/heartbeat",
-                      token, query={"kind": kind})
+        d = self._act(
+            "POST",
+            f"/api/users/{segment(user)}/devices/{segment(device)}/heartbeat",
+            token,
+            query={"kind": kind},
+        )
         return Heartbeat(ttl_ms=d["ttl_ms"], heartbeat_ms=d["heartbeat_ms"])
 
     def remove_device(self, user: str, device: str, *, token: str | None = None) -> None:
@@ -264,9 +301,15 @@ class PresenceClient:
         holds it, a socket included."""
         self._act("DELETE", f"/api/users/{segment(user)}/devices/{segment(device)}", token)
 
-    def device(self, user: str, device: str, *, kind: DeviceKind | None = None,
-               token: str | None = None,
-               on_error: Callable[[PresenceError], None] | None = None) -> HeartbeatDevice:
+    def device(
+        self,
+        user: str,
+        device: str,
+        *,
+        kind: DeviceKind | None = None,
+        token: str | None = None,
+        on_error: Callable[[PresenceError], None] | None = None,
+    ) -> HeartbeatDevice:
         """A device kept online by heartbeats from a thread while it runs:
         ``with client.device("alice", "build-bot", kind="bot"): ...``."""
         return HeartbeatDevice(self, user, device, kind=kind, token=token, on_error=on_error)
@@ -277,17 +320,43 @@ class PresenceClient:
         """``GET /api/events`` (service or admin key): one page of the feed,
         oldest first. ``cursor``: ``None`` from the oldest event kept,
         ``"now"`` none and a cursor from now on, else a ``next_cursor``."""
-        d = self._operate("GET", "/api/events", query={"cursor": cursor, "limit": limit},
-                          service=True)
+        d = self._operate(
+            "GET", "/api/events", query={"cursor": cursor, "limit": limit}, service=True
+        )
         return EventsPage.from_json(d)
 
-    def feed(self, cursor: str | None = None, *, limit: int = 100, follow: bool = True,
-             poll_interval: float = 1.0,
-             on_lost: Callable[[int], None] | None = None) -> EventFeed:
+    def feed(
+        self,
+        cursor: str | None = None,
+        *,
+        limit: int = 100,
+        follow: bool = True,
+        poll_interval: float = 1.0,
+        on_lost: Callable[[int], None] | None = None,
+    ) -> EventFeed:
         """The feed's events one by one from ``cursor``, as an iterator whose
         ``cursor`` attribute says where to resume (see :class:`EventFeed`)."""
-        return EventFeed(self, cursor, limit=limit, follow=follow, poll_interval=poll_interval,
-                         on_lost=on_lost)
+        return EventFeed(
+            self, cursor, limit=limit, follow=follow, poll_interval=poll_interval, on_lost=on_lost
+        )
+
+
+def _chunks(ids: Iterable[str]) -> Iterator[list[str]]:
+    """``ids`` in lists of at most :data:`MAX_QUERY`."""
+    ids = list(ids)
+    for i in range(0, len(ids), MAX_QUERY):
+        yield ids[i : i + MAX_QUERY]
+
+
+def _paged(read: Callable[[str | None], tuple[list[T], str | None]]) -> Iterator[T]:
+    """The items of every page, from the first: ``read(cursor)`` gives a
+    page's items and the next page's cursor, ``None`` after the last."""
+    cursor: str | None = None
+    while True:
+        items, cursor = read(cursor)
+        yield from items
+        if cursor is None:
+            return
 
 
 def _epoch_ms(when: int | datetime.datetime) -> int:

@@ -4,8 +4,9 @@ so an older package keeps working against a newer server."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 #: What a user may set (``invisible`` hides it; the service view shows it).
 SettableStatus = Literal["online", "away", "busy", "invisible"]
