@@ -49,7 +49,8 @@ class PresenceClient:
     calls (privacy, status, HTTP devices); it reads too when there is no
     service key. ``admin_url`` is where the admin key works, when the nodes
     serve it on ``--internal-listen`` (the contacts, member lists and event
-    feed are served only there then); by default ``url``.
+    feed are served only there then, and no reads: give a service key);
+    by default ``url``.
 
     ``timeout`` bounds each request, in seconds; ``ssl_context`` is for an
     ``https`` URL with a private CA; ``headers`` are sent with every request.
