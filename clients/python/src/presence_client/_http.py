@@ -3,6 +3,7 @@ to the package's exceptions."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import ssl
 import urllib.error
@@ -46,7 +47,6 @@ class Transport:
         bearer: str | None = None,
         query: Query | None = None,
         body: Any = None,
-        extra_headers: Mapping[str, str] | None = None,
     ) -> Any:
         """The answer's JSON (``None`` for an empty one, as ``204``); raises a
         :class:`PresenceError` for any other answer than ``2xx``."""
@@ -56,8 +56,6 @@ class Transport:
             if pairs:
                 url += "?" + urllib.parse.urlencode(pairs)
         headers = {"Accept": "application/json", **self.headers}
-        if extra_headers:
-            headers.update(extra_headers)
         data = None
         if body is not None:
             data = json.dumps(body, separators=(",", ":")).encode()
@@ -70,7 +68,8 @@ class Transport:
                 raw = res.read()
         except urllib.error.HTTPError as e:
             raise _refusal(e) from None
-        except (TimeoutError, urllib.error.URLError, ConnectionError) as e:
+        except (OSError, http.client.HTTPException) as e:
+            # No answer, or half of one: refused, dropped, timed out (URLError is an OSError).
             reason = getattr(e, "reason", e)
             raise ConnectionFailed(None, "unavailable", f"{method} {url}: {reason}") from e
         return json.loads(raw) if raw else None
