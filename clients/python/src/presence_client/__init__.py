@@ -1,0 +1,88 @@
+"""presence-server for the app's backend: service reads, admin calls, HTTP
+heartbeat devices, webhook signatures and the event feed (docs/python.md)."""
+
+__version__ = "0.1.0"
+
+from .client import MAX_QUERY, PresenceClient  # noqa: E402
+from .devices import HeartbeatDevice  # noqa: E402
+from .errors import (  # noqa: E402
+    BadRequest,
+    Conflict,
+    ConnectionFailed,
+    Forbidden,
+    NotFound,
+    PresenceError,
+    RateLimited,
+    TooLarge,
+    Unauthorized,
+    Unavailable,
+)
+from .feed import EventFeed  # noqa: E402
+from .records import (  # noqa: E402
+    Audience,
+    DeviceInfo,
+    DeviceKind,
+    DeviceRooms,
+    Event,
+    EventsPage,
+    Heartbeat,
+    MembersChanged,
+    MembersPage,
+    OnlinePage,
+    OnlineUser,
+    Record,
+    RoomCounts,
+    RoomDevice,
+    RoomMember,
+    RoomPage,
+    ServerInfo,
+    SettableStatus,
+    UserPresence,
+    UserRemoved,
+    UserRooms,
+    WebhookBatch,
+)
+from .webhooks import SIGNATURE_HEADER, parse_webhook, sign, verify  # noqa: E402
+
+__all__ = [
+    "MAX_QUERY",
+    "SIGNATURE_HEADER",
+    "Audience",
+    "BadRequest",
+    "Conflict",
+    "ConnectionFailed",
+    "DeviceInfo",
+    "DeviceKind",
+    "DeviceRooms",
+    "Event",
+    "EventFeed",
+    "EventsPage",
+    "Forbidden",
+    "Heartbeat",
+    "HeartbeatDevice",
+    "MembersChanged",
+    "MembersPage",
+    "NotFound",
+    "OnlinePage",
+    "OnlineUser",
+    "PresenceClient",
+    "PresenceError",
+    "RateLimited",
+    "Record",
+    "RoomCounts",
+    "RoomDevice",
+    "RoomMember",
+    "RoomPage",
+    "ServerInfo",
+    "SettableStatus",
+    "TooLarge",
+    "Unauthorized",
+    "Unavailable",
+    "UserPresence",
+    "UserRemoved",
+    "UserRooms",
+    "WebhookBatch",
+    "parse_webhook",
+    "sign",
+    "verify",
+]
