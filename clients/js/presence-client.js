@@ -37,16 +37,32 @@
 
   /**
    * The WebSocket class when the caller passed none: the global one, else (in
-   * Node 20, which has none) the `ws` package if it is installed.
+   * Node 20, which has none) the `ws` package if it is installed: beside this
+   * file, or in the application. `npm install <folder>` links the folder, and
+   * Node resolves from the link's target, where the app's ws is not: so the
+   * app's own ws is looked up from its main script and from its working
+   * directory too.
    */
   function defaultWebSocket() {
     if (global.WebSocket) return global.WebSocket;
+    // module.require rather than require, so that bundlers for browsers
+    // (which have a global WebSocket) do not pull ws in.
+    if (typeof module === "undefined" || !module || typeof module.require !== "function") return null;
+    const tries = [() => module.require("ws")];
     try {
-      // module.require rather than require, so that bundlers for browsers
-      // (which have a global WebSocket) do not pull ws in.
-      if (typeof module !== "undefined" && module && typeof module.require === "function") return module.require("ws");
+      const { createRequire } = module.require("module");
+      const main = typeof require === "function" ? require.main : null;
+      if (main && main.filename) tries.push(() => createRequire(main.filename)("ws"));
+      if (typeof process === "object" && process.cwd) tries.push(() => createRequire(`${process.cwd()}/`)("ws"));
     } catch (e) {
-      // ws is not installed: the constructor says what to do.
+      // not Node: only the first try.
+    }
+    for (const attempt of tries) {
+      try {
+        return attempt();
+      } catch (e) {
+        // not there: the next place, else the constructor says what to do.
+      }
     }
     return null;
   }

@@ -165,6 +165,51 @@ bob.connect();
   assert.deepEqual(r.seen.bob.changes, []);
 });
 
+/** The fenced block after `<!-- example: NAME -->` in docs/client.md. */
+function clientDocBlock(name) {
+  const doc = fs.readFileSync(path.join(ROOT, "docs", "client.md"), "utf8");
+  const m = new RegExp(`<!-- example: ${name} -->\\n\`\`\`[a-z]*\\n([\\s\\S]*?)\`\`\`\\n`).exec(doc);
+  assert.ok(m, `docs/client.md has no <!-- example: ${name} --> block`);
+  return m[1];
+}
+
+test("docs/client.md's Node install and app, run as printed in a new directory", () => {
+  // A clone as a newcomer has it: clients/js with its files and no node_modules (where the
+  // client's own devDependency ws would hide an app's ws that the client cannot find).
+  const clone = path.join(tmp, "clone");
+  const pkgDir = path.join(clone, "clients", "js");
+  fs.mkdirSync(pkgDir, { recursive: true });
+  const { files } = JSON.parse(fs.readFileSync(path.join(PKG, "package.json"), "utf8"));
+  for (const f of ["package.json", ...files]) fs.copyFileSync(path.join(PKG, f), path.join(pkgDir, f));
+  const home = path.join(tmp, "newcomer");
+  fs.mkdirSync(home);
+  const install = clientDocBlock("node-install");
+  assert.match(install, /\/path\/to\/presence-server/);
+  execFileSync("bash", ["-e", "-c", install.replaceAll("/path/to/presence-server", clone)], {
+    cwd: home,
+    stdio: "pipe",
+    timeout: DEADLINE_MS * 3,
+    // The registry's packages from npm's cache where it has them (CI's npm ci put ws there).
+    env: { ...process.env, npm_config_prefer_offline: "true", npm_config_audit: "false", npm_config_fund: "false" },
+  });
+  const myApp = path.join(home, "my-app");
+  // npm links a folder: the client's file resolves from the clone, not from the app.
+  assert.ok(fs.lstatSync(path.join(myApp, "node_modules", "presence-client")).isSymbolicLink(), "npm no longer links a folder");
+  const source = clientDocBlock("node-app");
+  assert.match(source, /ws:\/\/127\.0\.0\.1:8080\/ws/);
+  fs.writeFileSync(path.join(myApp, "app.js"), source.replace("ws://127.0.0.1:8080/ws", dev.ws));
+  // As in Node 20, whatever this Node is: no global WebSocket.
+  const noGlobal = path.join(tmp, "no-global.js");
+  fs.writeFileSync(noGlobal, NO_GLOBAL);
+  const out = execFileSync(process.execPath, ["app.js"], {
+    cwd: myApp,
+    encoding: "utf8",
+    timeout: DEADLINE_MS,
+    env: { ...process.env, NODE_OPTIONS: `--require ${noGlobal}` },
+  });
+  assert.equal(out.trim(), "connected as alice");
+});
+
 test("ESM import: the same class, default and named; a token's user comes from hello", () => {
   const r = run("esm.mjs", NO_GLOBAL + `
 import PresenceClient, { PresenceClient as Named } from "presence-client";
