@@ -445,6 +445,10 @@ test("a refused origin and a refused host name are explained, not looped on sile
     const server = strict.base.replace(/^http/, "ws") + "/ws";
     await page.goto(`${node.base}/?user=olga&device=tab&server=${encodeURIComponent(server)}`);
     await page.locator("#notice", { hasText: "--allowed-origins " + node.base }).waitFor({ timeout: DEADLINE_MS });
+    // Told by a close frame (1008), not guessed from a bare 1006: the page stops trying.
+    await page.locator("#state", { hasText: "Signed out" }).waitFor({ timeout: DEADLINE_MS });
+    assert.equal(await page.locator("#state").getAttribute("data-code"), "1008");
+    assert.match(await page.locator("#notice").textContent(), /does not allow this page's origin/);
     fs.mkdirSync(ARTIFACTS, { recursive: true });
     await page.screenshot({ path: path.join(ARTIFACTS, "demo-refused-origin.png") });
   });

@@ -260,3 +260,35 @@ c.connect();
   assert.ok(!r.states.some(([s]) => s === "reconnecting"), JSON.stringify(r.states));
   assert.equal(r.pending, false);
 });
+
+test("a page's origin the server refuses stops the reconnects: 1008, the reason names --allowed-origins", () => {
+  const ws = path.join(app, "node_modules", "ws");
+  if (!fs.existsSync(ws)) fs.symlinkSync(path.join(PKG, "node_modules", "ws"), ws, "dir");
+  const r = run("origin.js", NO_GLOBAL + `
+const PresenceClient = require("presence-client");
+const WS = require("ws");
+// What a browser does on a page served from elsewhere: it sends the page's origin.
+class FromElsewhere extends WS {
+  constructor(url, protocols) { super(url, protocols, { origin: "https://app.example.com" }); }
+}
+const states = [];
+const c = new PresenceClient({ url: ${JSON.stringify(dev.ws)}, user: "erin", device: "o1", WebSocket: FromElsewhere, minBackoffMs: 10, maxBackoffMs: 20 });
+const timer = setTimeout(() => { c.close(); console.log(JSON.stringify({ timeout: true, states })); }, ${DEADLINE_MS});
+c.onState = (state, info) => {
+  states.push([state, info.code, info.reason, info.willRetry]);
+  if (state === "closed") {
+    clearTimeout(timer);
+    // Had it scheduled a reconnect, it would run within 20 ms: give it 200.
+    setTimeout(() => console.log(JSON.stringify({ states, pending: c._timer !== null, hello: c.hello })), 200);
+  }
+};
+c.connect();
+`);
+  assert.ok(!r.timeout, JSON.stringify(r));
+  const closed = r.states.filter(([s]) => s === "closed");
+  assert.equal(closed.length, 1, JSON.stringify(r.states));
+  assert.deepEqual(closed[0], ["closed", 1008, "origin not allowed: start the server with --allowed-origins https://app.example.com", false]);
+  assert.ok(!r.states.some(([s]) => s === "reconnecting"), JSON.stringify(r.states));
+  assert.equal(r.pending, false);
+  assert.equal(r.hello, null);
+});
