@@ -497,11 +497,18 @@
       this.watched = new Set();
       /** The watched users whose device counts were asked for ({devices: true}). */
       this.watchedDevices = new Set();
-      /** The chosen {status, text, until?}, re-sent after every reconnect (null: the server's default). */
+      /**
+       * The user's {status, text, until?}: this client's choice (re-sent after
+       * every reconnect), or, until it makes one, the status the server holds
+       * for the user (hello's `self`: a status set earlier on another device),
+       * which is not re-sent. null: neither yet.
+       */
       this.status = null;
+      /** Whether `status` is the server's (from hello or an own record) rather than a choice. */
+      this._statusFromServer = false;
       /** "idle" until connect(), then "connecting" | "open" | "reconnecting" | "closed". */
       this.state = "idle";
-      /** The last hello frame: {user, device, heartbeat_ms, ttl_ms}. */
+      /** The last hello frame: {user, device, heartbeat_ms, ttl_ms, self}. */
       this.hello = null;
       /** Reconnect attempts since the last successful hello. */
       this.attempt = 0;
@@ -620,16 +627,26 @@
     setStatus(status, options) {
       if (!STATUSES.includes(status)) throw new RangeError(`PresenceClient: unknown status ${status}`);
       const o = options !== null && typeof options === "object" ? options : { text: options };
-      this._previousStatus = this.status;
+      this._previousStatus = { status: this.status, fromServer: this._statusFromServer };
+      this._statusFromServer = false;
       this.status = { status, text: o.text ? String(o.text) : null };
       if (o.until != null) this.status.until = +o.until;
       this._send({ type: "status", ...this.status });
     }
 
-    /** The chosen status to re-send, or null once its `until` has passed (the server reset it). */
+    /** The chosen status to re-send: null once its `until` has passed (the server reset it), or when it is the server's. */
     _statusToResend() {
       if (this.status && this.status.until != null && this.status.until <= Date.now()) this.status = null;
-      return this.status;
+      return this._statusFromServer ? null : this.status;
+    }
+
+    /** Takes the user's own record as `status`, unless this client has a choice of its own. */
+    _adoptOwn(record) {
+      if (this.status && !this._statusFromServer) return;
+      if (!STATUSES.includes(record.status)) return;
+      this.status = { status: record.status, text: record.text == null ? null : record.text };
+      if (record.until != null) this.status.until = record.until;
+      this._statusFromServer = true;
     }
 
     /**
@@ -792,9 +809,15 @@
           // With a token, the server says who we are.
           if (f.user) this.user = f.user;
           this.attempt = 0;
+          // A choice of this client's is sent again, and its answer reaches
+          // onSelf; otherwise the status the user has (set on another
+          // device, earlier) is this client's from the start.
+          const choice = this._statusToResend();
+          if (!choice && f.self) this._adoptOwn(f.self);
           this._setState("open", { hello: f, url: this.url });
           this.onHello(f);
-          if (this._statusToResend()) this._send({ type: "status", ...this.status });
+          if (choice) this._send({ type: "status", ...choice });
+          else if (f.self) this.onSelf(f.self);
           this._sendWatches();
           // Back in every room, with its last state (the others see no leave
           // and join when this comes within the membership's deadline), and
@@ -817,8 +840,10 @@
           const { type, ...record } = f;
           // My own record (the answer to setStatus, or a change made on
           // another of my devices) is not a contact's transition.
-          if (this.user !== null && record.user === this.user) this.onSelf(record);
-          else this.onChange(record);
+          if (this.user !== null && record.user === this.user) {
+            this._adoptOwn(record);
+            this.onSelf(record);
+          } else this.onChange(record);
           break;
         }
         case "room":
@@ -845,7 +870,9 @@
           if (f.code === "unavailable" && f.room === undefined && this.watched.size) this._retryWatches();
           if (f.code === "invalid_status" && this.status) {
             error.status = this.status.status;
-            this.status = this._previousStatus;
+            const previous = this._previousStatus || { status: null, fromServer: false };
+            this.status = previous.status;
+            this._statusFromServer = previous.fromServer;
             this._previousStatus = null;
           }
           this.onError(error);

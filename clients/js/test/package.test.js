@@ -161,7 +161,8 @@ bob.connect();
   assert.equal(r.ws, true, "the ws package is the WebSocket class");
   assert.deepEqual(r.seen.alice.changes.map((c) => [c.user, c.status, c.text]), [["bob", "busy", "on the train"]]);
   assert.ok(r.seen.alice.selves.every((c) => c.user === "alice"), JSON.stringify(r.seen.alice.selves));
-  assert.deepEqual(r.seen.bob.selves.map((c) => [c.user, c.status, c.text]), [["bob", "busy", "on the train"]]);
+  // His own record from hello first, then the answer to his setStatus.
+  assert.deepEqual(r.seen.bob.selves.map((c) => [c.user, c.status, c.text]), [["bob", "online", null], ["bob", "busy", "on the train"]]);
   assert.deepEqual(r.seen.bob.changes, []);
 });
 
@@ -291,4 +292,38 @@ c.connect();
   assert.ok(!r.states.some(([s]) => s === "reconnecting"), JSON.stringify(r.states));
   assert.equal(r.pending, false);
   assert.equal(r.hello, null);
+});
+
+test("a fresh device of a user with a status set earlier starts with it: status, onSelf, nothing sent back", () => {
+  const ws = path.join(app, "node_modules", "ws");
+  if (!fs.existsSync(ws)) fs.symlinkSync(path.join(PKG, "node_modules", "ws"), ws, "dir");
+  const r = run("inherit.js", NO_GLOBAL + `
+const PresenceClient = require("presence-client");
+const url = ${JSON.stringify(dev.ws)};
+const first = new PresenceClient({ url, user: "fay", device: "phone" });
+const timer = setTimeout(() => { first.close(); console.log(JSON.stringify({ timeout: true })); }, ${DEADLINE_MS});
+first.onHello = () => first.setStatus("away", "in a meeting");
+first.onSelf = (own) => {
+  if (own.status !== "away") return;
+  // A new device of fay, which watches nobody, not even fay.
+  const fresh = new PresenceClient({ url, user: "fay", device: "laptop" });
+  const selves = [];
+  fresh.onSelf = (rec) => selves.push(rec);
+  fresh.onHello = (hello) => {
+    const status = fresh.status;
+    // Anything sent back would be answered with a presence frame: wait a moment for one.
+    setTimeout(() => {
+      clearTimeout(timer);
+      first.close(); fresh.close();
+      console.log(JSON.stringify({ self: hello.self, status, selves }));
+    }, 300);
+  };
+  fresh.connect();
+};
+first.connect();
+`);
+  assert.ok(!r.timeout, JSON.stringify(r));
+  assert.deepEqual(r.status, { status: "away", text: "in a meeting" });
+  assert.deepEqual(r.self, { user: "fay", status: "away", devices: 2, last_seen: null, text: "in a meeting", until: null, kinds: ["other"] });
+  assert.deepEqual(r.selves, [r.self]);
 });
