@@ -814,10 +814,13 @@
           // device, earlier) is this client's from the start.
           const choice = this._statusToResend();
           if (!choice && f.self) this._adoptOwn(f.self);
+          // The choice goes first, before anything the callbacks send (a
+          // watch of oneself would otherwise be answered with the old status).
+          this.state = "open";
+          if (choice) this._send({ type: "status", ...choice });
           this._setState("open", { hello: f, url: this.url });
           this.onHello(f);
-          if (choice) this._send({ type: "status", ...choice });
-          else if (f.self) this.onSelf(f.self);
+          if (!choice && f.self) this.onSelf(f.self);
           this._sendWatches();
           // Back in every room, with its last state (the others see no leave
           // and join when this comes within the membership's deadline), and

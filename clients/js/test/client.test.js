@@ -1049,6 +1049,16 @@ test("a choice of the client's own wins over hello's record: re-sent, its answer
   fresh.c.close();
 });
 
+test("a choice made before hello goes before anything onState or onHello sends", () => {
+  const { c } = client({ onHello: () => c.watch(["alice"]), onState: (s) => { if (s === "open") c.watch(["bob"]); } });
+  c.setStatus("away");
+  c.connect();
+  const ws = ScriptedSocket.all[0];
+  ws.hello({ user: "alice", status: "online", devices: 1, last_seen: null, text: null, until: null, kinds: [] });
+  assert.deepEqual(ws.sent.map((f) => f.type), ["status", "watch", "watch", "watch"]); // the last: the list sent again
+  c.close();
+});
+
 test("with a token, the user named by hello is the one whose records go to onSelf", () => {
   const { c, events } = client({ user: undefined, token: "eyJ.tok.en" });
   c.connect();
