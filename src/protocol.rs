@@ -372,14 +372,23 @@ pub(crate) fn to_json<T: Serialize>(frame: &T) -> String {
     serde_json::to_string(frame).expect("server frames serialize")
 }
 
-/// The `hello` frame.
-pub fn hello_frame(user: &str, device: &str, heartbeat_ms: u64, ttl_ms: u64) -> String {
+/// The `hello` frame, with the user's own record (`self`: as the answer
+/// to a `status` frame has it; null when it could not be read).
+pub fn hello_frame(
+    user: &str,
+    device: &str,
+    heartbeat_ms: u64,
+    ttl_ms: u64,
+    own: Option<&Record>,
+) -> String {
     #[derive(Serialize)]
     struct Hello<'a> {
         user: &'a str,
         device: &'a str,
         heartbeat_ms: u64,
         ttl_ms: u64,
+        #[serde(rename = "self")]
+        own: Option<&'a Record>,
     }
     to_json(&Tagged {
         kind: "hello",
@@ -388,6 +397,7 @@ pub fn hello_frame(user: &str, device: &str, heartbeat_ms: u64, ttl_ms: u64) -> 
             device,
             heartbeat_ms,
             ttl_ms,
+            own,
         },
     })
 }

@@ -33,7 +33,8 @@ declare class PresenceClient {
   readonly watched: Set<string>;
   /** Of those, the ones watched with `{devices: true}`. */
   readonly watchedDevices: Set<string>;
-  /** The chosen status, text and end, re-sent after every reconnect (until its end). */
+  /** The user's status, text and end: this client's choice, re-sent after every reconnect (until
+   * its end), or until it makes one the status the server holds for the user (hello's `self`). */
   status: { status: PresenceClient.ChosenStatus; text: string | null; until?: number } | null;
   state: PresenceClient.ConnectionState;
   /** The last hello frame. */
@@ -115,6 +116,8 @@ declare namespace PresenceClient {
     device: string;
     heartbeat_ms: number;
     ttl_ms: number;
+    /** The user's own record (`invisible` as it is); null when the server could not read it. */
+    self: PresenceRecord | null;
     [field: string]: unknown;
   }
 

@@ -37,16 +37,32 @@
 
   /**
    * The WebSocket class when the caller passed none: the global one, else (in
-   * Node 20, which has none) the `ws` package if it is installed.
+   * Node 20, which has none) the `ws` package if it is installed: beside this
+   * file, or in the application. `npm install <folder>` links the folder, and
+   * Node resolves from the link's target, where the app's ws is not: so the
+   * app's own ws is looked up from its main script and from its working
+   * directory too.
    */
   function defaultWebSocket() {
     if (global.WebSocket) return global.WebSocket;
+    // module.require rather than require, so that bundlers for browsers
+    // (which have a global WebSocket) do not pull ws in.
+    if (typeof module === "undefined" || !module || typeof module.require !== "function") return null;
+    const tries = [() => module.require("ws")];
     try {
-      // module.require rather than require, so that bundlers for browsers
-      // (which have a global WebSocket) do not pull ws in.
-      if (typeof module !== "undefined" && module && typeof module.require === "function") return module.require("ws");
+      const { createRequire } = module.require("module");
+      const main = typeof require === "function" ? require.main : null;
+      if (main && main.filename) tries.push(() => createRequire(main.filename)("ws"));
+      if (typeof process === "object" && process.cwd) tries.push(() => createRequire(`${process.cwd()}/`)("ws"));
     } catch (e) {
-      // ws is not installed: the constructor says what to do.
+      // not Node: only the first try.
+    }
+    for (const attempt of tries) {
+      try {
+        return attempt();
+      } catch (e) {
+        // not there: the next place, else the constructor says what to do.
+      }
     }
     return null;
   }
@@ -481,11 +497,18 @@
       this.watched = new Set();
       /** The watched users whose device counts were asked for ({devices: true}). */
       this.watchedDevices = new Set();
-      /** The chosen {status, text, until?}, re-sent after every reconnect (null: the server's default). */
+      /**
+       * The user's {status, text, until?}: this client's choice (re-sent after
+       * every reconnect), or, until it makes one, the status the server holds
+       * for the user (hello's `self`: a status set earlier on another device),
+       * which is not re-sent. null: neither yet.
+       */
       this.status = null;
+      /** Whether `status` is the server's (from hello or an own record) rather than a choice. */
+      this._statusFromServer = false;
       /** "idle" until connect(), then "connecting" | "open" | "reconnecting" | "closed". */
       this.state = "idle";
-      /** The last hello frame: {user, device, heartbeat_ms, ttl_ms}. */
+      /** The last hello frame: {user, device, heartbeat_ms, ttl_ms, self}. */
       this.hello = null;
       /** Reconnect attempts since the last successful hello. */
       this.attempt = 0;
@@ -604,16 +627,26 @@
     setStatus(status, options) {
       if (!STATUSES.includes(status)) throw new RangeError(`PresenceClient: unknown status ${status}`);
       const o = options !== null && typeof options === "object" ? options : { text: options };
-      this._previousStatus = this.status;
+      this._previousStatus = { status: this.status, fromServer: this._statusFromServer };
+      this._statusFromServer = false;
       this.status = { status, text: o.text ? String(o.text) : null };
       if (o.until != null) this.status.until = +o.until;
       this._send({ type: "status", ...this.status });
     }
 
-    /** The chosen status to re-send, or null once its `until` has passed (the server reset it). */
+    /** The chosen status to re-send: null once its `until` has passed (the server reset it), or when it is the server's. */
     _statusToResend() {
       if (this.status && this.status.until != null && this.status.until <= Date.now()) this.status = null;
-      return this.status;
+      return this._statusFromServer ? null : this.status;
+    }
+
+    /** Takes the user's own record as `status`, unless this client has a choice of its own. */
+    _adoptOwn(record) {
+      if (this.status && !this._statusFromServer) return;
+      if (!STATUSES.includes(record.status)) return;
+      this.status = { status: record.status, text: record.text == null ? null : record.text };
+      if (record.until != null) this.status.until = record.until;
+      this._statusFromServer = true;
     }
 
     /**
@@ -776,9 +809,18 @@
           // With a token, the server says who we are.
           if (f.user) this.user = f.user;
           this.attempt = 0;
+          // A choice of this client's is sent again, and its answer reaches
+          // onSelf; otherwise the status the user has (set on another
+          // device, earlier) is this client's from the start.
+          const choice = this._statusToResend();
+          if (!choice && f.self) this._adoptOwn(f.self);
+          // The choice goes first, before anything the callbacks send (a
+          // watch of oneself would otherwise be answered with the old status).
+          this.state = "open";
+          if (choice) this._send({ type: "status", ...choice });
           this._setState("open", { hello: f, url: this.url });
           this.onHello(f);
-          if (this._statusToResend()) this._send({ type: "status", ...this.status });
+          if (!choice && f.self) this.onSelf(f.self);
           this._sendWatches();
           // Back in every room, with its last state (the others see no leave
           // and join when this comes within the membership's deadline), and
@@ -801,8 +843,10 @@
           const { type, ...record } = f;
           // My own record (the answer to setStatus, or a change made on
           // another of my devices) is not a contact's transition.
-          if (this.user !== null && record.user === this.user) this.onSelf(record);
-          else this.onChange(record);
+          if (this.user !== null && record.user === this.user) {
+            this._adoptOwn(record);
+            this.onSelf(record);
+          } else this.onChange(record);
           break;
         }
         case "room":
@@ -829,7 +873,9 @@
           if (f.code === "unavailable" && f.room === undefined && this.watched.size) this._retryWatches();
           if (f.code === "invalid_status" && this.status) {
             error.status = this.status.status;
-            this.status = this._previousStatus;
+            const previous = this._previousStatus || { status: null, fromServer: false };
+            this.status = previous.status;
+            this._statusFromServer = previous.fromServer;
             this._previousStatus = null;
           }
           this.onError(error);

@@ -111,12 +111,22 @@ pub enum AuthError {
         asked: String,
     },
     /// The browser page comes from an origin not allowed to connect.
-    #[error("origin {0:?} is not allowed to connect")]
+    #[error("{}", origin_refusal(.0))]
     Origin(String),
     /// Development auth reached under a host name that is not loopback or
     /// allowed with `--allowed-host` (DNS rebinding).
     #[error("host {0:?} is not allowed with --auth dev: use localhost, 127.0.0.1, [::1] or a name given with --allowed-host")]
     Host(String),
+}
+
+/// Why a browser origin was refused, with the flag that lets it in: the
+/// reason a refused page's client gets in its close frame, and the log line.
+fn origin_refusal(origin: &str) -> String {
+    if origin == "null" || origin.starts_with('<') {
+        // file://, a sandboxed frame: no origin that could be listed safely.
+        return format!("origin {origin} not allowed: serve the page over http(s) and add its origin to --allowed-origins");
+    }
+    format!("origin not allowed: start the server with --allowed-origins {origin}")
 }
 
 /// The token of a request: `?token=` (for wscat; it ends up in access logs)

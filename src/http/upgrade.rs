@@ -17,7 +17,7 @@ use crate::conn::ConnHandle;
 use crate::ids;
 use crate::model::{DeviceKind, Status};
 use crate::protocol::{ErrorCode, ProtocolError};
-use crate::session::{Identity, PreAuth, Session, TokenState};
+use crate::session::{Identity, PreAuth, Refused, Session, TokenState};
 
 /// Query string of the WebSocket handshake.
 #[derive(Deserialize)]
@@ -65,7 +65,7 @@ impl From<AuthError> for ApiError {
         (status = 101, description = "Upgraded: the frames are in docs/events.md"),
         (status = 400, description = "Missing or invalid ids, or an unknown kind", body = ProtocolError),
         (status = 401, description = "Missing or invalid token", body = ProtocolError),
-        (status = 403, description = "Refused origin or host, or token for another user", body = ProtocolError),
+        (status = 403, description = "Refused host, or token for another user (a refused origin is upgraded, then closed with 1008 and a reason naming --allowed-origins)", body = ProtocolError),
         (status = 429, description = "The client's address holds the most connections allowed (--max-connections-per-ip)", body = ProtocolError),
         (status = 503, description = "Too many connections awaiting their auth frame (--max-pending-auth); Retry-After says when to try again", body = ProtocolError),
     ))]
@@ -92,7 +92,12 @@ async fn open_session(
     ip: &str,
 ) -> Result<HttpResponse, actix_web::Error> {
     let req = req.clone();
-    state.origins.check(&req).map_err(ApiError::from)?;
+    if let Err(refused) = state.origins.check(&req) {
+        // Upgraded, then closed with 1008 and the reason: a browser shows a
+        // 403 as a bare 1006, and its client would retry it for ever.
+        log::info!("websocket from {ip} refused: {refused}");
+        return ws::WsResponseBuilder::new(Refused::new(refused.to_string()), &req, stream).start();
+    }
     // Before any work: a refused connection costs nothing.
     let admitted = match client_addr(&req, &state.node.config) {
         Some(ip) => Some(state.node.conns.admit(ip).map_err(ApiError::from)?),

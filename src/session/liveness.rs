@@ -255,19 +255,7 @@ impl Session {
                 self.lease.known_status = status.map(Box::new);
                 self.lease.last_refresh = Instant::now();
                 log::debug!("{user}/{device}: connected");
-                let config = &self.node.config;
-                let hello = protocol::hello_frame(
-                    user,
-                    device,
-                    config.heartbeat.as_millis() as u64,
-                    config.ttl.as_millis() as u64,
-                );
-                self.send(ctx, hello);
-                // After `hello`, so that a token already close to its
-                // expiry is warned about after the greeting, not before.
-                self.schedule_expiry(ctx);
-                self.requests.ready = true;
-                self.next_request(ctx);
+                self.greet(ctx);
             }
             Ok(Arrival::TooManyDevices) => {
                 let limit = self.node.config.max_devices_per_user;
@@ -296,6 +284,48 @@ impl Session {
                 close(ctx, ws::CloseCode::Other(code), &reason);
             }
         }
+    }
+}
+
+impl Session {
+    /// Sends `hello` with the user's own record as the user sees it (a
+    /// status set earlier on another device is this device's too, so a
+    /// fresh client knows it at once), then takes requests.
+    fn greet(&mut self, ctx: &mut ws::WebsocketContext<Self>) {
+        let store = self.node.store.clone();
+        let user = self.me.user.clone();
+        let read = async move {
+            store
+                .presences(std::slice::from_ref(&user), Some(&user))
+                .await
+        };
+        ctx.spawn(read.into_actor(self).map(|own, act, ctx| {
+            let own = match own {
+                Ok(own) => own.first().map(|o| act.observe(o)),
+                Err(e) => {
+                    log::warn!(
+                        "{}/{}: reading the own record for hello failed: {e}",
+                        act.me.user,
+                        act.me.device
+                    );
+                    None
+                }
+            };
+            let config = &act.node.config;
+            let hello = protocol::hello_frame(
+                &act.me.user,
+                &act.me.device,
+                config.heartbeat.as_millis() as u64,
+                config.ttl.as_millis() as u64,
+                own.as_ref(),
+            );
+            act.send(ctx, hello);
+            // After `hello`, so that a token already close to its
+            // expiry is warned about after the greeting, not before.
+            act.schedule_expiry(ctx);
+            act.requests.ready = true;
+            act.next_request(ctx);
+        }));
     }
 }
 

@@ -25,7 +25,7 @@ mod watches;
 
 use crate::rooms::Rooms;
 use close::close;
-pub use close::{CLOSE_REPLACED, CLOSE_TOKEN_EXPIRED, CLOSE_UNAVAILABLE};
+pub use close::{Refused, CLOSE_REPLACED, CLOSE_TOKEN_EXPIRED, CLOSE_UNAVAILABLE};
 use liveness::FrameLimiter;
 use seen::Watches;
 use std::sync::atomic::{AtomicI64, AtomicUsize};

@@ -159,10 +159,10 @@ test("dots follow other users through online, away, busy and offline", { timeout
     await b.locator("#my-status", { hasText: "Invisible" }).waitFor({ timeout: DEADLINE_MS });
     assert.equal(await b.locator("#status-error").textContent(), "", "no error shown");
   });
-  await step("bob is busy again", async () => {
+  await step("bob is busy again: picking it is enough, no button to press", async () => {
     await b.selectOption("#status", "busy");
-    await b.click("#setStatus");
     await expectStatus(a, "bob", "busy");
+    await b.locator('#me[data-status="busy"]').waitFor({ timeout: DEADLINE_MS });
   });
 
   const carol = await step("carol picks away before her own record arrives, and goes away", async () => {
@@ -178,15 +178,18 @@ test("dots follow other users through online, away, busy and offline", { timeout
       server.onMessage(async (m) => { await released; ws.send(m); });
     });
     await page.goto(`${node.base}/?user=carol&device=desktop&watch=alice&idle=300`);
+    await page.locator('#state[data-state="connecting"]').waitFor({ timeout: DEADLINE_MS });
+    // Picked while connecting: applied once the connection opens.
     await page.selectOption("#status", "away");
     await page.fill("#text", "lunch");
     release();
     await page.locator('#state[data-state="open"]').waitFor({ timeout: DEADLINE_MS });
-    await page.locator('#me[data-status="online"]').waitFor({ timeout: DEADLINE_MS });
-    assert.equal(await page.inputValue("#status"), "away", "carol's own record must not reset her choice");
-    assert.equal(await page.inputValue("#text"), "lunch");
-    await page.click("#setStatus");
     await expectStatus(a, "carol", "away");
+    await page.locator('#me[data-status="away"]').waitFor({ timeout: DEADLINE_MS });
+    assert.equal(await page.inputValue("#status"), "away", "carol's own record must not reset her choice");
+    assert.equal(await page.inputValue("#text"), "lunch", "nor the text she is typing");
+    await page.click("#setStatus");
+    await page.locator("#my-text", { hasText: "lunch" }).waitFor({ timeout: DEADLINE_MS });
     return { context, page };
   });
   const dave = await step("dave signs in twice", async () => {
@@ -330,6 +333,10 @@ test("a refused origin and a refused host name are explained, not looped on sile
     const server = strict.base.replace(/^http/, "ws") + "/ws";
     await page.goto(`${node.base}/?user=olga&device=tab&server=${encodeURIComponent(server)}`);
     await page.locator("#notice", { hasText: "--allowed-origins " + node.base }).waitFor({ timeout: DEADLINE_MS });
+    // Told by a close frame (1008), not guessed from a bare 1006: the page stops trying.
+    await page.locator("#state", { hasText: "Signed out" }).waitFor({ timeout: DEADLINE_MS });
+    assert.equal(await page.locator("#state").getAttribute("data-code"), "1008");
+    assert.match(await page.locator("#notice").textContent(), /does not allow this page's origin/);
     fs.mkdirSync(ARTIFACTS, { recursive: true });
     await page.screenshot({ path: path.join(ARTIFACTS, "demo-refused-origin.png") });
   });
@@ -390,17 +397,16 @@ test("a room: who is here on which device, who is typing, leaving, and a node re
   // A node of its own on a fixed port: it restarts where the pages expect it.
   const listen = `127.0.0.1:${await freePort()}`;
   let own = await step("a node for the room starts", () => h.startNode("browser-rooms", [], listen));
-  const alice = await step("alice signs in", () => openAs("alice", "device=laptop", own.base));
+  const alice = await step("alice opens the page already in general (?room=)", () => openAs("alice", "device=laptop&room=general", own.base));
   const bob = await step("bob signs in", () => openAs("bob", "device=phone", own.base));
   const [a, b] = [alice.page, bob.page];
   /** The row of `user` in `page`'s room panel. */
   const member = (page, user) => page.locator(`#room-members li[data-user="${user}"]`);
 
-  await step("both join general (the default) and see each other with their devices", async () => {
-    for (const p of [a, b]) {
-      assert.equal(await p.inputValue("#roomName"), "general");
-      await p.click("#join");
-    }
+  await step("bob joins general (the default); they see each other with their devices", async () => {
+    await a.locator('#room-card[data-joined="true"][data-room="general"]').waitFor({ timeout: DEADLINE_MS });
+    assert.equal(await b.inputValue("#roomName"), "general");
+    await b.click("#join");
     await member(a, "bob").locator(".devices", { hasText: "phone: looking at the page" }).waitFor({ timeout: DEADLINE_MS });
     await member(b, "alice").locator(".devices", { hasText: "laptop: looking at the page" }).waitFor({ timeout: DEADLINE_MS });
     await member(a, "alice").locator(".you").waitFor({ timeout: DEADLINE_MS });
@@ -410,6 +416,18 @@ test("a room: who is here on which device, who is typing, leaving, and a node re
     await row.waitFor({ timeout: DEADLINE_MS });
     assert.equal(await row.locator(".dot").evaluate((el) => getComputedStyle(el).backgroundColor), COLOURS.online);
     assert.ok(await b.locator("#room-card .hint", { hasText: "only drives the typing indicator" }).isVisible());
+  });
+
+  await step("once in the room, Join is no longer the highlighted action; another name enables it", async () => {
+    for (const p of [a, b]) {
+      await p.locator("#join:disabled").waitFor({ timeout: DEADLINE_MS });
+      assert.ok(await p.locator("#join").evaluate((el) => el.classList.contains("secondary")), "Join still styled as the main action");
+    }
+    await b.fill("#roomName", "elsewhere");
+    assert.ok(await b.locator("#join").isEnabled(), "Join disabled for another room");
+    await b.fill("#roomName", "general");
+    assert.ok(await b.locator("#join").isDisabled());
+    await b.locator("#roomName").blur();
   });
 
   await step("alice types: bob sees it; it clears by itself once she pauses", async () => {

@@ -368,3 +368,29 @@ fn the_readme_stays_short() {
         "README.md has {lines} lines; the manual belongs under docs/"
     );
 }
+
+/// The deploy files' comments send an operator to docs: each `docs/*.md` they
+/// name exists, and none points to a README section (the README has none of
+/// the manual: it lives under docs/).
+#[test]
+fn the_deploy_files_point_to_docs_that_exist() {
+    let mut broken = Vec::new();
+    for entry in std::fs::read_dir(root().join("deploy")).unwrap() {
+        let path = entry.unwrap().path();
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            continue;
+        };
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        for word in text.split(|c: char| c.is_whitespace() || "(),;`'\"".contains(c)) {
+            if word.starts_with("docs/") && word.ends_with(".md") && !root().join(word).exists() {
+                broken.push(format!("deploy/{name}: {word} does not exist"));
+            }
+        }
+        if text.contains("README, \"") || text.contains("see README") {
+            broken.push(format!(
+                "deploy/{name}: points to the README; the manual is under docs/"
+            ));
+        }
+    }
+    assert!(broken.is_empty(), "{}", broken.join("\n"));
+}

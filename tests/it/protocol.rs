@@ -78,8 +78,55 @@ async fn hello_carries_the_timings() {
     assert_eq!(
         hello,
         json!({"type":"hello","user":"alice","device":"phone",
-               "heartbeat_ms": HEARTBEAT_MS, "ttl_ms": TTL.as_millis() as u64})
+               "heartbeat_ms": HEARTBEAT_MS, "ttl_ms": TTL.as_millis() as u64,
+               "self": {"user":"alice","status":"online","devices":1,"last_seen":null,
+                        "text":null,"until":null,"kinds":["other"]}})
     );
+}
+
+/// The hello of `user`/`device`, connected now.
+async fn hello_of(node: &Node, user: &str, device: &str) -> (Client, serde_json::Value) {
+    let mut c = Client::connect_raw(&node.ws_url(user, device), user, device)
+        .await
+        .unwrap();
+    let hello = c.recv().await;
+    assert_eq!(hello["type"], "hello", "{hello}");
+    (c, hello)
+}
+
+/// A status set on one device is the user's: a device that connects later
+/// learns it from its hello, without watching itself, and invisible shows
+/// as such to its owner only.
+#[tokio::test]
+async fn hello_carries_the_users_own_record() {
+    let redis = Redis::start();
+    let node = Node::start(&redis, "n1");
+    let mut phone = Client::connect(&node, "alice", "phone").await;
+    let until = crate::common::jwt::now() * 1000 + 3_600_000;
+    phone
+        .send(json!({"type": "status", "status": "away", "text": "in a meeting", "until": until}))
+        .await;
+    assert_eq!(phone.expect("presence").await["status"], "away");
+    let (_laptop, hello) = hello_of(&node, "alice", "laptop").await;
+    assert_eq!(
+        hello["self"],
+        json!({"user":"alice","status":"away","devices":2,"last_seen":null,
+               "text":"in a meeting","until":until,"kinds":["other"]})
+    );
+    phone
+        .send(json!({"type": "status", "status": "invisible"}))
+        .await;
+    assert_eq!(phone.expect("presence").await["status"], "invisible");
+    let (_tablet, hello) = hello_of(&node, "alice", "tablet").await;
+    assert_eq!(
+        (&hello["self"]["status"], &hello["self"]["devices"]),
+        (&json!("invisible"), &json!(3)),
+        "{hello}"
+    );
+    // Watchers still see her offline; the hello went to her only.
+    let mut bob = Client::connect(&node, "bob", "b").await;
+    let seen = bob.watch(&["alice"]).await;
+    assert_eq!(seen[0]["status"], "offline", "{seen:?}");
 }
 
 #[tokio::test]

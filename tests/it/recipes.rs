@@ -1,9 +1,10 @@
 //! The HS256 JWT recipe of docs/security.md is pasted into bash as printed
+//! (all of it on bash's standard input, as a paste arrives)
 //! (on a fresh port instead of 8090, with the binary under test as
 //! `presence-server` on the PATH) and must print what the doc says it
 //! prints, keep its keys out of the server's output, and stop its server.
 
-use std::io::Read;
+use std::io::{Read, Write};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -52,20 +53,25 @@ fn the_hs256_recipe_works_when_pasted() {
         bin.display(),
         std::env::var("PATH").unwrap_or_default()
     );
+    // As a paste: bash reads the recipe from its standard input, line by
+    // line, so a command that reads its input (wscat does) would eat the
+    // lines after it, and they would never run.
     let mut child = Command::new("bash")
-        .arg("-c")
-        .arg(&script)
+        .arg("-s")
         .current_dir(dir.path())
         .env("PATH", path)
         .env("PRESENCE_LOCAL_REDIS_DIR", dir.path())
         .env_remove("REDIS_URL")
-        // wscat quits when its input ends: a terminal's stays open.
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("bash");
-    let stdin = child.stdin.take();
+    // The whole paste at once, then the end of the input (a terminal's stays
+    // open, which only matters to a command that should not read it anyway).
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(script.as_bytes()).unwrap();
+    drop(stdin);
     let deadline = Instant::now() + RECIPE_DEADLINE;
     let status = loop {
         if let Some(status) = child.try_wait().unwrap() {
@@ -77,7 +83,6 @@ fn the_hs256_recipe_works_when_pasted() {
         }
         std::thread::sleep(Duration::from_millis(50));
     };
-    drop(stdin);
     let (mut out, mut err) = (String::new(), String::new());
     child
         .stdout

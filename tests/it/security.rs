@@ -96,11 +96,32 @@ async fn foreign_origins_are_refused() {
         &["--allowed-origins", "https://chat.example.com"],
     );
     let url = node.ws_url("alice", "d");
+    // Refused in a close frame a browser shows its page (a 403 shows as a
+    // bare 1006), naming the flag that would let the origin in; no session.
+    let (code, reason) = refusal(&url, "https://evil.example").await;
+    assert_eq!(code, 1008, "{reason}");
     assert_eq!(
-        handshake(&url, &[("origin", "https://evil.example")]).await,
-        403
+        reason,
+        "origin not allowed: start the server with --allowed-origins https://evil.example"
     );
-    assert_eq!(handshake(&url, &[("origin", "null")]).await, 403);
+    node.wait_log(
+        "refused: origin not allowed: start the server with --allowed-origins https://evil.example",
+    )
+    .await;
+    let (code, reason) = refusal(&url, "null").await;
+    assert_eq!(code, 1008, "{reason}");
+    assert!(reason.contains("--allowed-origins"), "{reason}");
+    assert!(!reason.contains("--allowed-origins null"), "{reason}");
+    // An origin too long for a close frame: cut, still naming the flag.
+    let long = format!("https://{}.example", "a".repeat(200));
+    let (code, reason) = refusal(&url, &long).await;
+    assert_eq!((code, reason.len() <= 123), (1008, true), "{reason}");
+    assert!(reason.contains("--allowed-origins https://aaa"), "{reason}");
+    let (_, online) = get(&format!("{}/api/presence/alice", node.http())).await;
+    assert_eq!(
+        online["status"], "offline",
+        "a refused origin made a session"
+    );
     assert_eq!(
         handshake(&url, &[("origin", "https://chat.example.com")]).await,
         101
@@ -109,6 +130,24 @@ async fn foreign_origins_are_refused() {
     assert_eq!(handshake(&url, &[("origin", &own)]).await, 101);
     // Not a browser: no Origin header.
     assert_eq!(handshake(&url, &[]).await, 101);
+}
+
+/// The close code and reason of a WebSocket to `url` opened with `origin`,
+/// before any other frame.
+async fn refusal(url: &str, origin: &str) -> (u16, String) {
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    let mut request = url.into_client_request().unwrap();
+    request
+        .headers_mut()
+        .insert("origin", origin.parse().unwrap());
+    let (ws, _) = tokio_tungstenite::connect_async(request)
+        .await
+        .unwrap_or_else(|e| panic!("{origin}: {e}"));
+    let mut client = Client::from_stream(ws, "alice", "d");
+    match client.next_within(DEADLINE).await {
+        Some(Incoming::Closed(Some(closed))) => closed,
+        other => panic!("{origin}: not closed with a reason but {other:?}"),
+    }
 }
 
 #[test]

@@ -26,10 +26,10 @@ class ScriptedSocket {
     this.readyState = 1;
     if (this.onopen) this.onopen();
   }
-  hello() {
+  hello(self = null) {
     if (this.readyState === 0) this.open();
     this.readyState = 1;
-    this.onmessage({ data: JSON.stringify({ type: "hello", user: "alice", device: "d1", heartbeat_ms: 15000, ttl_ms: 45000 }) });
+    this.onmessage({ data: JSON.stringify({ type: "hello", user: "alice", device: "d1", heartbeat_ms: 15000, ttl_ms: 45000, self }) });
   }
   frame(f) { this.onmessage({ data: JSON.stringify(f) }); }
   drop(code = 1006, reason = "") { this.readyState = 3; this.onclose({ code, reason }); }
@@ -985,6 +985,77 @@ test("the user's own record goes to onSelf, never to onChange", () => {
   ws.frame({ type: "presence", user: "bob", status: "away", devices: 1, last_seen: null, text: null });
   assert.deepEqual(events.selves, [mine]);
   assert.deepEqual(events.changes.map((r) => r.user), ["bob"]);
+  c.close();
+});
+
+test("hello's own record fills status and reaches onSelf, and is not sent back after a reconnect", async () => {
+  const { c, events } = client();
+  c.connect();
+  let ws = ScriptedSocket.all[0];
+  const mine = { user: "alice", status: "away", devices: 2, last_seen: null, text: "in a meeting", until: 1900000000000, kinds: ["web"] };
+  ws.hello(mine);
+  assert.deepEqual(c.status, { status: "away", text: "in a meeting", until: 1900000000000 });
+  assert.deepEqual(events.selves, [mine]);
+  assert.deepEqual(events.changes, []);
+  assert.deepEqual(ws.sent, []); // the server's status, not a choice to send
+  // Changed on another device (this one watches itself): status follows.
+  const busy = { ...mine, status: "busy", text: null, until: null };
+  ws.frame({ type: "presence", ...busy });
+  assert.deepEqual(c.status, { status: "busy", text: null });
+  ws.drop();
+  await until(() => ScriptedSocket.all.length === 2);
+  ws = ScriptedSocket.all[1];
+  assert.equal(ws.url, "ws://b/ws?device=d1&user=alice"); // no ?status=: the server keeps its own
+  ws.hello({ ...mine, status: "online", text: null, until: null });
+  assert.deepEqual(ws.sent, []);
+  assert.deepEqual(c.status, { status: "online", text: null });
+  assert.equal(events.selves.length, 3);
+  c.close();
+});
+
+test("a choice of the client's own wins over hello's record: re-sent, its answer reaches onSelf", async () => {
+  const { c, events } = client();
+  c.connect();
+  let ws = ScriptedSocket.all[0];
+  ws.hello({ user: "alice", status: "away", devices: 1, last_seen: null, text: "lunch", until: null, kinds: [] });
+  c.setStatus("busy", "train");
+  assert.deepEqual(ws.sent, [{ type: "status", status: "busy", text: "train" }]);
+  // Another device says online meanwhile: this client's choice stays, to be re-sent.
+  ws.frame({ type: "presence", user: "alice", status: "online", devices: 2, last_seen: null, text: null, until: null, kinds: [] });
+  assert.deepEqual(c.status, { status: "busy", text: "train" });
+  ws.drop();
+  await until(() => ScriptedSocket.all.length === 2);
+  ws = ScriptedSocket.all[1];
+  ws.hello({ user: "alice", status: "online", devices: 1, last_seen: null, text: null, until: null, kinds: [] });
+  assert.deepEqual(ws.sent[0], { type: "status", status: "busy", text: "train" });
+  assert.deepEqual(c.status, { status: "busy", text: "train" });
+  assert.equal(events.selves.length, 2, "the hello whose status is about to be replaced is not shown");
+  // A refused choice falls back to the server's status, which is again not re-sent.
+  c.setStatus("invisible");
+  ws.frame({ type: "error", code: "invalid_status", message: "no" });
+  assert.deepEqual(c.status, { status: "busy", text: "train" });
+  const third = { user: "alice", status: "away", devices: 1, last_seen: null, text: null, until: null, kinds: [] };
+  c.close();
+  const fresh = client();
+  fresh.c.connect();
+  ScriptedSocket.all[0].hello(third);
+  fresh.c.setStatus("invisible");
+  ScriptedSocket.all[0].frame({ type: "error", code: "invalid_status", message: "no" });
+  assert.deepEqual(fresh.c.status, { status: "away", text: null });
+  ScriptedSocket.all[0].drop();
+  await until(() => ScriptedSocket.all.length === 2);
+  ScriptedSocket.all[1].hello(third);
+  assert.deepEqual(ScriptedSocket.all[1].sent, []);
+  fresh.c.close();
+});
+
+test("a choice made before hello goes before anything onState or onHello sends", () => {
+  const { c } = client({ onHello: () => c.watch(["alice"]), onState: (s) => { if (s === "open") c.watch(["bob"]); } });
+  c.setStatus("away");
+  c.connect();
+  const ws = ScriptedSocket.all[0];
+  ws.hello({ user: "alice", status: "online", devices: 1, last_seen: null, text: null, until: null, kinds: [] });
+  assert.deepEqual(ws.sent.map((f) => f.type), ["status", "watch", "watch", "watch"]); // the last: the list sent again
   c.close();
 });
 

@@ -176,8 +176,54 @@ bob.connect();
   assert.equal(r.ws, true, "the ws package is the WebSocket class");
   assert.deepEqual(r.seen.alice.changes.map((c) => [c.user, c.status, c.text]), [["bob", "busy", "on the train"]]);
   assert.ok(r.seen.alice.selves.every((c) => c.user === "alice"), JSON.stringify(r.seen.alice.selves));
-  assert.deepEqual(r.seen.bob.selves.map((c) => [c.user, c.status, c.text]), [["bob", "busy", "on the train"]]);
+  // His own record from hello first, then the answer to his setStatus.
+  assert.deepEqual(r.seen.bob.selves.map((c) => [c.user, c.status, c.text]), [["bob", "online", null], ["bob", "busy", "on the train"]]);
   assert.deepEqual(r.seen.bob.changes, []);
+});
+
+/** The fenced block after `<!-- example: NAME -->` in docs/client.md. */
+function clientDocBlock(name) {
+  const doc = fs.readFileSync(path.join(ROOT, "docs", "client.md"), "utf8");
+  const m = new RegExp(`<!-- example: ${name} -->\\n\`\`\`[a-z]*\\n([\\s\\S]*?)\`\`\`\\n`).exec(doc);
+  assert.ok(m, `docs/client.md has no <!-- example: ${name} --> block`);
+  return m[1];
+}
+
+test("docs/client.md's Node install and app, run as printed in a new directory", () => {
+  // A clone as a newcomer has it: clients/js with its files and no node_modules (where the
+  // client's own devDependency ws would hide an app's ws that the client cannot find).
+  const clone = path.join(tmp, "clone");
+  const pkgDir = path.join(clone, "clients", "js");
+  fs.mkdirSync(pkgDir, { recursive: true });
+  const { files } = JSON.parse(fs.readFileSync(path.join(PKG, "package.json"), "utf8"));
+  for (const f of ["package.json", ...files]) fs.copyFileSync(path.join(PKG, f), path.join(pkgDir, f));
+  const home = path.join(tmp, "newcomer");
+  fs.mkdirSync(home);
+  const install = clientDocBlock("node-install");
+  assert.match(install, /\/path\/to\/presence-server/);
+  execFileSync("bash", ["-e", "-c", install.replaceAll("/path/to/presence-server", clone)], {
+    cwd: home,
+    stdio: "pipe",
+    timeout: DEADLINE_MS * 3,
+    // The registry's packages from npm's cache where it has them (CI's npm ci put ws there).
+    env: { ...process.env, npm_config_prefer_offline: "true", npm_config_audit: "false", npm_config_fund: "false" },
+  });
+  const myApp = path.join(home, "my-app");
+  // npm links a folder: the client's file resolves from the clone, not from the app.
+  assert.ok(fs.lstatSync(path.join(myApp, "node_modules", "presence-client")).isSymbolicLink(), "npm no longer links a folder");
+  const source = clientDocBlock("node-app");
+  assert.match(source, /ws:\/\/127\.0\.0\.1:8080\/ws/);
+  fs.writeFileSync(path.join(myApp, "app.js"), source.replace("ws://127.0.0.1:8080/ws", dev.ws));
+  // As in Node 20, whatever this Node is: no global WebSocket.
+  const noGlobal = path.join(tmp, "no-global.js");
+  fs.writeFileSync(noGlobal, NO_GLOBAL);
+  const out = execFileSync(process.execPath, ["app.js"], {
+    cwd: myApp,
+    encoding: "utf8",
+    timeout: DEADLINE_MS,
+    env: { ...process.env, NODE_OPTIONS: `--require ${noGlobal}` },
+  });
+  assert.equal(out.trim(), "connected as alice");
 });
 
 test("ESM import: the same class, default and named; a token's user comes from hello", () => {
@@ -229,4 +275,70 @@ c.connect();
   assert.match(reason, /token/);
   assert.ok(!r.states.some(([s]) => s === "reconnecting"), JSON.stringify(r.states));
   assert.equal(r.pending, false);
+});
+
+test("a page's origin the server refuses stops the reconnects: 1008, the reason names --allowed-origins", () => {
+  const ws = path.join(app, "node_modules", "ws");
+  if (!fs.existsSync(ws)) fs.symlinkSync(path.join(PKG, "node_modules", "ws"), ws, "dir");
+  const r = run("origin.js", NO_GLOBAL + `
+const PresenceClient = require("presence-client");
+const WS = require("ws");
+// What a browser does on a page served from elsewhere: it sends the page's origin.
+class FromElsewhere extends WS {
+  constructor(url, protocols) { super(url, protocols, { origin: "https://app.example.com" }); }
+}
+const states = [];
+const c = new PresenceClient({ url: ${JSON.stringify(dev.ws)}, user: "erin", device: "o1", WebSocket: FromElsewhere, minBackoffMs: 10, maxBackoffMs: 20 });
+const timer = setTimeout(() => { c.close(); console.log(JSON.stringify({ timeout: true, states })); }, ${DEADLINE_MS});
+c.onState = (state, info) => {
+  states.push([state, info.code, info.reason, info.willRetry]);
+  if (state === "closed") {
+    clearTimeout(timer);
+    // Had it scheduled a reconnect, it would run within 20 ms: give it 200.
+    setTimeout(() => console.log(JSON.stringify({ states, pending: c._timer !== null, hello: c.hello })), 200);
+  }
+};
+c.connect();
+`);
+  assert.ok(!r.timeout, JSON.stringify(r));
+  const closed = r.states.filter(([s]) => s === "closed");
+  assert.equal(closed.length, 1, JSON.stringify(r.states));
+  assert.deepEqual(closed[0], ["closed", 1008, "origin not allowed: start the server with --allowed-origins https://app.example.com", false]);
+  assert.ok(!r.states.some(([s]) => s === "reconnecting"), JSON.stringify(r.states));
+  assert.equal(r.pending, false);
+  assert.equal(r.hello, null);
+});
+
+test("a fresh device of a user with a status set earlier starts with it: status, onSelf, nothing sent back", () => {
+  const ws = path.join(app, "node_modules", "ws");
+  if (!fs.existsSync(ws)) fs.symlinkSync(path.join(PKG, "node_modules", "ws"), ws, "dir");
+  const r = run("inherit.js", NO_GLOBAL + `
+const PresenceClient = require("presence-client");
+const url = ${JSON.stringify(dev.ws)};
+const first = new PresenceClient({ url, user: "fay", device: "phone" });
+const timer = setTimeout(() => { first.close(); console.log(JSON.stringify({ timeout: true })); }, ${DEADLINE_MS});
+first.onHello = () => first.setStatus("away", "in a meeting");
+first.onSelf = (own) => {
+  if (own.status !== "away") return;
+  // A new device of fay, which watches nobody, not even fay.
+  const fresh = new PresenceClient({ url, user: "fay", device: "laptop" });
+  const selves = [];
+  fresh.onSelf = (rec) => selves.push(rec);
+  fresh.onHello = (hello) => {
+    const status = fresh.status;
+    // Anything sent back would be answered with a presence frame: wait a moment for one.
+    setTimeout(() => {
+      clearTimeout(timer);
+      first.close(); fresh.close();
+      console.log(JSON.stringify({ self: hello.self, status, selves }));
+    }, 300);
+  };
+  fresh.connect();
+};
+first.connect();
+`);
+  assert.ok(!r.timeout, JSON.stringify(r));
+  assert.deepEqual(r.status, { status: "away", text: "in a meeting" });
+  assert.deepEqual(r.self, { user: "fay", status: "away", devices: 2, last_seen: null, text: "in a meeting", until: null, kinds: ["other"] });
+  assert.deepEqual(r.selves, [r.self]);
 });
