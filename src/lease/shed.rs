@@ -1,7 +1,7 @@
 //! How long a shed session is asked to wait before it comes back.
 //!
 //! A node sheds a new session when it has its most sessions setting up
-//! ([`super::Claimer`]), and the `1013` close names a wait
+//! (the claimer's gate), and the `1013` close names a wait
 //! (`retry_after_ms`) that the clients honour, plus as much again at random.
 //! A fixed wait is wrong in a big storm: 3,000 devices waiting for a node
 //! that lets in 35 a second come back 2,000 times a second with a 1 s wait,
