@@ -10,6 +10,7 @@ use std::time::Instant;
 use bytestring::ByteString;
 
 use super::events::{RoomEvent, To};
+use super::token::RoomTokens;
 use crate::bucket::TokenBucket;
 
 /// One room a session is in.
@@ -38,7 +39,7 @@ pub struct Rooms {
     pub messages: TokenBucket,
     /// The room tokens of its rooms under `--room-policy token` (boxed,
     /// made on first use: most rooms take none).
-    pub tokens: Option<Box<super::token::RoomTokens>>,
+    pub tokens: Option<Box<RoomTokens>>,
 }
 
 impl Rooms {
@@ -106,6 +107,19 @@ impl Rooms {
         held.seq = Some(seq);
         held.confirmed = true;
         std::mem::take(&mut held.pending)
+    }
+
+    /// The session's room tokens, made on first use (most sessions have
+    /// none).
+    pub fn tokens_mut(&mut self) -> &mut RoomTokens {
+        self.tokens.get_or_insert_with(Box::default)
+    }
+
+    /// Forgets the token of a room the device is out of.
+    pub fn drop_token(&mut self, room: &str) {
+        if let Some(tokens) = &mut self.tokens {
+            tokens.remove(room);
+        }
     }
 }
 

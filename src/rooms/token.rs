@@ -14,7 +14,6 @@ use std::sync::Arc;
 use actix::SpawnHandle;
 use serde::Serialize;
 
-use super::Rooms;
 use crate::protocol::{to_json, Tagged};
 
 /// One room's token, as far as the session needs it.
@@ -123,21 +122,6 @@ impl RoomTokens {
             }
         }
         due
-    }
-}
-
-impl Rooms {
-    /// The session's room tokens, made on first use (most sessions have
-    /// none).
-    pub fn tokens_mut(&mut self) -> &mut RoomTokens {
-        self.tokens.get_or_insert_with(Box::default)
-    }
-
-    /// Forgets the token of a room the device is out of.
-    pub fn drop_token(&mut self, room: &str) {
-        if let Some(tokens) = &mut self.tokens {
-            tokens.remove(room);
-        }
     }
 }
 
