@@ -21,10 +21,23 @@ use base64::Engine;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-use super::lists::Cursor;
 use crate::keys::Buckets;
 
 type HmacSha256 = Hmac<Sha256>;
+
+/// Position in `GET /api/online`: the score reached in the buckets of
+/// `presence-leases` (a lease deadline, epoch ms; a claimed entry's ends in
+/// `.5`) and, per bucket, how many entries with exactly that score were
+/// already examined. Scores are shared (a batch of refreshes writes one
+/// deadline), so a score alone cannot say where a page ended. Clients get
+/// it sealed ([`CursorKey`]): it may be a hidden user's.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Cursor {
+    /// The score reached.
+    pub score: f64,
+    /// Per bucket, the entries at `score` already examined.
+    pub ties: Vec<u32>,
+}
 
 /// Bytes of the nonce at the head of a sealed cursor.
 const NONCE: usize = 16;

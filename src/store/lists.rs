@@ -5,6 +5,7 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
+use super::cursor::Cursor;
 use super::passes::is_taken;
 use super::reply::int;
 use super::scripts::parse_read;
@@ -30,20 +31,6 @@ pub struct OnlineUser {
     /// Last refresh of the user's most recently refreshed device, epoch
     /// ms (its lease deadline less the lease TTL).
     pub active_at: i64,
-}
-
-/// Position in `GET /api/online`: the score reached in the buckets of
-/// `presence-leases` (a lease deadline, epoch ms; a claimed entry's ends in
-/// `.5`) and, per bucket, how many entries with exactly that score were
-/// already examined. Scores are shared (a batch of refreshes writes one
-/// deadline), so a score alone cannot say where a page ended. Clients get
-/// it sealed ([`super::cursor::CursorKey`]): it may be a hidden user's.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Cursor {
-    /// The score reached.
-    pub score: f64,
-    /// Per bucket, the entries at `score` already examined.
-    pub ties: Vec<u32>,
 }
 
 /// Entries one request of the online list may examine, as a multiple of

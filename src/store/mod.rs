@@ -45,9 +45,10 @@ use std::time::Duration;
 use redis::{Pipeline, RedisError, Value};
 
 pub use crate::redis::RedisConn;
+pub use cursor::Cursor;
 pub use devices::{NodeNotice, TakenWhy};
 pub use leases::{Arrival, ArriveMode, Departure, Lease, LeaseClock, LeaseOwner};
-pub use lists::{Cursor, OnlinePage, OnlineUser};
+pub use lists::{OnlinePage, OnlineUser};
 pub use records::{DeviceInfo, Observed, Reader};
 
 use crate::keys::Buckets;
