@@ -5,8 +5,8 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
+use super::claims::is_taken;
 use super::cursor::Cursor;
-use super::passes::is_taken;
 use super::reply::int;
 use super::scripts::parse_read;
 use super::{now_ms, Reader, Store, StoreError, StoreResult};

@@ -23,9 +23,11 @@
 //! [`StoreError::Reply`] naming the key it came from; it never becomes a
 //! silent 0 or empty string.
 
+pub mod claims;
 pub mod cursor;
 mod devices;
 pub mod feed;
+mod lease_value;
 pub mod leases;
 pub mod lists;
 pub mod passes;
@@ -36,6 +38,7 @@ mod scripts;
 pub mod seen;
 pub mod setup;
 pub mod status;
+mod step_types;
 mod until;
 
 use std::borrow::Cow;
@@ -47,9 +50,10 @@ use redis::{Pipeline, RedisError, Value};
 pub use crate::redis::RedisConn;
 pub use cursor::Cursor;
 pub use devices::{NodeNotice, TakenWhy};
-pub use leases::{Arrival, ArriveMode, Departure, Lease, LeaseClock, LeaseOwner};
+pub use lease_value::{LeaseClock, LeaseOwner};
 pub use lists::{OnlinePage, OnlineUser};
-pub use records::{DeviceInfo, Observed, Reader};
+pub use records::{DeviceInfo, Reader};
+pub use step_types::{Arrival, ArriveMode, Departure, Lease, Observed};
 
 use crate::keys::Buckets;
 use crate::webhooks::Webhooks;

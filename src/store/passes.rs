@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use super::claims::claim;
 use super::leases::record_offline;
 use super::reply::int;
 use super::scripts::{parse_departure, parse_reconciled};
@@ -21,44 +22,6 @@ pub struct Reaped {
     pub looked_at: usize,
     /// Devices the step removed.
     pub removed: usize,
-}
-
-/// The fraction a claimed entry's score carries: deadlines are whole
-/// milliseconds, so a half marks an entry someone is departing.
-const TAKEN: f64 = 0.5;
-
-/// How long a claim holds: an entry whose claimant failed to depart it (and
-/// remove it) comes due again this long after its deadline.
-const CLAIM_MS: f64 = 1_000.0;
-
-/// Whether a `presence-leases` score marks a claimed entry.
-pub fn is_taken(score: f64) -> bool {
-    score.fract() != 0.0
-}
-
-/// The score that claims an entry whose score is `score`: its deadline plus
-/// [`CLAIM_MS`], marked with [`TAKEN`] (a claimed one's, `CLAIM_MS` later).
-/// It depends only on the entry, so two nodes claiming the same entry write
-/// the same score and `ZADD XX GT CH` tells exactly one of them it changed
-/// anything; a refresh that moved the deadline beyond it wins.
-pub fn claim_score(score: f64) -> f64 {
-    if is_taken(score) {
-        score + CLAIM_MS
-    } else {
-        score + CLAIM_MS + TAKEN
-    }
-}
-
-/// Adds the claim of `member` (score `score`) to `pipe`: its reply is 1 for
-/// the one caller that claimed it, 0 for everyone else.
-pub fn claim(pipe: &mut redis::Pipeline, index: &str, member: &str, score: f64) {
-    pipe.cmd("ZADD")
-        .arg(index)
-        .arg("XX")
-        .arg("GT")
-        .arg("CH")
-        .arg(claim_score(score))
-        .arg(member);
 }
 
 /// What one step of the reconciliation scan did.
@@ -141,7 +104,7 @@ impl Store {
     /// One step of the deadline pass over `bucket`: departs up to `max`
     /// leases whose deadline in `presence-leases:{b<k>}` has passed.
     ///
-    /// Each entry is first claimed (see [`claim_score`]), and only the
+    /// Each entry is first claimed (see [`super::claims::claim_score`]), and only the
     /// entries this call claimed are departed. Reading a lapsed lease makes
     /// Redis delete it and announce it; the node that owns those `expired`
     /// events claims the same way, so that whichever comes first departs

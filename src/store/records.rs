@@ -2,29 +2,11 @@
 //! per user), what a viewer may see of them, and a user's device detail.
 
 use super::scripts::parse_read;
+use super::step_types::Observed;
 use super::{LeaseOwner, Store, StoreError, StoreResult};
 use crate::keys;
-use crate::model::{Presence, Record};
+use crate::model::Record;
 use crate::privacy::{view, Relation};
-
-/// One user as read for a viewer: the truth, its sequence number, and
-/// whether the viewer is one of the user's contacts.
-#[derive(Debug, Clone)]
-pub struct Observed {
-    /// The user's true presence.
-    pub presence: Presence,
-    /// Its transition sequence number.
-    pub seq: u64,
-    /// The viewer is in the user's contacts.
-    pub is_contact: bool,
-}
-
-impl Observed {
-    /// How `viewer` stands to this user.
-    pub fn relation(&self, viewer: Option<&str>, contacts_only: bool) -> Relation {
-        Relation::of(viewer, &self.presence.user, self.is_contact, contacts_only)
-    }
-}
 
 /// Who reads records.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -8,9 +8,8 @@ use std::borrow::Cow;
 use redis::{Pipeline, Script, Value};
 
 use super::feed::FeedKeys;
-use super::leases::{Arrival, ArriveMode, Departure, Lease};
-use super::records::Observed;
 use super::reply::{array, at, int, opt_int, text};
+use super::step_types::{Arrival, ArriveMode, Departure, Lease, Observed};
 use super::StoreResult;
 use crate::keys;
 use crate::model::{Audience, ChosenStatus, DeviceKind, Presence, Status};
