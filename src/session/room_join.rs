@@ -8,8 +8,7 @@ use std::sync::Arc;
 use actix::prelude::*;
 use actix_web_actors::ws;
 
-use super::rooms::RoomRequest;
-use super::watches::Request;
+use super::requests::{Request, RoomRequest};
 use super::Session;
 use crate::config::Policy;
 use crate::protocol::{ErrorCode, ProtocolError, Token};

@@ -14,8 +14,7 @@ use actix::prelude::*;
 use actix_web_actors::ws;
 use serde_json::value::RawValue;
 
-use super::rooms::RoomRequest;
-use super::watches::Request;
+use super::requests::{Request, RoomRequest};
 use super::Session;
 use crate::protocol::{ErrorCode, ProtocolError};
 use crate::rooms::proxy::{Question, Verdict};

@@ -10,8 +10,7 @@ use std::time::Duration;
 use actix::prelude::*;
 use actix_web_actors::ws;
 
-use super::rooms::RoomRequest;
-use super::watches::Request;
+use super::requests::{Request, RoomRequest};
 use super::Session;
 use crate::auth::Auth;
 use crate::clock::now_ms;

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use actix::prelude::*;
 use actix_web_actors::ws;
 
-use super::watches::Request;
+use super::requests::{Request, RoomRequest};
 use super::Session;
 use crate::config::MAX_SIGNAL_BYTES;
 use crate::protocol::{ErrorCode, ProtocolError};
@@ -19,32 +19,6 @@ use crate::rooms::events::{Kind, To};
 use crate::rooms::{RoomDeliver, RoomEvent, Rooms};
 use crate::store::rooms::{Relayed, RoomSnapshot};
 use crate::store::StoreResult;
-
-/// A room request waiting its turn for Redis.
-pub(super) enum RoomRequest {
-    /// Join, or replace the state of a room the device is in.
-    Join {
-        /// The room.
-        room: Arc<str>,
-        /// The state, serialized.
-        state: String,
-        /// The session's own rejoin of a membership it found gone, not its
-        /// client's join: refused for a device the backend removed lately.
-        rejoin: bool,
-    },
-    /// Leave.
-    Leave {
-        /// The room.
-        room: Arc<str>,
-    },
-    /// Replace the state.
-    State {
-        /// The room.
-        room: Arc<str>,
-        /// The state, serialized.
-        state: String,
-    },
-}
 
 impl Session {
     /// The session's rooms, made on first use (most sessions have none).

@@ -4,7 +4,7 @@
 use actix::prelude::*;
 use actix_web_actors::ws;
 
-use super::watches::Request;
+use super::requests::Request;
 use super::*;
 use crate::frames::Assembled;
 use crate::model::Status;

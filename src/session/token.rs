@@ -11,8 +11,7 @@ use crate::auth::{Auth, AuthError};
 use crate::config::Policy;
 use crate::rooms::allows;
 
-use super::rooms::RoomRequest;
-use super::watches::Request;
+use super::requests::{Request, RoomRequest};
 
 use super::*;
 use crate::protocol::{self, ClientFrame, ErrorCode, ProtocolError};

@@ -10,6 +10,7 @@ use std::time::Duration;
 use actix::prelude::*;
 use actix_web_actors::ws;
 
+use super::requests::Request;
 use super::seen::Seen;
 use super::*;
 use crate::ids::UserId;
@@ -55,44 +56,6 @@ pub(super) enum First {
     Running,
     /// Answered.
     Done,
-}
-
-/// One request waiting for Redis.
-pub(super) enum Request {
-    /// Register `new` with the registry, then read and send their
-    /// snapshot (users watched before are not read again).
-    Watch {
-        /// The users not watched before the frame, sorted (and those
-        /// watched before whose device counts are now asked for).
-        new: Vec<String>,
-        /// The frame asked for device counts.
-        devices: bool,
-    },
-    /// Set the user's status.
-    Status {
-        /// The chosen status.
-        status: Status,
-        /// Its text.
-        text: Option<String>,
-        /// When it ends, epoch ms.
-        until: Option<i64>,
-    },
-    /// Change the user's privacy settings.
-    Privacy {
-        /// Who may see the user online.
-        online: Option<Audience>,
-        /// Who may see the user's last seen.
-        last_seen: Option<Audience>,
-    },
-    /// Re-read a watched user whose contacts changed.
-    Recheck {
-        /// The watched user.
-        user: String,
-        /// Earlier tries that failed.
-        attempt: u32,
-    },
-    /// A room step.
-    Room(super::rooms::RoomRequest),
 }
 
 impl Session {
