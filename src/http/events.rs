@@ -6,7 +6,7 @@ use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde::{Deserialize, Serialize};
 
-use super::users::require_service;
+use super::access::require_service;
 use super::{ApiError, AppState};
 use crate::protocol::{ErrorCode, ProtocolError};
 use crate::store::feed::FeedCursor;

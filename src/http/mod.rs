@@ -2,8 +2,11 @@
 //! settings and the admin API, HTTP heartbeat devices and statuses
 //! (`devices/`), operations, the OpenAPI document and the
 //! demo page, each in a file of its own; [`routes`] puts them on the
-//! listeners.
+//! listeners. Who may call a handler (the keys, a user's token, the
+//! charge of a read) is `access`'s to say, one module that every handler
+//! asks and that imports none.
 
+mod access;
 mod devices;
 mod events;
 pub mod openapi;
@@ -17,6 +20,7 @@ pub mod static_files;
 mod upgrade;
 mod users;
 
+pub(crate) use access::Payer;
 pub use events::EVENTS_MAX_LIMIT;
 pub use rooms::ROOM_PAGE_MAX_LIMIT;
 pub use routes::{internal_routes, public_routes, route_table, routes, Router};
@@ -165,93 +169,6 @@ impl ResponseError for ApiError {
             res.insert_header(("Retry-After", secs.clamp(1, 3_600).to_string()));
         }
         res.json(&self.error)
-    }
-}
-
-/// Who pays for an HTTP read.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Payer<'a> {
-    /// The admin or service key: their shared budget.
-    Service,
-    /// A client: its address, and the user it reads as.
-    Client(Option<&'a str>),
-}
-
-impl AppState {
-    /// The budgets `payer` is charged to on `req`: the keys' shared one, or
-    /// the client address's and, under JWT, its token's user's (under
-    /// development auth `?viewer=` is anyone's to claim, so it has none).
-    fn charge_of<'a>(&self, req: &HttpRequest, payer: Payer<'a>) -> crate::admission::Charge<'a> {
-        use crate::admission::Charge;
-        match payer {
-            Payer::Service => Charge::Service,
-            Payer::Client(user) => Charge::Client {
-                ip: client_addr(req, &self.node.config)
-                    .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED)),
-                user: match *self.auth {
-                    crate::auth::Auth::Jwt(_) => user,
-                    crate::auth::Auth::Dev => None,
-                },
-            },
-        }
-    }
-
-    /// Charges a read of `cost` users (or rooms) to `payer`'s budgets. A
-    /// refusal is `429` with `Retry-After`, and nothing of the read is done.
-    pub(crate) fn charge_read(
-        &self,
-        req: &HttpRequest,
-        payer: Payer<'_>,
-        cost: usize,
-    ) -> Result<(), ApiError> {
-        let cost = u32::try_from(cost).unwrap_or(u32::MAX);
-        self.budgets
-            .charge(self.charge_of(req, payer), cost)
-            .map_err(|wait| {
-                crate::metrics::METRICS.admission.http_rate_limited.inc();
-                ApiError::new(
-                    StatusCode::TOO_MANY_REQUESTS,
-                    ErrorCode::RateLimited,
-                    format!(
-                        "read budget spent ({} users per second); try again in {} ms",
-                        self.budgets.client_rate().per_sec,
-                        wait.as_millis().max(1)
-                    ),
-                )
-                .retry_after(wait)
-            })
-    }
-
-    /// A read of `cost` users, devices or rooms by `payer`: a place among
-    /// its reads in flight (`429` when it has the most), then its charge
-    /// (`429` when its budget is spent; nothing of the read is done then).
-    /// Both before any of the read's work, so that a read cancelled
-    /// midway (its client gone, its deadline passed) has paid all the
-    /// same. The place is held until the permit is dropped.
-    pub(crate) fn admit_read(
-        &self,
-        req: &HttpRequest,
-        payer: Payer<'_>,
-        cost: usize,
-    ) -> Result<crate::admission::ReadPermit, ApiError> {
-        let permit = self
-            .in_flight
-            .enter(self.charge_of(req, payer))
-            .ok_or_else(|| {
-                crate::metrics::METRICS.admission.http_rate_limited.inc();
-                ApiError::new(
-                    StatusCode::TOO_MANY_REQUESTS,
-                    ErrorCode::RateLimited,
-                    format!(
-                        "{} reads of this client are in flight, the most allowed; \
-                         try again when one has answered",
-                        self.in_flight.cap()
-                    ),
-                )
-                .retry_after(std::time::Duration::from_secs(1))
-            })?;
-        self.charge_read(req, payer, cost)?;
-        Ok(permit)
     }
 }
 

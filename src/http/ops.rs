@@ -88,8 +88,8 @@ pub(crate) async fn metrics(
     req: HttpRequest,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let open = state.public_metrics || req.app_data::<super::routes::Internal>().is_some();
-    if !open && !super::users::is_service(&req, &state) {
+    let open = state.public_metrics || req.app_data::<super::access::Internal>().is_some();
+    if !open && !super::access::is_service(&req, &state) {
         return Err(ApiError::new(
             StatusCode::UNAUTHORIZED,
             ErrorCode::Unauthorized,

@@ -6,7 +6,7 @@ use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde::{Deserialize, Serialize};
 
-use super::users::is_service;
+use super::access::{is_service, As};
 use super::*;
 use crate::admission::ReadPermit;
 use crate::config::MAX_QUERY_USERS;
@@ -14,25 +14,6 @@ use crate::ids;
 use crate::model::Record;
 use crate::protocol::{ErrorCode, ProtocolError};
 use crate::store::{DeviceInfo, OnlinePage, Reader};
-
-/// Who reads: `?viewer=` in dev mode, a token with JWT.
-#[derive(Deserialize)]
-pub(crate) struct As {
-    viewer: Option<String>,
-    pub(super) token: Option<String>,
-}
-
-impl As {
-    /// `?viewer=`.
-    pub(super) fn viewer(&self) -> Option<&str> {
-        self.viewer.as_deref()
-    }
-
-    /// `?token=`.
-    pub(super) fn token(&self) -> Option<&str> {
-        self.token.as_deref()
-    }
-}
 
 /// Who an API read is for: a viewer (`None`: anonymous, dev mode only), or
 /// the service (the admin or service key as the bearer), which reads the
@@ -71,10 +52,7 @@ async fn read_as(
         let permit = state.admit_read(req, Payer::Service, cost)?;
         return Ok((ReadAs::Service, permit));
     }
-    let viewer = state
-        .auth
-        .viewer(req, who.token.as_deref(), who.viewer.as_deref())
-        .await?;
+    let viewer = state.auth.viewer(req, who.token(), who.viewer()).await?;
     if let Some(v) = &viewer {
         ids::validate("user", v)?;
     }

@@ -7,7 +7,7 @@ use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde::{Deserialize, Serialize};
 
-use super::users::{is_service, require_service};
+use super::access::{is_service, require_service};
 use super::{ApiError, AppState, Payer};
 use crate::admission::ReadPermit;
 use crate::config::Policy;
@@ -414,7 +414,7 @@ pub(crate) async fn room(
     security((), ("bearer" = [])))]
 pub(crate) async fn rooms_query(
     req: HttpRequest,
-    who: web::Query<super::reads::As>,
+    who: web::Query<super::access::As>,
     body: web::Json<RoomsQuery>,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {

@@ -4,6 +4,7 @@
 use actix_web::http::{Method, StatusCode};
 use actix_web::{web, ResponseError};
 
+use super::access::{Internal, PublicOnly};
 use super::ops::*;
 use super::reads::*;
 use super::upgrade::*;
@@ -89,14 +90,6 @@ pub fn internal_routes(cfg: &mut web::ServiceConfig) {
     );
     not_found(cfg);
 }
-
-/// Marks the public listener of a node that serves operations elsewhere.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct PublicOnly;
-
-/// Marks the `--internal-listen` listener, where `/metrics` needs no key.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Internal;
 
 /// Error mapping of the body, query and path extractors.
 fn extractors(cfg: &mut web::ServiceConfig) {

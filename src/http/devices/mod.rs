@@ -18,7 +18,7 @@ use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde::{Deserialize, Serialize};
 
-use super::users::require_self_or_admin;
+use super::access::require_self_or_admin;
 use super::*;
 use crate::model::DeviceKind;
 use crate::protocol::ErrorCode;

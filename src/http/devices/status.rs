@@ -5,7 +5,7 @@
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde::Deserialize;
 
-use super::super::users::require_self_or_admin;
+use super::super::access::require_self_or_admin;
 use super::super::*;
 use crate::model::Record;
 use crate::privacy::{view, Relation};
