@@ -14,6 +14,11 @@
 //! - `until`: statuses that end (the due index and the status-end pass).
 //! - [`passes`]: the node's periodic passes: deadline (timely expiry),
 //!   reconciliation.
+//! - `step_types`: what the steps take and give back (a lease, an arrival,
+//!   a departure, a user as read); `lease_value`: a lease's value and the
+//!   clock that stamps it; [`claims`]: the claim of a due entry of
+//!   `presence-leases`. Below the steps and their callers, which import
+//!   them, so that those do not import each other.
 //! - [`setup`]: the deployment's constants, read (or written) at start.
 //!
 //! How the node connects, and what it checks of Redis itself at start, is
