@@ -1,12 +1,36 @@
 //! The layout rules of `src/`, kept by a test so that they cannot come
 //! undone unnoticed (the last cleanup of import cycles lasted one round):
-//! no import cycle between top-level modules, no file over 700 lines and
-//! no function over 100 lines.
+//! no import cycle between top-level modules, none between the children of
+//! any folder, no file over 700 lines and no function over 100 lines.
 //!
 //! A top-level module is a file `src/<m>.rs` or a folder `src/<m>/`. Module
 //! `a` reaches `b` when any of its files names `crate::b`, in code or in a
 //! doc comment (a doc link is a dependency too). A cycle inside one folder
-//! module does not count.
+//! module is the folder rule's business:
+//!
+//! Inside every folder under `src/` (recursively), the direct children (its
+//! files and its subfolders, a subfolder with everything under it) may not
+//! import each other in a circle. A child reaches a sibling when one of its
+//! files names it by a path that resolves to it: `super::x`,
+//! `super::super::x`, `crate::top::x`, `self::x` (or, in the folder's
+//! `mod.rs`, a bare `x::`), groups like `super::{x, y::Z}` included, from
+//! inline modules (`mod tests`) too, in code or in doc comments.
+//!
+//! The folder's `mod.rs` is the folder itself, its root as `lib.rs` is the
+//! crate's: it declares and wires its children, so its own paths into
+//! them are no edges (as the crate roots are left out of the top-level
+//! graph). A child's path to a name of the folder (`super::Thing`) is
+//! followed to where the name comes from:
+//! - a name `mod.rs` defines (or a glob `super::*`, or a name the test
+//!   cannot place) is a dependency on the node `mod.rs`, which has no
+//!   edges out and so closes no circle;
+//! - a name `mod.rs` imports from a child (`pub use child::Thing`, or a
+//!   glob `pub use child::*` of a child that declares it) is a dependency
+//!   on that child: a re-export is no way round the rule;
+//! - a name `mod.rs` imports from outside the folder is no dependency
+//!   inside it.
+
+mod folders;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
