@@ -59,9 +59,6 @@ pub struct Metrics {
     pub departure_steps: IntCounterVec,
     /// Users repaired by the reconciliation pass.
     pub reconcile_repairs: IntCounter,
-    /// Users with a device, fleet-wide, as the last reconciliation pass
-    /// counted them.
-    pub online_users: IntGauge,
     /// Stale `presence-online` entries dropped by the reconciliation pass:
     /// always 0 since key schema 4, which has no such index (kept so that
     /// dashboards and `/healthz` readers do not break).
@@ -238,6 +235,9 @@ pub struct HealthSeries {
     pub refreshes_failed: IntCounter,
     /// 1 while Redis answered the last health check (every 0.5 s), else 0.
     pub redis_up: IntGauge,
+    /// Users with a device, fleet-wide, as the last reconciliation pass
+    /// counted them.
+    pub online_users: IntGauge,
     /// File descriptors this process has open (read at scrape time).
     open_fds: IntGauge,
     /// This process's open-file limit (the soft `RLIMIT_NOFILE`).
@@ -254,6 +254,10 @@ impl HealthSeries {
             redis_up: s.gauge(
                 "presence_redis_up",
                 "1 while Redis answered the node's last health check (every 0.5 s), else 0.",
+            ),
+            online_users: s.gauge(
+                "presence_online_users",
+                "Users with at least one device (invisible ones included), fleet-wide, as the last reconciliation pass counted them (the same on every node).",
             ),
             open_fds: s.gauge("process_open_fds", "Number of open file descriptors."),
             max_fds: s.gauge(
@@ -492,10 +496,6 @@ impl Metrics {
             reconcile_repairs: s.counter(
                 "presence_reconcile_repairs_total",
                 "Users repaired by the reconciliation pass.",
-            ),
-            online_users: s.gauge(
-                "presence_online_users",
-                "Users with at least one device (invisible ones included), fleet-wide, as the last reconciliation pass counted them (the same on every node).",
             ),
             online_pruned: s.counter(
                 "presence_online_pruned_total",

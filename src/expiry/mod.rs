@@ -264,7 +264,7 @@ impl ExpiryListener {
                 }
             }
             store.record_online_users(online).await?;
-            METRICS.online_users.set(online as i64);
+            METRICS.health.online_users.set(online as i64);
             Ok::<_, StoreError>((users, repaired))
         };
         ctx.spawn(pass.into_actor(self).map(|res, act, _| {
@@ -362,7 +362,7 @@ impl Actor for ExpiryListener {
             let store = act.store.clone();
             actix::spawn(async move {
                 if let Ok(Some(users)) = store.online_users().await {
-                    METRICS.online_users.set(users as i64);
+                    METRICS.health.online_users.set(users as i64);
                 }
             });
         });
