@@ -15,7 +15,7 @@ pub struct Args {
     #[arg(long, env = "PRESENCE_LISTEN", default_value = "127.0.0.1:8080")]
     pub listen: String,
 
-    /// Serve /metrics, /healthz and the admin API only on this address
+    /// Serve /metrics, the probes (/livez, /readyz, /healthz) and the admin API only on this address
     /// (e.g. 10.0.0.5:9090), and answer 404 for them on --listen. Use it in
     /// production: health, load and the admin key stay off the public port.
     #[arg(long, env = "PRESENCE_INTERNAL_LISTEN")]
@@ -149,7 +149,7 @@ pub struct Args {
     /// https://TENANT.auth0.com/.well-known/jwks.json: keys are picked by
     /// `kid`, refreshed in the background and refetched on an unknown `kid`.
     /// HTTPS only (plain http on a loopback host).
-    #[arg(long, env = "PRESENCE_JWT_JWKS_URL")]
+    #[arg(long, env = "PRESENCE_JWT_JWKS_URL", hide_env_values = true)]
     pub jwt_jwks_url: Option<String>,
 
     /// Period of the background JWKS refresh, in seconds.
@@ -201,7 +201,7 @@ pub struct Args {
     /// with {"allow":true} lets it in, any other answer refuses it
     /// (forbidden), none in time refuses it as unavailable. Needs
     /// --room-join-secret.
-    #[arg(long, env = "PRESENCE_ROOM_JOIN_URL")]
+    #[arg(long, env = "PRESENCE_ROOM_JOIN_URL", hide_env_values = true)]
     pub room_join_url: Option<String>,
 
     /// HMAC-SHA256 key (at least 16 bytes) of the Presence-Signature header
@@ -407,7 +407,12 @@ pub struct Args {
     /// POST every transition this node makes (online, offline, status
     /// change) to this URL, in signed JSON batches; repeat the flag (or
     /// separate with commas) for several receivers. Needs --webhook-secret.
-    #[arg(long, env = "PRESENCE_WEBHOOK_URL", value_delimiter = ',')]
+    #[arg(
+        long,
+        env = "PRESENCE_WEBHOOK_URL",
+        hide_env_values = true,
+        value_delimiter = ','
+    )]
     pub webhook_url: Vec<String>,
 
     /// HMAC-SHA256 key (at least 16 bytes) of the `Presence-Signature`

@@ -28,6 +28,9 @@ pub fn run(args: &Args, settings: anyhow::Result<Settings>) -> ExitCode {
         }
     };
     let mut out = effective(&Args::command());
+    for var in unread_env() {
+        out.push_str(&format!("# warning: {var} is set, but no flag reads it\n"));
+    }
     let config = &settings.config;
     out.push_str(&format!(
         "# lease ttl {} ms, heartbeat {} ms\n",
@@ -49,6 +52,23 @@ pub fn run(args: &Args, settings: anyhow::Result<Settings>) -> ExitCode {
     // A closed pipe (`| head`) is no error of the configuration.
     let _ = std::io::Write::write_all(&mut std::io::stdout().lock(), out.as_bytes());
     ExitCode::SUCCESS
+}
+
+/// The `PRESENCE_*` variables of this process that no flag reads: a typo
+/// (`PRESENCE_ALLOWED_ORIGIN`) would otherwise be ignored without a word.
+pub fn unread_env() -> Vec<String> {
+    let command = Args::command();
+    let read: std::collections::BTreeSet<String> = command
+        .get_arguments()
+        .filter_map(|a| a.get_env())
+        .map(|e| e.to_string_lossy().into_owned())
+        .collect();
+    let mut unread: Vec<String> = std::env::vars_os()
+        .filter_map(|(k, _)| k.into_string().ok())
+        .filter(|k| k.starts_with("PRESENCE_") && !read.contains(k))
+        .collect();
+    unread.sort();
+    unread
 }
 
 /// The listen addresses resolve (nothing is bound).
@@ -82,7 +102,7 @@ fn effective(command: &clap::Command) -> String {
                     values.map(|v| v.to_string_lossy().into_owned()).collect();
                 let value = values.join(",");
                 if arg.is_hide_env_values_set() {
-                    mask(&value)
+                    mask(long, &value)
                 } else {
                     value
                 }
@@ -105,14 +125,33 @@ fn effective(command: &clap::Command) -> String {
     out
 }
 
-/// A secret as printed: a URL keeps all but its password (as in the
-/// node's logs); anything else is `***`.
-fn mask(value: &str) -> String {
-    if value.contains("://") {
-        value.split(',').map(redact).collect::<Vec<_>>().join(",")
-    } else {
-        "***".to_string()
+/// A secret as printed: the URLs of a `--*-url` flag keep their scheme,
+/// host and path, and lose the password and the query string (webhook
+/// URLs carry tokens there); any other secret is `***`.
+fn mask(long: &str, value: &str) -> String {
+    if !long.ends_with("-url") {
+        return "***".to_string();
     }
+    // A comma inside a password must not split the URL it belongs to: a
+    // piece without a scheme goes with the one before it.
+    let mut urls: Vec<String> = Vec::new();
+    for piece in value.split(',') {
+        match urls.last_mut() {
+            Some(last) if !piece.contains("://") => {
+                last.push(',');
+                last.push_str(piece);
+            }
+            _ => urls.push(piece.to_string()),
+        }
+    }
+    let masked: Vec<String> = urls
+        .iter()
+        .map(|url| match url.split_once('?') {
+            Some((base, _)) => format!("{}?***", redact(base)),
+            None => redact(url),
+        })
+        .collect();
+    masked.join(",")
 }
 
 #[cfg(test)]
@@ -121,11 +160,23 @@ mod tests {
 
     #[test]
     fn secrets_are_masked() {
-        assert_eq!(mask("s3cret-s3cret"), "***");
+        assert_eq!(mask("jwt-secret", "s3cret-s3cret"), "***");
+        assert_eq!(mask("jwt-secret", "abc://user:pw@x,0123"), "***");
         assert_eq!(
-            mask("rediss://app:p@ss@redis.example:6380/0"),
+            mask("redis-url", "rediss://app:p@ss@redis.example:6380/0"),
             "rediss://app:***@redis.example:6380/0"
         );
-        assert_eq!(mask("redis://10.0.0.6:6379/0"), "redis://10.0.0.6:6379/0");
+        assert_eq!(
+            mask("redis-url", "redis://u:pa,ss@h:1/0,redis://h2:2"),
+            "redis://u:***@h:1/0,redis://h2:2"
+        );
+        assert_eq!(
+            mask("redis-url", "redis://10.0.0.6:6379/0"),
+            "redis://10.0.0.6:6379/0"
+        );
+        assert_eq!(
+            mask("webhook-url", "https://u:pw@hook.example/x?token=qq"),
+            "https://u:***@hook.example/x?***"
+        );
     }
 }

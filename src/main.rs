@@ -49,6 +49,11 @@ fn main() -> ExitCode {
         .node_id
         .get_or_insert_with(|| format!("presence-{:08x}", rand::random::<u32>()));
     logging::init(node_id, args.log_format);
+    for var in check_config::unread_env() {
+        log::warn!(
+            "{var} is set, but no flag reads it (a typo?); `presence-server --help` lists them"
+        );
+    }
     if args.check_config {
         return check_config::run(&args, settings(&args));
     }
@@ -161,11 +166,34 @@ fn settings(args: &Args) -> anyhow::Result<Settings> {
         local_dir: Some(args.local_redis_dir.clone()),
     };
     check_shared_redis(args)?;
+    presence_server::redis::check_options(&redis)?;
+    check_listeners(args)?;
     Ok(Settings {
         config,
         security,
         redis,
     })
+}
+
+/// `--listen` and `--internal-listen` must be two sockets: the second bind
+/// would fail, after Redis was reached.
+fn check_listeners(args: &Args) -> anyhow::Result<()> {
+    let Some(internal) = &args.internal_listen else {
+        return Ok(());
+    };
+    let resolve = |addr: &str| -> Vec<std::net::SocketAddr> {
+        addr.to_socket_addrs()
+            .map(|a| a.filter(|a| a.port() != 0).collect())
+            .unwrap_or_default()
+    };
+    let public = resolve(&args.listen);
+    if resolve(internal).iter().any(|a| public.contains(a)) {
+        anyhow::bail!(
+            "--internal-listen {internal} is the same address as --listen {}: give it another port",
+            args.listen
+        );
+    }
+    Ok(())
 }
 
 /// A node without a Redis URL starts a private redis-server, which in a

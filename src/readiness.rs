@@ -2,8 +2,9 @@
 //! apart from Redis's health (`crate::redis::RedisHealth`).
 //!
 //! Two facts, each kept where it happens and read without a lock:
-//! - the expiry listener's deadline pass ticked lately (the actor that
-//!   turns lapsed leases into departures is alive);
+//! - the expiry listener's deadline pass went through lately (the actor
+//!   that turns lapsed leases into departures is alive, and Redis takes its
+//!   writes);
 //! - the node is draining: it got SIGTERM and is about to close its
 //!   sessions, so a load balancer should stop sending it clients first.
 
@@ -34,7 +35,7 @@ pub struct Readiness {
 pub enum NotReady {
     /// It got SIGTERM and is draining.
     Draining,
-    /// The expiry listener has not ticked for this long.
+    /// The expiry listener's pass has not gone through for this long.
     ExpiryStalled(Duration),
 }
 
@@ -44,7 +45,7 @@ impl std::fmt::Display for NotReady {
             Self::Draining => f.write_str("draining: the node got SIGTERM"),
             Self::ExpiryStalled(d) => write!(
                 f,
-                "the expiry listener has not run for {} ms",
+                "the expiry listener's deadline pass has not gone through for {} ms",
                 d.as_millis()
             ),
         }
@@ -66,7 +67,7 @@ impl Readiness {
         }
     }
 
-    /// The expiry listener ticked now.
+    /// The expiry listener's deadline pass went through now.
     pub fn expiry_ticked(&self) {
         let ms = self.started.elapsed().as_millis() as u64;
         // 0 means "never": a tick in the first ms counts as 1.

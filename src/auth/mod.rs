@@ -119,9 +119,24 @@ pub enum AuthError {
     Host(String),
 }
 
+/// Most bytes of a refused origin that the log line and the reason show.
+const MAX_ORIGIN_SHOWN: usize = 100;
+
+/// `s` cut to at most `max` bytes, on a character boundary.
+fn cut(s: &str, max: usize) -> &str {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
 /// Why a browser origin was refused, with the flag that lets it in: the
 /// reason a refused page's client gets in its close frame, and the log line.
 fn origin_refusal(origin: &str) -> String {
+    // The origin is the client's to choose: a long one is cut, in the log
+    // as in the close frame (which holds 123 bytes anyway).
+    let origin = cut(origin, MAX_ORIGIN_SHOWN);
     if origin == "null" || origin.starts_with('<') {
         // file://, a sandboxed frame: no origin that could be listed safely.
         return format!("origin {origin} not allowed: serve the page over http(s) and add its origin to --allowed-origins");

@@ -160,16 +160,13 @@ impl ExpiryListener {
     /// Starts one deadline pass (and, when due, the retention trim) unless
     /// one is still running; on the node holding the lock, also starts the
     /// reconciliation pass when due.
-    /// Tells `readiness` of every tick from now on.
+    /// Tells `readiness` of every deadline pass that goes through.
     pub fn with_readiness(mut self, readiness: Arc<crate::readiness::Readiness>) -> Self {
         self.readiness = Some(readiness);
         self
     }
 
     fn tick(&mut self, ctx: &mut Context<Self>) {
-        if let Some(readiness) = &self.readiness {
-            readiness.expiry_ticked();
-        }
         if self.reaping {
             return;
         }
@@ -226,6 +223,12 @@ impl ExpiryListener {
                     log::warn!("deadline pass failed (said once until it runs again): {e}");
                 }
                 None => {
+                    // Told only of a pass that went through: one that fails
+                    // every tick (Redis answering PING but refusing
+                    // writes) departs no lapsed device.
+                    if let Some(readiness) = &act.readiness {
+                        readiness.expiry_ticked();
+                    }
                     if act.reap_failing {
                         act.reap_failing = false;
                         log::info!("deadline pass running again");

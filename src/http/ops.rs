@@ -9,17 +9,24 @@ use crate::registry::GetStats;
 
 /// `GET /healthz`: 200 when the process is up and Redis answered the last
 /// health check (at most about a second ago), else 503. Answers from that
-/// cached state, so it is as fast with Redis down as up. Not a liveness
+/// cached state, so it is as fast with Redis down as up. 503 too from the
+/// moment the node gets SIGTERM (`"status":"draining"`). Not a liveness
 /// probe (it depends on Redis): use `/livez` and `/readyz`.
 #[utoipa::path(get, path = "/healthz", tag = "operations",
     responses(
         (status = 200, description = "Up, Redis reachable", body = Object),
-        (status = 503, description = "Redis unreachable", body = Object),
+        (status = 503, description = "Redis unreachable, or the node is draining (SIGTERM)", body = Object),
     ))]
 pub(crate) async fn healthz(state: web::Data<AppState>) -> HttpResponse {
     let stats = state.node.registry.send(GetStats).await.unwrap_or_default();
     let redis = state.redis_health.report();
-    if redis.up {
+    if state.readiness.draining() {
+        // A load balancer that still checks /healthz stops sending clients.
+        HttpResponse::ServiceUnavailable().json(serde_json::json!({
+            "status": "draining", "node": state.node.config.node_id,
+            "redis": if redis.up { "up" } else { "down" }, "registry": stats,
+        }))
+    } else if redis.up {
         HttpResponse::Ok().json(serde_json::json!({
             "status": "ok", "node": state.node.config.node_id, "redis": "up", "registry": stats,
             "counters": crate::metrics::METRICS.health_counters(),
@@ -45,6 +52,10 @@ pub(crate) async fn livez(state: web::Data<AppState>) -> HttpResponse {
     }))
 }
 
+/// A Redis health check older than this counts as failed for `/readyz`
+/// (it runs every 0.5 s).
+const STALE_HEALTH_MS: u64 = 5_000;
+
 /// `GET /readyz`: 200 when the node may be sent new clients: Redis answered
 /// the last health check, the expiry listener runs and the node is not
 /// draining. 503 otherwise, with the reasons; 503 from the moment the node
@@ -60,6 +71,12 @@ pub(crate) async fn readyz(state: web::Data<AppState>) -> HttpResponse {
     let redis = state.redis_health.report();
     if !redis.up {
         reasons.push(format!("redis unreachable: {}", redis.details["error"]));
+    } else if redis.details["checked_ms_ago"].as_u64().unwrap_or(0) > STALE_HEALTH_MS {
+        // The checker itself is stuck (a PING that does not come back).
+        reasons.push(format!(
+            "redis health not checked for {} ms",
+            redis.details["checked_ms_ago"]
+        ));
     }
     if let Err(e) = state.readiness.check(state.node.config.reaper_interval()) {
         reasons.push(e.to_string());

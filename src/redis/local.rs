@@ -32,7 +32,7 @@ pub struct LocalRedis {
 #[derive(Debug, thiserror::Error)]
 pub enum LocalRedisError {
     /// The binary is not on PATH.
-    #[error("redis-server is not installed; install it (Debian/Ubuntu: `sudo apt-get install -y redis-server`, macOS: `brew install redis`) or pass --redis-url / REDIS_URL")]
+    #[error("no Redis: pass --redis-url (REDIS_URL) to use one, or install redis-server (Debian/Ubuntu: `sudo apt-get install -y redis-server`, macOS: `brew install redis`) for a private one")]
     NotInstalled,
     /// Anything else, with the server's log when there is one.
     #[error("could not start redis-server: {0}")]

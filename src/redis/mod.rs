@@ -81,6 +81,26 @@ pub struct Connected {
 /// Connects to the Redis the options name, running the start-up checks
 /// and starting the health checker. With neither a URL nor sentinels, it
 /// first starts a private `redis-server` under `opts.local_dir`.
+/// Checks the form of `opts` as [`connect`] would, without the network: the
+/// URL (each seed of a cluster's list), Sentinel's master and the TLS
+/// files. No URL and no sentinels (a private Redis) passes.
+pub fn check_options(opts: &RedisOptions) -> anyhow::Result<()> {
+    match &opts.url {
+        Some(urls) if urls.contains(',') => {
+            for url in urls.split(',').map(str::trim).filter(|u| !u.is_empty()) {
+                let one = RedisOptions {
+                    url: Some(url.to_string()),
+                    ..opts.clone()
+                };
+                RedisSource::new(&one)?;
+            }
+            Ok(())
+        }
+        None if opts.sentinels.is_empty() => Ok(()),
+        _ => RedisSource::new(opts).map(|_| ()),
+    }
+}
+
 pub async fn connect(opts: &RedisOptions, node: &str) -> anyhow::Result<Connected> {
     let mut opts = opts.clone();
     let mut local = None;

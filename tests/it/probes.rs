@@ -46,6 +46,43 @@ async fn livez_never_depends_on_redis_and_readyz_does() {
     .await;
 }
 
+/// A Redis that answers PING but refuses writes (out of memory under
+/// `noeviction`) departs no lapsed device: the deadline pass fails, and
+/// `/readyz` says so; it is ready again once Redis takes writes.
+#[tokio::test]
+async fn readyz_follows_a_deadline_pass_that_fails() {
+    let redis = Redis::start();
+    let node = Node::start(&redis, "refused");
+    assert_eq!(probe(&node, "/readyz").await.0, 200);
+    let mut conn = redis.conn();
+    let set = |conn: &mut redis::Connection, k: &str, v: &str| {
+        redis::cmd("CONFIG")
+            .arg("SET")
+            .arg(k)
+            .arg(v)
+            .query::<()>(conn)
+            .unwrap()
+    };
+    set(&mut conn, "maxmemory-policy", "noeviction");
+    set(&mut conn, "maxmemory", "1");
+    wait_until(
+        "/readyz to say the deadline pass fails",
+        DEADLINE,
+        || async {
+            let (status, body) = probe(&node, "/readyz").await;
+            status == 503 && body["reasons"].to_string().contains("deadline pass")
+        },
+    )
+    .await;
+    let (status, body) = probe(&node, "/healthz").await;
+    assert_eq!(status, 200, "Redis answers PING: {body}");
+    set(&mut conn, "maxmemory", "0");
+    wait_until("/readyz to be 200 again", DEADLINE, || async {
+        probe(&node, "/readyz").await.0 == 200
+    })
+    .await;
+}
+
 /// SIGTERM: `/readyz` is 503 at once while sessions stay open and new
 /// clients are still served for `--drain-delay-ms`; then every session is
 /// closed with 1001 and the node exits cleanly.
@@ -69,6 +106,12 @@ async fn sigterm_turns_readyz_away_before_the_drain() {
         "/readyz took {turned:?} to turn 503"
     );
     assert_eq!(probe(&node, "/livez").await.0, 200);
+    let (status, body) = probe(&node, "/healthz").await;
+    assert_eq!(
+        (status, body["status"].as_str()),
+        (503, Some("draining")),
+        "{body}"
+    );
     // Still serving during the delay: the open session and a newcomer.
     let (waiting, closed) = alice.waiting();
     assert!(!closed, "closed before the drain delay: {waiting:?}");
@@ -172,6 +215,30 @@ fn check_config_prints_the_effective_settings_with_secrets_masked() {
         assert!(out.lines().any(|l| l == line), "no {line:?} in:\n{out}");
     }
     assert!(!out.contains(secret) && !out.contains("hunter2"), "{out}");
+}
+
+/// A secret in a webhook URL (user info, a token in the query) is not
+/// printed, and a `PRESENCE_*` variable no flag reads is named.
+#[test]
+fn check_config_masks_urls_and_names_unread_variables() {
+    let (code, out, err) = check_config(
+        &["--webhook-url", "https://u:hookpw@hook.example/x?token=qq"],
+        &[
+            ("PRESENCE_ALLOWED_ORIGIN", "https://app.example"),
+            ("PRESENCE_WEBHOOK_SECRET", "0123456789abcdef0123"),
+        ],
+    );
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(
+        out.lines()
+            .any(|l| l == "--webhook-url = https://u:***@hook.example/x?***  # flag"),
+        "{out}"
+    );
+    assert!(!out.contains("hookpw") && !out.contains("qq"), "{out}");
+    assert!(
+        out.contains("# warning: PRESENCE_ALLOWED_ORIGIN is set, but no flag reads it"),
+        "{out}"
+    );
 }
 
 #[test]

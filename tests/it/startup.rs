@@ -53,7 +53,7 @@ fn says_how_to_install_redis_when_it_is_missing() {
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("redis-server is not installed"), "{err}");
+    assert!(err.contains("pass --redis-url (REDIS_URL)"), "{err}");
     assert!(err.contains("apt-get install -y redis-server"), "{err}");
 }
 
