@@ -75,7 +75,9 @@ async fn sender(
                     Ok(false) => break,
                     Err(e) => {
                         METRICS.webhooks.failures.inc();
-                        log::warn!("webhook {url}: {e}; retrying in {backoff:?}");
+                        // The URL's password and query may hold secrets.
+                        let shown = crate::redis::redact(url.split('?').next().unwrap_or(&url));
+                        log::warn!("webhook {shown}: {e}; retrying in {backoff:?}");
                         tokio::time::sleep(backoff).await;
                         backoff = (backoff * 2).min(RETRY_MAX);
                         break;
@@ -132,7 +134,8 @@ async fn send_one(
     let res = crate::webhooks::signed_post(client, url, &config.secret, body.to_string())
         .send()
         .await
-        .map_err(|e| format!("POST failed: {e}"))?;
+        // Without the URL: its user info or query may hold a secret.
+        .map_err(|e| format!("POST failed: {}", e.without_url()))?;
     if !res.status().is_success() {
         return Err(format!("answered {}", res.status()));
     }
