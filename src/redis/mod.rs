@@ -85,8 +85,11 @@ pub struct Connected {
 /// URL (each seed of a cluster's list), Sentinel's master and the TLS
 /// files. No URL and no sentinels (a private Redis) passes.
 pub fn check_options(opts: &RedisOptions) -> anyhow::Result<()> {
+    // A list of seed URLs, each with its scheme; a Sentinel URL has commas
+    // of its own (`redis+sentinel://a:1,b:2/master`) and is one target.
+    let list = |urls: &str| urls.contains(',') && urls.split(',').all(|u| u.contains("://"));
     match &opts.url {
-        Some(urls) if urls.contains(',') => {
+        Some(urls) if list(urls) => {
             for url in urls.split(',').map(str::trim).filter(|u| !u.is_empty()) {
                 let one = RedisOptions {
                     url: Some(url.to_string()),

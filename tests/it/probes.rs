@@ -275,6 +275,37 @@ fn check_config_refuses_what_a_start_would_refuse() {
             ],
             "/nonexistent/secret",
         ),
+        (vec!["--redis-url", "notaurl"], "has no scheme"),
+        (
+            vec!["--redis-url", "redis://h:1,foo://h:2"],
+            "unknown scheme \"foo\"",
+        ),
+        (
+            vec!["--redis-sentinel", "h:26379"],
+            "--redis-sentinel-master",
+        ),
+        (
+            vec![
+                "--redis-url",
+                "rediss://h:6380",
+                "--redis-tls-ca-file",
+                "/nonexistent/ca.pem",
+            ],
+            "/nonexistent/ca.pem",
+        ),
+        (
+            vec![
+                "--redis-url",
+                "redis://h:6379",
+                "--redis-tls-ca-file",
+                "/etc/hostname",
+            ],
+            "TLS URL",
+        ),
+        (
+            vec!["--internal-listen", "127.0.0.1:8080"],
+            "same address as --listen",
+        ),
     ] {
         let (code, out, err) = check_config(&args, &[]);
         assert_eq!(code, 1, "{args:?} passed:\n{out}");
