@@ -126,12 +126,17 @@ async fn nothing_leaves_before_the_grace() {
 async fn a_grace_longer_than_the_ttl_outlasts_it() {
     let flags = ["--pause-grace-ms", "4000"];
     let (redis, _n1, _n2, mut alice, mut bob) = setup(&flags).await;
+    // Past the refresh interval (a third of the heartbeat): the pause frame
+    // itself starts a refresh, which the pause waits for (one landing after
+    // it would set the lease back to the TTL).
+    tokio::time::sleep(Duration::from_millis(HEARTBEAT_MS / 3 + 100)).await;
     let start = Instant::now();
     assert_eq!(pause(&mut bob, None).await["grace_ms"], 4000);
     let pttl: i64 = redis.conn().pttl("presence:{bob}:phone").unwrap();
     assert!(pttl > TTL.as_millis() as i64, "lease PTTL {pttl} ms");
-    // The TTL and the deadline passes' slack, twice over.
-    let early = frames_within(&mut alice, 2 * TTL + Duration::from_millis(500)).await;
+    // Past the TTL and the deadline passes' slack (2.5 s), short of the grace.
+    let quiet = Duration::from_millis(3300).saturating_sub(start.elapsed());
+    let early = frames_within(&mut alice, quiet).await;
     assert!(early.is_empty(), "within the grace: {early:?}");
     let mut seen = Vec::new();
     while seen.len() < 2 {
