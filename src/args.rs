@@ -308,6 +308,12 @@ pub struct Args {
           value_parser = clap::value_parser!(u64).range(0..=86_400_000))]
     pub room_token_expiring_ms: u64,
 
+    /// Longest a device may stay present after a {"type":"pause"} frame
+    /// closed its socket, in ms (a pause may ask for less); 0: the lease TTL.
+    #[arg(long, env = "PRESENCE_PAUSE_GRACE_MS", default_value_t = 0,
+          value_parser = clap::value_parser!(u64).range(0..=86_400_000))]
+    pub pause_grace_ms: u64,
+
     /// How long the event feed keeps each recorded transition (online,
     /// offline, status, and the rooms' joins and leaves) for GET
     /// /api/events, in seconds; 0 turns the feed off.

@@ -126,6 +126,7 @@ fn settings(args: &Args) -> anyhow::Result<Settings> {
     config.auth_timeout = Duration::from_millis(args.auth_timeout_ms);
     config.auth_expiring = Duration::from_millis(args.auth_expiring_ms);
     config.room_token_expiring = Duration::from_millis(args.room_token_expiring_ms);
+    config.pause_grace = Duration::from_millis(args.pause_grace_ms);
     config.event_retention = Duration::from_secs(args.event_retention_secs);
     config.event_max_per_user = args.event_max_per_user;
     config.rooms = config::RoomLimits {

@@ -40,6 +40,13 @@ pub enum ClientFrame {
     },
     /// Refresh the lease explicitly.
     Heartbeat,
+    /// The device steps away without leaving: it stays present for a
+    /// grace (at most `--pause-grace-ms`), then the server closes with 1000.
+    Pause {
+        /// The grace asked for, in ms (cut to the bound).
+        #[serde(default)]
+        grace_ms: Option<u64>,
+    },
     /// Change who may see this user (`everyone`, `contacts`, `nobody`).
     Privacy {
         /// Who may see that the user is online.
@@ -129,7 +136,7 @@ pub fn try_again_reason(why: &str, wait_ms: u64) -> String {
     format!("{why}, reconnect; retry_after_ms={wait_ms}")
 }
 
-const CLIENT_TYPES: [&str; 11] = [
+const CLIENT_TYPES: [&str; 12] = [
     "watch",
     "unwatch",
     "status",
@@ -141,6 +148,7 @@ const CLIENT_TYPES: [&str; 11] = [
     "room_state",
     "signal",
     "room_token",
+    "pause",
 ];
 
 /// Stable error codes, shared by error frames and HTTP error bodies.
@@ -370,6 +378,11 @@ pub(crate) struct Tagged<'a, T: Serialize> {
 pub(crate) fn to_json<T: Serialize>(frame: &T) -> String {
     // Our frames hold only strings, numbers and options: they always serialize.
     serde_json::to_string(frame).expect("server frames serialize")
+}
+
+/// The answer to `pause`: the device stays present for `grace_ms`.
+pub fn paused_frame(grace_ms: u64) -> String {
+    format!(r#"{{"type":"paused","grace_ms":{grace_ms}}}"#)
 }
 
 /// The `hello` frame, with the user's own record (`self`: as the answer
@@ -603,7 +616,9 @@ mod fuzz {
                 assert!(Status::parse(&status).is_ok());
                 assert!(text.is_none_or(|t| status_text_problem(&t, MAX_STATUS_TEXT).is_none()));
             }
-            Ok(ClientFrame::Heartbeat) | Ok(ClientFrame::Auth { .. }) => {}
+            Ok(ClientFrame::Heartbeat)
+            | Ok(ClientFrame::Auth { .. })
+            | Ok(ClientFrame::Pause { .. }) => {}
             Ok(ClientFrame::Privacy { online, last_seen }) => {
                 assert!(parse_privacy(online.as_deref(), last_seen.as_deref()).is_ok())
             }

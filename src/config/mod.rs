@@ -117,6 +117,9 @@ pub struct Config {
     pub heartbeat: Duration,
     /// Lease TTL: how long a silent device stays online.
     pub ttl: Duration,
+    /// Longest a paused device stays present (`--pause-grace-ms`); zero:
+    /// the TTL. See [`Config::pause_grace`].
+    pub pause_grace: Duration,
     /// After SIGTERM, how long the node keeps serving with `/readyz` at 503
     /// before it closes its sessions (`--drain-delay-ms`).
     pub drain_delay: Duration,
@@ -253,6 +256,7 @@ impl Config {
             heartbeat: DEFAULT_HEARTBEAT,
             drain_delay: Duration::ZERO,
             ttl: DEFAULT_HEARTBEAT * TTL_HEARTBEATS,
+            pause_grace: Duration::ZERO,
             max_watches: DEFAULT_MAX_WATCHES,
             max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
             last_seen_retention: DEFAULT_LAST_SEEN_RETENTION,
@@ -278,6 +282,20 @@ impl Config {
     /// disconnected: two heartbeats, so one lost pong is forgiven.
     pub fn client_timeout(&self) -> Duration {
         self.heartbeat * 2
+    }
+
+    /// The grace of a pause that asked for `asked` ms: at most
+    /// `--pause-grace-ms` (the TTL when that is 0), which is also what a
+    /// pause that asked nothing gets; at least 1 ms.
+    pub fn pause_grace(&self, asked: Option<u64>) -> Duration {
+        let bound = if self.pause_grace.is_zero() {
+            self.ttl
+        } else {
+            self.pause_grace
+        };
+        asked
+            .map_or(bound, |ms| Duration::from_millis(ms).min(bound))
+            .max(Duration::from_millis(1))
     }
 
     /// Client frames and pongs refresh the lease at most this often, so that
@@ -345,5 +363,23 @@ impl StaticFiles {
             anyhow::bail!("--static-dir {}: not a directory", dir.display());
         }
         Ok(Self::Dir(dir))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pause_grace_is_cut_to_the_bound_which_is_the_ttl_by_default() {
+        let mut config = Config::new("n");
+        let ms = Duration::from_millis;
+        assert_eq!(config.pause_grace(None), config.ttl);
+        assert_eq!(config.pause_grace(Some(u64::MAX)), config.ttl);
+        assert_eq!(config.pause_grace(Some(10)), ms(10));
+        assert_eq!(config.pause_grace(Some(0)), ms(1));
+        config.pause_grace = ms(120_000);
+        assert_eq!(config.pause_grace(None), ms(120_000));
+        assert_eq!(config.pause_grace(Some(200_000)), ms(120_000));
     }
 }

@@ -208,7 +208,9 @@ impl Handler<Refreshed> for Session {
                 lost_rooms,
                 ..
             }) => {
-                if !lost_rooms.is_empty() {
+                // A pausing session joins nothing again: its rooms are the
+                // device's next connection's.
+                if !lost_rooms.is_empty() && !self.lease.state.leaving() {
                     self.rejoin_rooms(&lost_rooms, ctx);
                 }
                 if status.is_some() {

@@ -14,6 +14,7 @@
 
 mod close;
 mod liveness;
+mod pause;
 mod requests;
 mod room_join;
 mod room_proxy;

@@ -21,6 +21,11 @@ impl Session {
         frame: ClientFrame,
         ctx: &mut ws::WebsocketContext<Self>,
     ) {
+        // Paused: the session is closing, and its lease and rooms are the
+        // device's next connection's.
+        if self.lease.state.leaving() {
+            return;
+        }
         match frame {
             ClientFrame::Watch { users, devices } => self.watch(users, devices, ctx),
             ClientFrame::Unwatch { users } => {
@@ -49,6 +54,7 @@ impl Session {
                 );
             }
             ClientFrame::Heartbeat => {}
+            ClientFrame::Pause { grace_ms } => self.pause(grace_ms, ctx),
             ClientFrame::Join { room, state, token } => self.join_room(room, state, token, ctx),
             ClientFrame::RoomToken { room, token } => self.room_token(room, token, ctx),
             ClientFrame::Leave { room } => self.leave_room(room, ctx),

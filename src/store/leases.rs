@@ -242,6 +242,67 @@ impl Store {
             .ignore();
     }
 
+    /// A pause: extends (or cuts) the lease to `grace_ms` from now while
+    /// this connection still holds it (`arrive.lua` in refresh mode, the
+    /// grace as its TTL), then writes that deadline into
+    /// `presence-leases` and into the memberships of `lease.rooms`, down as
+    /// well as up, so that the deadline passes depart the device at the end
+    /// of the grace, as they do a lapse. Answered once both are written.
+    pub async fn pause(&self, lease: &Lease, grace_ms: u64) -> StoreResult<Arrival> {
+        let now = now_ms();
+        let deadline = now + grace_ms as i64;
+        let mut pipe = redis::pipe();
+        let feed = self.feed_of(&lease.user);
+        let mode = ArriveMode::Refresh;
+        let (max, run) = (self.max_devices, self.run);
+        (self.scripts).arrive(
+            &mut pipe,
+            lease,
+            mode,
+            grace_ms,
+            now,
+            max,
+            run,
+            feed.as_ref(),
+        );
+        let reply = self.query(&pipe).await?;
+        let key = keys::lease(&lease.user, &lease.device);
+        let first = reply
+            .first()
+            .ok_or_else(|| StoreError::reply(&key, "pause: empty reply"))?;
+        let arrival = parse_arrival(&self.report(first, false), &lease.user, deadline)?;
+        if !matches!(arrival, Arrival::Held { .. }) {
+            return Ok(arrival);
+        }
+        let member = keys::lease_member(&lease.user, &lease.device);
+        let mut back = redis::pipe();
+        // No GT: a grace shorter than what is left of the TTL moves the
+        // deadline down. (A newer connection's GT write that this one
+        // overtook is put back by the pass, which finds its lease.)
+        back.cmd("ZADD")
+            .arg(keys::leases(self.buckets.of(&lease.user)))
+            .arg(deadline)
+            .arg(&member)
+            .ignore();
+        for room in &lease.rooms {
+            back.cmd("ZADD")
+                .arg(keys::room_deadlines(room))
+                .arg("XX")
+                .arg(deadline)
+                .arg(&member)
+                .ignore();
+            // The pass's index holds a lower bound of the room's deadlines.
+            back.cmd("ZADD")
+                .arg(keys::room_due(self.buckets.of(room)))
+                .arg("LT")
+                .arg(deadline)
+                .arg(room.as_ref())
+                .ignore();
+        }
+        self.query(&back).await?;
+        Ok(arrival)
+    }
+
     /// The departure step for a lease Redis announced as expired, if this
     /// node claims its entry in `presence-leases` (see
     /// [`super::claims::claim_score`]): not when the deadline pass (or

@@ -31,6 +31,7 @@ mod managed;
 mod metrics;
 mod online_list;
 mod openapi;
+mod pause;
 mod presence;
 mod privacy_matrix;
 mod probes;
