@@ -60,6 +60,15 @@ declare class PresenceClient {
   connect(): void;
   /** Closes for good. */
   close(): void;
+  /**
+   * Steps away without leaving (an app going to the background): the server keeps the device
+   * present, and in its rooms, for a grace it bounds (`--pause-grace-ms`; at most `graceMs`), the
+   * socket closes and nothing reconnects until resume(). Resolves with the grace granted in ms
+   * (0 when nothing was kept).
+   */
+  pause(options?: { graceMs?: number }): Promise<number>;
+  /** Comes back after pause(): a resume within the grace shows the others nothing. */
+  resume(): void;
   /** Watches users: onSnapshot, then onChange for each transition; with
    * `{devices: true}` also for each change of their device count. */
   watch(users: string | string[], options?: { devices?: boolean }): void;
@@ -208,7 +217,7 @@ declare namespace PresenceClient {
     leave(): void;
   }
 
-  export type ConnectionState = "idle" | "connecting" | "open" | "reconnecting" | "closed";
+  export type ConnectionState = "idle" | "connecting" | "open" | "reconnecting" | "paused" | "closed";
 
   /** What onState receives with each state. */
   export interface StateInfo {
@@ -223,6 +232,8 @@ declare namespace PresenceClient {
     attempt?: number;
     url?: string;
     hello?: Hello;
+    /** With "paused": how long the server keeps the device, in ms (0: nothing kept). */
+    graceMs?: number;
   }
 
   export interface Options {
@@ -236,6 +247,12 @@ declare namespace PresenceClient {
     user?: string;
     /** A JWT, sent as the first frame. */
     token?: string;
+    /**
+     * In a browser: pause() once the page has been hidden for `delayMs` (default 5000) or on
+     * `pagehide`, and resume() when it is visible again (only what it paused itself).
+     * `document` and `window` default to the globals.
+     */
+    autoPause?: boolean | { delayMs?: number; document?: EventTarget & { hidden: boolean }; window?: EventTarget };
     /** Returns a fresh JWT when the current one expires soon or expired (4401). */
     refreshToken?: () => string | Promise<string>;
     /** Returns a room token (`--room-policy token`) for `room`, or false when the room takes

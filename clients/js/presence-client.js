@@ -462,6 +462,10 @@
      * @param {number} [options.maxBackoffMs=15000]  largest reconnect delay
      * @param {Function} [options.WebSocket]         WebSocket class (default: the global one, else
      *                                              the `ws` package in Node 20)
+     * @param {boolean|{delayMs?: number, document?: object, window?: object}} [options.autoPause]
+     *                                    in a browser: pause() when the page has been hidden for
+     *                                    delayMs (default 5000) or on pagehide, resume() when it is
+     *                                    visible again (only what it paused itself)
      */
     constructor(options) {
       const o = options || {};
@@ -527,6 +531,35 @@
       this.onError = o.onError || (() => {});
       /** Called with {in_ms} when the server warns that the token expires soon. */
       this.onAuthExpiring = o.onAuthExpiring || (() => {});
+      if (o.autoPause) this._autoPause(o.autoPause === true ? {} : o.autoPause);
+    }
+
+    /** `autoPause`: pause while the page is hidden, resume when it is back. */
+    _autoPause(a) {
+      const doc = a.document || (typeof document !== "undefined" ? document : null);
+      const win = a.window || (typeof window !== "undefined" ? window : null);
+      if (!doc || !doc.addEventListener) return;
+      const delayMs = a.delayMs >= 0 ? a.delayMs : 5000;
+      let timer = null;
+      const away = () => {
+        clearTimeout(timer);
+        timer = null;
+        if (this.state !== "open") return;
+        this._autoPaused = true;
+        this.pause();
+      };
+      doc.addEventListener("visibilitychange", () => {
+        clearTimeout(timer);
+        timer = null;
+        if (doc.hidden) {
+          timer = setTimeout(away, delayMs);
+        } else if (this._autoPaused) {
+          this._autoPaused = false;
+          if (this.state === "paused") this.resume();
+        }
+      });
+      // Leaving the page (or the bfcache): the next page view is a resume.
+      if (win && win.addEventListener) win.addEventListener("pagehide", away);
     }
 
     /** Opens the connection (and keeps it open until close()); a no-op while open or opening. */
@@ -548,6 +581,50 @@
       if (ws && ws.readyState <= 1) ws.close(1000, "bye");
       this.rooms.forEach((r) => r._disconnected());
       this._setState("closed", { code: 1000, reason: "closed by client", willRetry: false });
+    }
+
+    /**
+     * Steps away without leaving, for an app going to the background: the
+     * server keeps this device present (and in its rooms) for a grace it
+     * bounds (`--pause-grace-ms`; at most `options.graceMs` when given),
+     * then the socket closes and the client does not reconnect until
+     * resume(). A resume() within the grace shows watchers and room members
+     * nothing at all; past it the device leaves once, as after a lost
+     * connection. Resolves with the grace granted in ms (0 when there was
+     * no open connection to keep). onState("paused", {graceMs}) follows.
+     */
+    pause(options) {
+      const graceMs = options && options.graceMs;
+      clearTimeout(this._timer);
+      this._timer = null;
+      this._stopped = true;
+      const ws = this._ws;
+      if (!ws || ws.readyState !== 1 || this.state !== "open") {
+        this._ws = null;
+        if (ws && ws.readyState <= 1) ws.close(1000, "bye");
+        this.rooms.forEach((r) => r._disconnected());
+        this._setState("paused", { graceMs: 0 });
+        return Promise.resolve(0);
+      }
+      return new Promise((resolve) => {
+        this._pausing = (granted) => {
+          this._pausing = null;
+          this._setState("paused", { graceMs: granted });
+          resolve(granted);
+        };
+        const frame = { type: "pause" };
+        if (graceMs > 0) frame.grace_ms = Math.round(graceMs);
+        ws.send(JSON.stringify(frame));
+      });
+    }
+
+    /** Comes back after pause(): reconnects, watches and rejoins as after any reconnect. */
+    resume() {
+      // A resume before the pause's close came: that pause is over.
+      if (this._pausing) this._pausing(this._pausedMs || 0);
+      this._pausedMs = 0;
+      this.attempt = 0;
+      this.connect();
     }
 
     /**
@@ -743,6 +820,13 @@
         // only a fresh token from refreshToken() can help.
         if (FINAL_CLOSE_CODES.includes(ev.code) || (ev.code === 4401 && !this.refreshToken)) this._stopped = true;
         this.rooms.forEach((r) => r._disconnected());
+        if (this._pausing) {
+          // Closed by pause(): with 1000 "paused" the server kept the
+          // device; anything else (the lease taken, Redis down) kept nothing.
+          this._pausing(ev.code === 1000 && this._pausedMs ? this._pausedMs : 0);
+          this._pausedMs = 0;
+          return;
+        }
         if (ev.code === 4401) this._tokenStale = true;
         this._scheduleReconnect(ev.code, ev.reason, retryHint(ev.code, ev.reason));
       };
@@ -826,6 +910,10 @@
           // and join when this comes within the membership's deadline), and
           // a fresh room token from getToken (the last may have expired).
           this.rooms.forEach((r) => r._sendJoin(true));
+          break;
+        case "paused":
+          // The server kept the device for grace_ms; its close follows.
+          this._pausedMs = f.grace_ms || 0;
           break;
         case "auth_expiring":
           this._renewToken(f);

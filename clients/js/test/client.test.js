@@ -753,6 +753,72 @@ describe("rooms against a real node", () => {
   /** A room's members as plain data: {user: {device: state}}. */
   const view = (r) => Object.fromEntries([...r.members].map(([u, ds]) => [u, Object.fromEntries(ds.map((d) => [d.device, d.state]))]));
 
+  test("pause and resume: within the grace the others see nothing; past it one offline and one leave", { timeout: 60_000 }, async () => {
+    const n = await startNode("pause-1", ["--pause-grace-ms", "1500"]);
+    const alice = await connect("alice", "web", n.ws);
+    const seen = [];
+    alice.onChange = (r) => seen.push(r.status);
+    alice.watch(["bob"]);
+    const bob = await connect("bob", "phone", n.ws);
+    await waitFor("alice to see bob online", () => seen.includes("online"));
+    const aliceRoom = await joinRoom(alice, "pause-room", {});
+    const bobRoom = await joinRoom(bob, "pause-room", {});
+    await waitFor("alice to see bob in the room", () => aliceRoom.members.has("bob"));
+    const states = [];
+    bob.onState = (s, info) => states.push([s, info]);
+
+    // A pause asked longer than the bound gets the bound; resumed within it.
+    const granted = await bob.pause({ graceMs: 60_000 });
+    assert.equal(granted, 1500);
+    assert.deepEqual(states.at(-1), ["paused", { graceMs: 1500 }]);
+    await new Promise((r) => setTimeout(r, 300));
+    assert.equal(bob.state, "paused", "a paused client reconnected by itself");
+    bob.resume();
+    await waitFor("bob to be back", () => bob.connected && bobRoom.joined);
+    await new Promise((r) => setTimeout(r, 2000)); // past the grace: nothing may follow
+    assert.deepEqual(seen, ["online"], "alice saw bob's pause");
+    assert.deepEqual(aliceRoom.log.leaves, [], "alice saw bob leave the room");
+
+    // Paused and not back: bob leaves once, after the grace.
+    assert.equal(await bob.pause(), 1500);
+    await waitFor("alice to see bob offline", () => seen.includes("offline"), 10_000);
+    await waitFor("alice to see bob leave the room", () => aliceRoom.log.leaves.length === 1);
+    assert.deepEqual(seen, ["online", "offline"]);
+  });
+
+  test("autoPause: a hidden page pauses after its delay, a visible one resumes, and the others see nothing", { timeout: 60_000 }, async () => {
+    const n = await startNode("pause-auto", ["--pause-grace-ms", "5000"]);
+    const alice = await connect("alice", "web", n.ws);
+    const seen = [];
+    alice.onChange = (r) => seen.push(r.status);
+    alice.watch(["carol"]);
+    const doc = new EventTarget();
+    doc.hidden = false;
+    const carol = new PresenceClient({ url: n.ws, user: "carol", device: "tab", WebSocket: globalThis.WebSocket, minBackoffMs: 100, maxBackoffMs: 400, autoPause: { delayMs: 200, document: doc } });
+    clients.push(carol);
+    carol.connect();
+    await waitFor("alice to see carol online", () => seen.includes("online"));
+    doc.hidden = true;
+    doc.dispatchEvent(new Event("visibilitychange"));
+    await waitFor("carol to pause", () => carol.state === "paused");
+    doc.hidden = false;
+    doc.dispatchEvent(new Event("visibilitychange"));
+    await waitFor("carol to be back", () => carol.connected);
+    // Hidden briefly (under the delay): no pause at all.
+    doc.hidden = true;
+    doc.dispatchEvent(new Event("visibilitychange"));
+    doc.hidden = false;
+    doc.dispatchEvent(new Event("visibilitychange"));
+    await new Promise((r) => setTimeout(r, 500));
+    assert.equal(carol.state, "open");
+    assert.deepEqual(seen, ["online"], "alice saw carol's pause");
+    // A pause of the app's own is not undone by the page coming back.
+    await carol.pause();
+    doc.dispatchEvent(new Event("visibilitychange"));
+    await new Promise((r) => setTimeout(r, 300));
+    assert.equal(carol.state, "paused");
+  });
+
   test("members stay current through joins, updates and leaves", { timeout: 60_000 }, async () => {
     const n = await startNode("rooms-1");
     const alice = await connect("alice", "web", n.ws);
