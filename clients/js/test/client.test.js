@@ -755,15 +755,19 @@ describe("rooms against a real node", () => {
 
   test("pause and resume: within the grace the others see nothing; past it one offline and one leave", { timeout: 60_000 }, async () => {
     const n = await startNode("pause-1", ["--pause-grace-ms", "1500"]);
-    const alice = await connect("alice", "web", n.ws);
+    const alice = await connect("pauser-watcher", "web", n.ws);
     const seen = [];
     alice.onChange = (r) => seen.push(r.status);
-    alice.watch(["bob"]);
-    const bob = await connect("bob", "phone", n.ws);
+    // bob connects once alice's watch is answered: his online is then a change.
+    let answered = false;
+    alice.onSnapshot = () => { answered = true; };
+    alice.watch(["pauser"]);
+    await waitFor("alice's watch to be answered", () => answered);
+    const bob = await connect("pauser", "phone", n.ws);
     await waitFor("alice to see bob online", () => seen.includes("online"));
     const aliceRoom = await joinRoom(alice, "pause-room", {});
     const bobRoom = await joinRoom(bob, "pause-room", {});
-    await waitFor("alice to see bob in the room", () => aliceRoom.members.has("bob"));
+    await waitFor("alice to see bob in the room", () => aliceRoom.members.has("pauser"));
     const states = [];
     bob.onState = (s, info) => states.push([s, info]);
 
@@ -788,13 +792,16 @@ describe("rooms against a real node", () => {
 
   test("autoPause: a hidden page pauses after its delay, a visible one resumes, and the others see nothing", { timeout: 60_000 }, async () => {
     const n = await startNode("pause-auto", ["--pause-grace-ms", "5000"]);
-    const alice = await connect("alice", "web", n.ws);
+    const alice = await connect("autopause-watcher", "web", n.ws);
     const seen = [];
     alice.onChange = (r) => seen.push(r.status);
-    alice.watch(["carol"]);
+    let answered = false;
+    alice.onSnapshot = () => { answered = true; };
+    alice.watch(["autopauser"]);
+    await waitFor("alice's watch to be answered", () => answered);
     const doc = new EventTarget();
     doc.hidden = false;
-    const carol = new PresenceClient({ url: n.ws, user: "carol", device: "tab", WebSocket: globalThis.WebSocket, minBackoffMs: 100, maxBackoffMs: 400, autoPause: { delayMs: 200, document: doc } });
+    const carol = new PresenceClient({ url: n.ws, user: "autopauser", device: "tab", WebSocket: globalThis.WebSocket, minBackoffMs: 100, maxBackoffMs: 400, autoPause: { delayMs: 200, document: doc } });
     clients.push(carol);
     carol.connect();
     await waitFor("alice to see carol online", () => seen.includes("online"));
