@@ -54,7 +54,7 @@ pub(crate) async fn livez(state: web::Data<AppState>) -> HttpResponse {
 
 /// A Redis health check older than this counts as failed for `/readyz`
 /// (it runs every 0.5 s).
-const STALE_HEALTH_MS: u64 = 5_000;
+const STALE_HEALTH: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// `GET /readyz`: 200 when the node may be sent new clients: Redis answered
 /// the last health check, the expiry listener runs and the node is not
@@ -71,11 +71,11 @@ pub(crate) async fn readyz(state: web::Data<AppState>) -> HttpResponse {
     let redis = state.redis_health.report();
     if !redis.up {
         reasons.push(format!("redis unreachable: {}", redis.details["error"]));
-    } else if redis.details["checked_ms_ago"].as_u64().unwrap_or(0) > STALE_HEALTH_MS {
+    } else if redis.checked_ago > STALE_HEALTH {
         // The checker itself is stuck (a PING that does not come back).
         reasons.push(format!(
             "redis health not checked for {} ms",
-            redis.details["checked_ms_ago"]
+            redis.checked_ago.as_millis()
         ));
     }
     if let Err(e) = state.readiness.check(state.node.config.reaper_interval()) {

@@ -110,6 +110,8 @@ impl RedisHealth {
 pub struct HealthReport {
     /// Redis answered the last check.
     pub up: bool,
+    /// How long ago that check finished.
+    pub checked_ago: std::time::Duration,
     /// The details for the JSON body.
     pub details: serde_json::Value,
 }
@@ -122,12 +124,14 @@ impl RedisHealth {
             .read()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .clone();
+        let checked_ago = s.checked_at.elapsed();
         HealthReport {
             up: s.up,
+            checked_ago,
             details: serde_json::json!({
                 "target": self.target,
                 "version": self.version,
-                "checked_ms_ago": s.checked_at.elapsed().as_millis() as u64,
+                "checked_ms_ago": checked_ago.as_millis() as u64,
                 "error": s.error,
                 "maxmemory_policy": s.policy,
                 "eviction_warning": eviction_warning(&s.policy),
