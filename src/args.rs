@@ -257,11 +257,20 @@ pub struct Args {
           value_parser = clap::value_parser!(u32).range(2..=65_536))]
     pub max_room_state_bytes: u32,
 
-    /// Room state and signal frames one device may send per second.
+    /// Signal frames (and joins that change the state) one device may send
+    /// per second.
     #[arg(long, env = "PRESENCE_MAX_ROOM_MESSAGES_PER_SEC",
           default_value_t = config::DEFAULT_MAX_ROOM_MESSAGES_PER_SEC,
           value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub max_room_messages_per_sec: u32,
+
+    /// Room state updates per device per second the node writes to Redis
+    /// and forwards, and room_updates batches per member per second:
+    /// room_state frames beyond it are never refused, the latest wins.
+    #[arg(long, env = "PRESENCE_ROOM_STATE_HZ",
+          default_value_t = config::DEFAULT_ROOM_STATE_HZ,
+          value_parser = clap::value_parser!(u32).range(1..=1_000))]
+    pub room_state_hz: u32,
 
     /// Above this many users, a room's members get occupancy counts instead
     /// of every join, leave and update, and the room frame lists no members.

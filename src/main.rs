@@ -134,6 +134,7 @@ fn settings(args: &Args) -> anyhow::Result<Settings> {
         max_room_devices: args.max_room_devices,
         max_state_bytes: args.max_room_state_bytes as usize,
         max_messages_per_sec: args.max_room_messages_per_sec,
+        state_hz: args.room_state_hz,
         announce_max: args.room_announce_max,
         announce_max_devices: args.room_announce_max_devices,
         occupancy_interval: Duration::from_millis(args.room_occupancy_ms),

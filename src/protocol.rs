@@ -73,6 +73,10 @@ pub enum ClientFrame {
         /// A room token, for a room under `--room-policy token`.
         #[serde(default)]
         token: Option<Token>,
+        /// State updates of the room's other members come as one
+        /// `room_updates` frame per tick instead of one `room_update` each.
+        #[serde(default)]
+        batch: bool,
     },
     /// A fresh room token for a room the device is in (`--room-policy
     /// token`), replacing the one it joined with.

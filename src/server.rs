@@ -281,7 +281,7 @@ async fn start_actors(
         config.client_timeout() + config.heartbeat,
         registry_ready,
     )
-    .with_rooms(config.rooms.occupancy_interval)
+    .with_rooms(config.rooms.occupancy_interval, config.rooms.state_tick())
     .start();
     ExpiryListener::new(client.clone(), store.clone(), config.clone(), expiry_ready)
         .with_readiness(readiness.clone())

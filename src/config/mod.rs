@@ -64,8 +64,13 @@ pub const DEFAULT_MAX_ROOM_DEVICES: u32 = 10_000;
 pub const DEFAULT_MAX_ROOM_STATE_BYTES: usize = 1_024;
 /// Largest signal `data`, serialized, in bytes.
 pub const MAX_SIGNAL_BYTES: usize = 1_024;
-/// Default room state and signal frames per second one device may send.
+/// Default signal frames (and joins that change the state) per second one
+/// device may send.
 pub const DEFAULT_MAX_ROOM_MESSAGES_PER_SEC: u32 = 20;
+/// Default most room state updates per device per second that the node
+/// writes and forwards (and batch frames per member per second): a device
+/// may send more, the latest wins.
+pub const DEFAULT_ROOM_STATE_HZ: u32 = 20;
 /// Default most users of a room whose members get one frame per join,
 /// leave and update; above it they get `occupancy` counts.
 pub const DEFAULT_ROOM_ANNOUNCE_MAX: u32 = 100;
@@ -220,8 +225,13 @@ pub struct RoomLimits {
     pub max_room_devices: u32,
     /// Largest room state, serialized, in bytes.
     pub max_state_bytes: usize,
-    /// Room state and signal frames per second one device may send.
+    /// Signal frames (and joins that change the state) per second one
+    /// device may send.
     pub max_messages_per_sec: u32,
+    /// Room state updates per device per second written and forwarded, and
+    /// `room_updates` batches per member per second: `room_state` frames
+    /// beyond it are coalesced, the latest wins.
+    pub state_hz: u32,
     /// Most users of a room whose members get every join, leave and
     /// update; above it, `occupancy` counts.
     pub announce_max: u32,
@@ -233,6 +243,14 @@ pub struct RoomLimits {
     pub policies: Policies,
 }
 
+impl RoomLimits {
+    /// The shortest time between two state writes of one device, and
+    /// between two `room_updates` batches of a room: one tick.
+    pub fn state_tick(&self) -> Duration {
+        Duration::from_secs(1) / self.state_hz.max(1)
+    }
+}
+
 impl Default for RoomLimits {
     fn default() -> Self {
         Self {
@@ -240,6 +258,7 @@ impl Default for RoomLimits {
             max_room_devices: DEFAULT_MAX_ROOM_DEVICES,
             max_state_bytes: DEFAULT_MAX_ROOM_STATE_BYTES,
             max_messages_per_sec: DEFAULT_MAX_ROOM_MESSAGES_PER_SEC,
+            state_hz: DEFAULT_ROOM_STATE_HZ,
             announce_max: DEFAULT_ROOM_ANNOUNCE_MAX,
             announce_max_devices: DEFAULT_ROOM_ANNOUNCE_MAX_DEVICES,
             occupancy_interval: DEFAULT_ROOM_OCCUPANCY,

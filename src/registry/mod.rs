@@ -174,9 +174,10 @@ impl Registry {
 
     /// Rooms in counts mode get `occupancy` frames, at most every
     /// `occupancy`, instead of every join, leave and update, and are read
-    /// again for their members at most that often.
-    pub fn with_rooms(mut self, occupancy: Duration) -> Self {
-        self.rooms = rooms::RoomInterest::new(occupancy);
+    /// again for their members at most that often; members that asked for
+    /// batches get a room's state updates every `state_tick`.
+    pub fn with_rooms(mut self, occupancy: Duration, state_tick: Duration) -> Self {
+        self.rooms = rooms::RoomInterest::new(occupancy, state_tick);
         self
     }
 
@@ -410,6 +411,7 @@ impl Actor for Registry {
             act.rooms.flush();
             act.start_room_reads(ctx);
         });
+        ctx.run_interval(self.rooms.state_tick(), |act, _| act.rooms.flush_batches());
         let addr = ctx.address();
         // The node's own channel, for good: word about its sockets from the
         // nodes that take their devices (`taken.rs`).

@@ -13,6 +13,13 @@
 //! events, needs the list again: the node reads the room once for all its
 //! members (at most once per room every `--room-occupancy-ms`) and shares
 //! the frame, holding the room's events until it is out.
+//!
+//! State updates go at once to the members that did not ask for batches;
+//! for those that did (`"batch":true` on `join`), the room keeps the
+//! latest update of each device, and every tick (`--room-state-hz`) sends
+//! them all in one `room_updates` frame. A join or leave of a device drops
+//! its pending update: the join carries a newer state, and no update may
+//! follow a leave.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -42,6 +49,8 @@ pub struct JoinRoom {
     pub resync: Recipient<RoomResync>,
     /// Its member, `<user>:<device>`.
     pub member: Arc<str>,
+    /// Its client asked for state updates in batches, once per tick.
+    pub batch: bool,
 }
 
 /// A session is out of a room.
@@ -63,9 +72,18 @@ pub struct RoomResync {
     pub room: Arc<str>,
 }
 
-/// Where one member session's room events and resyncs go, and its
-/// `<user>:<device>`.
-type Member = (Recipient<RoomDeliver>, Recipient<RoomResync>, Arc<str>);
+/// One local member session of a room.
+struct Member {
+    /// Where its room events go.
+    deliver: Recipient<RoomDeliver>,
+    /// Where a resync goes (kept for the session's own re-reads).
+    #[allow(dead_code)]
+    resync: Recipient<RoomResync>,
+    /// Its `<user>:<device>`.
+    member: Arc<str>,
+    /// It gets state updates in batches.
+    batch: bool,
+}
 
 /// The counts of a room in counts mode.
 #[derive(Debug, Clone, Copy)]
@@ -126,6 +144,11 @@ struct Room {
     /// The local members that are hidden (their user is invisible), as
     /// the room's events tell: not counted in the public series.
     hidden: HashSet<Arc<str>>,
+    /// How many of [`Room::members`] get state updates in batches.
+    batched: usize,
+    /// The updates of this tick for the batched members: the latest of
+    /// each device, in the order the devices first changed.
+    batch: Vec<Arc<RoomEvent>>,
 }
 
 impl Room {
@@ -144,9 +167,9 @@ impl Room {
             _ => false,
         };
         if hidden {
-            let local = self.members.values().find(|(_, _, m)| is(m));
-            if let Some((_, _, member)) = local {
-                self.hidden.insert(member.clone());
+            let local = self.members.values().find(|m| is(&m.member));
+            if let Some(m) = local {
+                self.hidden.insert(m.member.clone());
             }
         } else if !self.hidden.is_empty() {
             self.hidden.retain(|m| !is(m));
@@ -165,21 +188,36 @@ pub(super) struct RoomInterest {
     /// Shortest time between two `occupancy` frames of a room, and
     /// between two shared reads of it.
     occupancy: Duration,
+    /// Time between two batches of a room's state updates.
+    state_tick: Duration,
     /// The rooms with local members.
     rooms: HashMap<Arc<str>, Room>,
     /// The rooms of each local session, so that a disconnect undoes all.
     of_session: HashMap<SessionId, HashSet<Arc<str>>>,
     /// Rooms whose shared read should start now.
     to_read: Vec<Arc<str>>,
+    /// Rooms with updates waiting for the next tick's batch.
+    to_batch: HashSet<Arc<str>>,
 }
 
 impl RoomInterest {
     /// Rooms in counts mode get `occupancy` frames at most every
-    /// `occupancy`, and are read again at most that often.
-    pub(super) fn new(occupancy: Duration) -> Self {
+    /// `occupancy`, and are read again at most that often; batched members
+    /// get a room's state updates every `state_tick`.
+    pub(super) fn new(occupancy: Duration, state_tick: Duration) -> Self {
         Self {
             occupancy,
+            state_tick,
             ..Self::default()
+        }
+    }
+
+    /// How often [`RoomInterest::flush_batches`] should run.
+    pub(super) fn state_tick(&self) -> Duration {
+        if self.state_tick.is_zero() {
+            crate::config::RoomLimits::default().state_tick()
+        } else {
+            self.state_tick
         }
     }
 
@@ -192,8 +230,9 @@ impl RoomInterest {
     /// last local member, to unsubscribe.
     fn leave(&mut self, session: SessionId, room: &str) -> Option<String> {
         let local = self.rooms.get_mut(room)?;
-        if let Some((_, _, member)) = local.members.remove(&session) {
-            local.hidden.remove(&member);
+        if let Some(m) = local.members.remove(&session) {
+            local.hidden.remove(&m.member);
+            local.batched -= usize::from(m.batch);
         }
         if let Some(rooms) = self.of_session.get_mut(&session) {
             rooms.remove(room);
@@ -281,7 +320,9 @@ impl RoomInterest {
                 return;
             }
         }
-        send(local, &event);
+        if send(local, &event) {
+            self.to_batch.insert(event.room.clone());
+        }
     }
 
     /// Sends each room in counts mode whose counts changed its `occupancy`
@@ -306,6 +347,16 @@ impl RoomInterest {
             counts.sent = now;
             let event = Arc::new(RoomEvent::occupancy(room, current.0, current.1));
             send(local, &event);
+        }
+    }
+
+    /// Sends every room's pending updates to its batched members: once per
+    /// tick (`--room-state-hz`).
+    pub(super) fn flush_batches(&mut self) {
+        for room in self.to_batch.drain() {
+            if let Some(local) = self.rooms.get_mut(&room) {
+                send_batch(&room, local);
+            }
         }
     }
 
@@ -394,10 +445,45 @@ impl RoomInterest {
     }
 }
 
-/// Sends `event` to every local member of the room.
-fn send(local: &Room, event: &Arc<RoomEvent>) {
-    for (deliver, _, _) in local.members.values() {
-        deliver.do_send(RoomDeliver {
+/// Sends `event` to every local member of the room; a state update goes
+/// into the tick's batch for the batched members instead (the latest of
+/// each device wins), and a join or leave drops its device's pending one.
+/// True when the room's batch was empty and is not any more.
+fn send(local: &mut Room, event: &Arc<RoomEvent>) -> bool {
+    let same = |e: &Arc<RoomEvent>| e.device == event.device && e.user == event.user;
+    let batching = event.kind == Kind::Update && local.batched > 0;
+    match event.kind {
+        Kind::Join | Kind::Leave => local.batch.retain(|e| !same(e)),
+        Kind::Room => local.batch.retain(|e| e.seq > event.seq),
+        _ => {}
+    }
+    for m in local.members.values() {
+        if !(batching && m.batch) {
+            m.deliver.do_send(RoomDeliver {
+                event: event.clone(),
+            });
+        }
+    }
+    if !batching {
+        return false;
+    }
+    let first = local.batch.is_empty();
+    match local.batch.iter_mut().find(|e| same(e)) {
+        Some(older) => *older = event.clone(),
+        None => local.batch.push(event.clone()),
+    }
+    first
+}
+
+/// Sends the room's pending updates in one batch to its batched members.
+fn send_batch(room: &Arc<str>, local: &mut Room) {
+    let updates = std::mem::take(&mut local.batch);
+    if updates.is_empty() {
+        return;
+    }
+    let event = Arc::new(RoomEvent::batch(room, updates));
+    for m in local.members.values().filter(|m| m.batch) {
+        m.deliver.do_send(RoomDeliver {
             event: event.clone(),
         });
     }
@@ -435,10 +521,19 @@ impl Handler<JoinRoom> for Registry {
                 view: View::Listed,
                 last_read: None,
                 hidden: HashSet::new(),
+                batched: 0,
+                batch: Vec::new(),
             });
-        local
-            .members
-            .insert(join.session, (join.addr, join.resync, join.member));
+        let member = Member {
+            deliver: join.addr,
+            resync: join.resync,
+            member: join.member,
+            batch: join.batch,
+        };
+        local.batched += usize::from(join.batch);
+        if let Some(old) = local.members.insert(join.session, member) {
+            local.batched -= usize::from(old.batch);
+        }
         let subscribe = (!local.subscribed).then(|| {
             let channel = Channel::Named(keys::room_events(&join.room));
             self.subscriptions.clone().map(|subs| (subs, channel))

@@ -9,6 +9,9 @@
 //! - `{"type":"room_leave","room":..,"user":..,"device":..,"last":true}`
 //! - `{"type":"room_update","room":..,"user":..,"device":..,"state":{..}}`
 //! - `{"type":"signal","room":..,"user":..,"device":..,"data":..}`
+//! - `{"type":"room_updates","room":..,"updates":[{"user":..,"device":..,"state":{..}},..]}`,
+//!   for a member that joined with `"batch":true`: every state that
+//!   changed since its last one, at most one per device, once per tick.
 
 use std::sync::Arc;
 
@@ -38,6 +41,9 @@ pub enum Kind {
     /// the node, never published): the room switched mode, or events were
     /// missed.
     Room,
+    /// The room's state updates of one tick, for its batched members (made
+    /// by the node, never published).
+    Batch,
 }
 
 /// Which member devices an event is for.
@@ -138,6 +144,13 @@ pub struct RoomEvent {
     pub snapshot: Option<Arc<RoomSnapshot>>,
     /// The frame a member gets, serialized once.
     pub frame: ByteString,
+    /// For an update, its entry in a `room_updates` frame
+    /// (`{"user":..,"device":..,"state":..}`), serialized once; empty
+    /// otherwise.
+    pub entry: String,
+    /// For a [`Kind::Batch`] event, the updates of its tick, at most one
+    /// per device, each of a newer state than the last one sent.
+    pub updates: Vec<Arc<RoomEvent>>,
 }
 
 /// What a node-made `room` frame shows.
@@ -193,6 +206,31 @@ fn empty_object() -> &'static RawValue {
     &EMPTY
 }
 
+/// One update in a `room_updates` frame.
+#[derive(Serialize)]
+struct UpdateEntry<'a> {
+    user: &'a str,
+    device: &'a str,
+    state: &'a RawValue,
+}
+
+/// A `room_updates` frame of `room` made of `entries` (each an update's
+/// [`RoomEvent::entry`]).
+pub fn batch_frame<'a>(room: &str, entries: impl Iterator<Item = &'a str>) -> String {
+    let mut frame = String::with_capacity(64 + room.len());
+    frame.push_str(r#"{"type":"room_updates","room":"#);
+    frame.push_str(&protocol::to_json(&room));
+    frame.push_str(r#","updates":["#);
+    for (i, entry) in entries.enumerate() {
+        if i > 0 {
+            frame.push(',');
+        }
+        frame.push_str(entry);
+    }
+    frame.push_str("]}");
+    frame
+}
+
 /// The `occupancy` frame's body.
 #[derive(Serialize)]
 struct OccupancyBody<'a> {
@@ -230,6 +268,8 @@ impl RoomEvent {
             removed: false,
             snapshot: None,
             frame: ByteString::from(occupancy_frame(room, users, devices)),
+            entry: String::new(),
+            updates: Vec::new(),
         }
     }
 
@@ -267,6 +307,31 @@ impl RoomEvent {
             removed: false,
             snapshot,
             frame: ByteString::from(frame),
+            entry: String::new(),
+            updates: Vec::new(),
+        }
+    }
+
+    /// The state updates of one tick in `room`, for its batched members;
+    /// each member's `room_updates` frame is made of their entries
+    /// ([`batch_frame`]).
+    pub fn batch(room: &Arc<str>, updates: Vec<Arc<RoomEvent>>) -> Self {
+        Self {
+            room: room.clone(),
+            kind: Kind::Batch,
+            to: To::All,
+            user: String::new(),
+            device: String::new(),
+            seq: updates.iter().filter_map(|u| u.seq).max(),
+            users: 0,
+            devices: 0,
+            large: false,
+            switched: false,
+            removed: false,
+            snapshot: None,
+            frame: ByteString::new(),
+            entry: String::new(),
+            updates,
         }
     }
 
@@ -292,7 +357,7 @@ impl RoomEvent {
             Kind::Leave => ("room_leave", None, wire.last, None, None),
             Kind::Update => ("room_update", None, None, wire.state, None),
             Kind::Signal => ("signal", None, None, None, wire.data),
-            Kind::Occupancy | Kind::Room => {
+            Kind::Occupancy | Kind::Room | Kind::Batch => {
                 log::warn!("ignoring a published node-made event on {channel_room}'s channel");
                 return None;
             }
@@ -315,7 +380,20 @@ impl RoomEvent {
                 removed: wire.removed && wire.e == Kind::Leave,
             },
         );
+        let entry = match wire.e {
+            Kind::Update => protocol::to_json(&UpdateEntry {
+                user: &wire.user,
+                device: &wire.device,
+                state: match state {
+                    Some(state) => state,
+                    None => empty_object(),
+                },
+            }),
+            _ => String::new(),
+        };
         Some(Self {
+            entry,
+            updates: Vec::new(),
             room: Arc::from(wire.room.as_str()),
             kind: wire.e,
             to: wire.to,

@@ -1,7 +1,8 @@
 //! The rooms one session is in, and what it told its client of each: the
 //! room's clock as of the last `room` frame, so that an event the frame
 //! already showed is not sent again, and the events that arrived before
-//! that frame, held until it is out.
+//! that frame, held until it is out; and the device's own state changes
+//! not written yet (at most one write per tick, the latest state wins).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -9,7 +10,7 @@ use std::time::Instant;
 
 use bytestring::ByteString;
 
-use super::events::{RoomEvent, To};
+use super::events::{batch_frame, Kind, RoomEvent, To};
 use super::token::RoomTokens;
 use crate::bucket::TokenBucket;
 
@@ -28,6 +29,21 @@ pub struct Held {
     /// The room must be read again once its `room` frame is out (a resync
     /// came while that frame was on its way).
     pub resync: bool,
+    /// The client joined with `"batch":true`: state updates come as one
+    /// `room_updates` frame per tick.
+    pub batch: bool,
+    /// The room's clock as of the last `room` frame sent: a batched update
+    /// it showed already is dropped (a batch's updates may be older than
+    /// a join or leave delivered before it, but never older than this).
+    pub framed: u64,
+    /// [`Held::state`] changed since it was last written.
+    pub unsent: bool,
+    /// A write of the state is queued or timed: the next `room_state` frame
+    /// only replaces the state it will write.
+    pub armed: bool,
+    /// The earliest time the next write of the state may start (one tick
+    /// after the last one started).
+    pub next_write: Option<Instant>,
 }
 
 /// The rooms of one session.
@@ -82,6 +98,9 @@ impl Rooms {
             _ => {}
         }
         let held = self.joined.get_mut(&event.room)?;
+        if event.kind == Kind::Batch {
+            return batched(held, event, user, device);
+        }
         match (held.seq, event.seq) {
             (None, _) => {
                 held.pending.push(event);
@@ -105,6 +124,7 @@ impl Rooms {
             return Vec::new();
         };
         held.seq = Some(seq);
+        held.framed = seq;
         held.confirmed = true;
         std::mem::take(&mut held.pending)
     }
@@ -121,6 +141,33 @@ impl Rooms {
             tokens.remove(room);
         }
     }
+}
+
+/// The `room_updates` frame of a batch for one member: the updates it
+/// should see (not its own device's, not those its last `room` frame
+/// showed); none when no update is left. Held like any event while the
+/// room's `room` frame is on its way.
+fn batched(held: &mut Held, event: Arc<RoomEvent>, user: &str, device: &str) -> Option<ByteString> {
+    if held.seq.is_none() {
+        held.pending.push(event);
+        return None;
+    }
+    let framed = held.framed;
+    let seen = |u: &&Arc<RoomEvent>| {
+        let own = u.user == user;
+        !(own && u.device == device)
+            && match u.to {
+                To::User => own,
+                To::Others => !own,
+                To::All => true,
+            }
+            && u.seq.is_some_and(|s| s > framed)
+    };
+    let mut updates = event.updates.iter().filter(seen).peekable();
+    updates.peek()?;
+    let frame = batch_frame(&event.room, updates.map(|u| u.entry.as_str()));
+    held.seq = held.seq.max(event.seq);
+    Some(ByteString::from(frame))
 }
 
 #[cfg(test)]

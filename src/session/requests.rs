@@ -61,11 +61,9 @@ pub(super) enum RoomRequest {
         /// The room.
         room: Arc<str>,
     },
-    /// Replace the state.
+    /// Write the device's latest state (`Held::state`), if not written yet.
     State {
         /// The room.
         room: Arc<str>,
-        /// The state, serialized.
-        state: String,
     },
 }

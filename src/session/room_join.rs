@@ -44,6 +44,7 @@ impl Session {
         room: String,
         state: Option<serde_json::Value>,
         token: Option<Token>,
+        batch: bool,
         ctx: &mut ws::WebsocketContext<Self>,
     ) {
         let limits = self.node.config.rooms.clone();
@@ -80,7 +81,9 @@ impl Session {
                 // A join again: a fresh `room` frame follows; events wait
                 // for it.
                 held.state = state.clone();
+                held.unsent = false;
                 held.seq = None;
+                held.batch = batch;
             }
             None if count >= limits.max_rooms_per_device => {
                 let err = ProtocolError::new(
@@ -97,6 +100,7 @@ impl Session {
                     room.clone(),
                     Held {
                         state: state.clone(),
+                        batch,
                         ..Held::default()
                     },
                 );
@@ -161,12 +165,18 @@ impl Session {
         };
         // Kept for asking the backend again, should its grant be void.
         let again = granted.map(|_| state.clone());
+        let batch = self
+            .rooms
+            .as_ref()
+            .and_then(|r| r.joined.get(&room))
+            .is_some_and(|h| h.batch);
         let subscribe = registry.send(JoinRoom {
             session: self.me.id,
             room: room.clone(),
             addr: ctx.address().recipient(),
             resync: ctx.address().recipient(),
             member: Arc::from(format!("{user}:{device}")),
+            batch,
         });
         let join = async move {
             match subscribe.await {

@@ -5,6 +5,7 @@
 //! ends with its lease released.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use actix_web_actors::ws;
@@ -169,8 +170,8 @@ impl Session {
         Some(room)
     }
 
-    /// A state or signal frame for `room`: the device must be in it, and
-    /// it takes one room message from the device's budget.
+    /// A signal frame for `room`: the device must be in it, and it takes
+    /// one room message from the device's budget.
     fn room_message(&mut self, room: &str, ctx: &mut ws::WebsocketContext<Self>) -> bool {
         if !self.in_room(room) {
             self.send_error(ctx, &not_in_room(room));
@@ -179,8 +180,8 @@ impl Session {
         self.take_room_message(room, ctx)
     }
 
-    /// Takes one room message (a state change or a signal) from the
-    /// device's budget; false, with `rate_limited` sent, when it is spent.
+    /// Takes one room message (a signal, or a join that changes the state)
+    /// from the device's budget; false, with `rate_limited` sent, when it is spent.
     pub(super) fn take_room_message(
         &mut self,
         room: &str,
@@ -192,21 +193,25 @@ impl Session {
         }
         let err = ProtocolError::new(
             ErrorCode::RateLimited,
-            format!("more than {rate} room state and signal frames per second"),
+            format!("more than {rate} signal frames (and joins that change the state) per second"),
         );
         self.send_error(ctx, &err.in_room(room));
         false
     }
 
-    /// A `room_state` frame.
+    /// A `room_state` frame: never refused for its rate. The state
+    /// replaces the device's unsent one (the latest wins) and is written at
+    /// once when the last write started a tick ago or more, else at the
+    /// next tick: at most `--room-state-hz` writes (and so updates to the
+    /// others) per device per second.
     pub(super) fn set_room_state(
         &mut self,
         room: String,
         state: serde_json::Value,
         ctx: &mut ws::WebsocketContext<Self>,
     ) {
-        if !self.room_message(&room, ctx) {
-            return;
+        if !self.in_room(&room) {
+            return self.send_error(ctx, &not_in_room(&room));
         }
         let max = self.node.config.rooms.max_state_bytes;
         let state = match Self::serialized(&state, "state", max, &room) {
@@ -227,8 +232,51 @@ impl Session {
         let Some(held) = rooms.joined.get_mut(&room) else {
             return;
         };
-        held.state = state.clone();
-        self.request(Request::Room(RoomRequest::State { room, state }), ctx);
+        held.state = state;
+        held.unsent = true;
+        if held.armed {
+            return;
+        }
+        held.armed = true;
+        let wait = held.next_write.map_or(Duration::ZERO, |at| {
+            at.saturating_duration_since(Instant::now())
+        });
+        if wait.is_zero() {
+            return self.request_always(Request::Room(RoomRequest::State { room }), ctx);
+        }
+        ctx.run_later(wait, move |act, ctx| {
+            let armed = act
+                .rooms
+                .as_ref()
+                .and_then(|r| r.joined.get(&room))
+                .is_some_and(|h| h.armed);
+            // Left (and maybe joined again) meanwhile: nothing to write.
+            if armed {
+                act.request_always(Request::Room(RoomRequest::State { room }), ctx);
+            }
+        });
+    }
+
+    /// The state write of `room` whose turn has come: the device's latest
+    /// state, unless it left the room, or a join wrote it meanwhile.
+    fn start_state_write(&mut self, room: Arc<str>, ctx: &mut ws::WebsocketContext<Self>) {
+        let tick = self.node.config.rooms.state_tick();
+        let Some(held) = self.rooms.as_mut().and_then(|r| r.joined.get_mut(&room)) else {
+            return self.request_done(ctx);
+        };
+        held.armed = false;
+        if !std::mem::take(&mut held.unsent) {
+            return self.request_done(ctx);
+        }
+        held.next_write = Some(Instant::now() + tick);
+        let state = held.state.clone();
+        let store = self.node.store.clone();
+        let (user, device, owner) = self.me_parts();
+        self.run_room_step(room, "room state", ctx, async move |room: Arc<str>| {
+            store
+                .set_room_state(&room, &user, &device, &state, &owner)
+                .await
+        });
     }
 
     /// A `signal` frame: relayed at once, never stored.
@@ -294,15 +342,7 @@ impl Session {
                     store.leave_room(&room, &user, &device, &owner).await
                 });
             }
-            RoomRequest::State { room, state } => {
-                let store = self.node.store.clone();
-                let (user, device, owner) = self.me_parts();
-                self.run_room_step(room, "room state", ctx, async move |room: Arc<str>| {
-                    store
-                        .set_room_state(&room, &user, &device, &state, &owner)
-                        .await
-                });
-            }
+            RoomRequest::State { room } => self.start_state_write(room, ctx),
         }
     }
 

@@ -55,7 +55,12 @@ impl Session {
             }
             ClientFrame::Heartbeat => {}
             ClientFrame::Pause { grace_ms } => self.pause(grace_ms, ctx),
-            ClientFrame::Join { room, state, token } => self.join_room(room, state, token, ctx),
+            ClientFrame::Join {
+                room,
+                state,
+                token,
+                batch,
+            } => self.join_room(room, state, token, batch, ctx),
             ClientFrame::RoomToken { room, token } => self.room_token(room, token, ctx),
             ClientFrame::Leave { room } => self.leave_room(room, ctx),
             ClientFrame::RoomState { room, state } => self.set_room_state(room, state, ctx),

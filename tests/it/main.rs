@@ -10,6 +10,7 @@ mod bench_smoke;
 mod chaos;
 mod cluster;
 mod config;
+mod cursors;
 mod dashboard;
 mod deploy;
 mod devices_watch;
