@@ -244,8 +244,12 @@ fn the_fixed_limits_in_the_docs_are_the_code_constants() {
         config::DEFAULT_MAX_FRAMES_PER_SEC as usize,
     );
     assert_quotes(
-        "room state and signal frames",
+        "signal frames (and joins that change the state)",
         config::DEFAULT_MAX_ROOM_MESSAGES_PER_SEC as usize,
+    );
+    assert_quotes(
+        "room state writes and updates",
+        config::DEFAULT_ROOM_STATE_HZ as usize,
     );
     assert_quotes("silence", config::DEFAULT_HEARTBEAT.as_millis() as usize);
     assert_quotes(
