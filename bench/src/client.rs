@@ -288,7 +288,13 @@ pub async fn join(ws: &mut Ws, room: &str) -> anyhow::Result<Value> {
 
 /// [`join`] with `state` as the device's state in the room.
 pub async fn join_with(ws: &mut Ws, room: &str, state: &Value) -> anyhow::Result<Value> {
-    let frame = serde_json::json!({"type": "join", "room": room, "state": state});
+    join_as(ws, room, state, false).await
+}
+
+/// [`join_with`], asking for the others' state changes in `room_updates`
+/// batches when `batch`.
+pub async fn join_as(ws: &mut Ws, room: &str, state: &Value, batch: bool) -> anyhow::Result<Value> {
+    let frame = serde_json::json!({"type": "join", "room": room, "state": state, "batch": batch});
     ws.send(Message::Text(frame.to_string().into())).await?;
     let fut = async {
         loop {

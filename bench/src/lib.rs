@@ -107,6 +107,10 @@ pub enum Scenario {
     /// raw-write floor, join/leave churn to the members, Redis memory per
     /// membership.
     Rooms(scenario::rooms::RoomsArgs),
+    /// Live cursors (issue 42): devices of one room each sending their
+    /// state at 60 Hz, batched: staleness, frames per member per second,
+    /// node CPU per member update, Redis commands per second.
+    Cursors(scenario::cursors::CursorsArgs),
     /// The event feed: Redis CPU per transition with it off and on, Redis
     /// bytes per retained event.
     Feed(scenario::feed::FeedArgs),
@@ -162,6 +166,7 @@ where
         Scenario::Watches(a) => scenario::watches::run(c, a).await,
         Scenario::Fleet(a) => scenario::fleet::run(c, a).await,
         Scenario::Rooms(a) => scenario::rooms::run(c, a).await,
+        Scenario::Cursors(a) => scenario::cursors::run(c, a).await,
         Scenario::Feed(a) => scenario::feed::run(c, a).await,
         Scenario::FeedDeliver(a) => scenario::feed_deliver::run(c, a).await,
         Scenario::RoomsAttack(a) => scenario::attack::run(c, a).await,

@@ -70,6 +70,11 @@ async fn fanout() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cursors() {
+    bench(&["cursors", "--devices", "6", "--hz", "30", "--secs", "1"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn online() {
     bench(&["online", "--online", "500", "--requests", "20"]).await;
 }

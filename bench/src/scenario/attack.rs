@@ -462,6 +462,7 @@ async fn room_of(
         room,
         state: state_of(args.state_bytes),
         invisible,
+        batch: false,
     };
     let members = members(&ctx.setup, prefix, n, &joining, &stop_rx, |_, _, _| {}).await?;
     Ok((members, stop))

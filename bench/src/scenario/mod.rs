@@ -3,6 +3,7 @@
 pub mod attack;
 pub mod churn;
 pub mod connections;
+pub mod cursors;
 pub mod expiry;
 pub mod fanout;
 pub mod feed;

@@ -150,6 +150,8 @@ pub(crate) struct Joining<'a> {
     /// It turns invisible first (`{"type":"status","status":"invisible"}`),
     /// so that its membership is hidden.
     pub(crate) invisible: bool,
+    /// It asks for state changes in `room_updates` batches.
+    pub(crate) batch: bool,
 }
 
 impl<'a> Joining<'a> {
@@ -159,6 +161,7 @@ impl<'a> Joining<'a> {
             room,
             state: json!({}),
             invisible: false,
+            batch: false,
         }
     }
 }
@@ -206,12 +209,13 @@ where
         let permit = sem.clone().acquire_owned().await?;
         let (room, state) = (joining.room.to_string(), joining.state.clone());
         let (invisible, stop, on_frame) = (joining.invisible, stop.clone(), on_frame.clone());
+        let batch = joining.batch;
         tasks.push(tokio::spawn(async move {
             if invisible {
                 let frame = json!({"type": "status", "status": "invisible"});
                 ws.send(Message::Text(frame.to_string().into())).await?;
             }
-            client::join_with(&mut ws, &room, &state).await?;
+            client::join_as(&mut ws, &room, &state, batch).await?;
             drop(permit);
             let (tx, rx) = ws.split();
             let reader = spawn_reader(rx, stop, move |v, at| on_frame(i, v, at));
@@ -262,7 +266,7 @@ fn nodes_total(setup: &Setup, of: fn(u32) -> Option<u64>) -> Option<u64> {
 }
 
 /// Both nodes' CPU time so far (user + system), µs.
-fn nodes_cpu_us(setup: &Setup) -> Option<u64> {
+pub(crate) fn nodes_cpu_us(setup: &Setup) -> Option<u64> {
     nodes_total(setup, procs::cpu_us)
 }
 
