@@ -25,6 +25,8 @@ declare class PresenceClient {
   maxBackoffMs: number;
   /** Room tokens from the app's backend (options.getToken). */
   getToken: PresenceClient.GetToken | null;
+  /** Shortest time between two room_state frames of one room, ms (the latest state wins). */
+  roomStateIntervalMs: number;
   /** Joins answered `unavailable` tried again in a row before the room is given up (options.maxJoinRetries). */
   maxJoinRetries: number;
   /** The WebSocket class in use. */
@@ -197,7 +199,11 @@ declare namespace PresenceClient {
     onSync: (room: Room) => void;
     onJoin: (e: RoomJoinEvent) => void;
     onLeave: (e: RoomLeaveEvent) => void;
+    /** One member device's new state (each update of a batch too). */
     onUpdate: (e: RoomUpdateEvent) => void;
+    /** Every state change of one server tick at once (after onUpdate for each): the
+     * others' latest, e.g. to redraw every cursor once per tick. */
+    onUpdates: (updates: RoomUpdateEvent[]) => void;
     onSignal: (e: RoomSignalEvent) => void;
     onOccupancy: (counts: Occupancy) => void;
     /** The users typing now (not yourself), sorted. */
@@ -205,7 +211,8 @@ declare namespace PresenceClient {
     /** An error about this room (client.onError gets it too): `error.willRetry` false when the
      * room is over (forbidden, removed, a refused join, retries spent, getToken failed). */
     onError: (error: PresenceError) => void;
-    /** Replaces this device's state: the others get onUpdate. */
+    /** Replaces this device's state: the others get onUpdate. Call it as often as you like
+     * (every mouse move): at most one room_state goes per `roomStateIntervalMs`, the latest. */
     update(state: RoomState): void;
     /** Relays any JSON (at most 1,024 bytes) to the room's other devices. */
     signal(data: unknown): void;
@@ -260,6 +267,9 @@ declare namespace PresenceClient {
      * `room_token`), for every rejoin after a reconnect, and once after `token_expired`. A throw
      * or no token: the join is not sent, the room is over, onError gets a `client` error. */
     getToken?: GetToken;
+    /** Shortest time between two room_state frames of one room, ms (default 50: 20 a second, the
+     * server's default --room-state-hz); the latest state wins, and the last one always goes. */
+    roomStateIntervalMs?: number;
     /** Joins answered `unavailable` tried again in a row, with backoff, before the room is given
      * up (default 6: about 15 to 30 s of waiting with the default backoff). */
     maxJoinRetries?: number;

@@ -27,6 +27,10 @@
 //   room.onSync = room.onJoin = room.onLeave = room.onUpdate = () => render(room.members);
 //   room.onTyping = (users) => ...;             // others typing now, sorted
 //   room.update({ page: 2 }); room.typing(); room.leave();
+//   // Live cursors: call update() on every mouse move; the client sends at most
+//   // one room_state per roomStateIntervalMs (the latest), and the others' moves
+//   // arrive batched, once per server tick:
+//   room.onUpdates = (updates) => draw(updates);   // [{user, device, state}, ...]
 //
 // The client reconnects by itself with exponential backoff and full jitter,
 // and after each reconnect re-sends the chosen status, the watch list and the
@@ -88,6 +92,10 @@
   const TYPING_TTL_MS = 5000;
   /** `typing()` sends `typing:true` at most this often. */
   const TYPING_EVERY_MS = 2000;
+  // Shortest time between two room_state frames of one room: 20 a second,
+  // the server's default --room-state-hz, and within its default frame
+  // limit (30 a second) with room to spare.
+  const ROOM_STATE_EVERY_MS = 50;
 
   /** A timer that does not keep Node alive (browsers ignore this). */
   function later(fn, ms) {
@@ -121,6 +129,8 @@
       this.onJoin = () => {};
       this.onLeave = () => {};
       this.onUpdate = () => {};
+      /** Every state change of one batch (one server tick), after onUpdate for each. */
+      this.onUpdates = () => {};
       this.onSignal = () => {};
       this.onOccupancy = () => {};
       this.onTyping = () => {};
@@ -138,13 +148,31 @@
       this._expiredRejoin = false; // joined again after token_expired, no room frame since
       this._typers = new Map(); // user -> timer clearing it
       this._typingSentAt = 0;
+      this._stateSentAt = 0; // when the last room_state went
+      this._stateTimer = null; // the latest state's send, due at the next interval
     }
 
-    /** Replaces this device's state: the others get room_update. */
+    /**
+     * Replaces this device's state: the others get onUpdate. Call it as often
+     * as you like (every mouse move): at most one room_state goes per
+     * roomStateIntervalMs, the latest state, and the last one always goes.
+     */
     update(state) {
       this.state = state || {};
       this._ownEntry((d) => { d.state = this.state; });
-      if (this._pending || this.joined) this._client._send({ type: "room_state", room: this.id, state: this.state });
+      if (this._stateTimer) return; // the latest goes with it
+      const wait = this._stateSentAt + this._client.roomStateIntervalMs - Date.now();
+      if (wait <= 0) return this._sendState();
+      this._stateTimer = later(() => {
+        this._stateTimer = null;
+        this._sendState();
+      }, wait);
+    }
+
+    _sendState() {
+      if (!(this._pending || this.joined)) return; // the next join carries it
+      this._stateSentAt = Date.now();
+      this._client._send({ type: "room_state", room: this.id, state: this.state });
     }
 
     /** Relays any JSON to the room's other member devices (never stored). */
@@ -183,6 +211,8 @@
       this._joinSeq += 1;
       clearTimeout(this._retryTimer);
       this._retryTimer = null;
+      clearTimeout(this._stateTimer);
+      this._stateTimer = null;
       if (this._client.rooms.get(this.id) === this) this._client.rooms.delete(this.id);
       this._clearTypers();
     }
@@ -219,7 +249,8 @@
 
     _sendJoinFrame() {
       this._pending = true;
-      const frame = { type: "join", room: this.id, state: this.state };
+      // The others' state changes in one room_updates frame per server tick.
+      const frame = { type: "join", room: this.id, state: this.state, batch: true };
       if (typeof this._token === "string") frame.token = this._token;
       this._client._send(frame);
     }
@@ -354,14 +385,12 @@
           this.onLeave(e);
           break;
         }
-        case "room_update": {
-          const e = { user: f.user, device: f.device, state: f.state };
-          const list = this.members && this.members.get(f.user);
-          const d = list && list.find((x) => x.device === f.device);
-          if (d) d.state = f.state;
-          this.onUpdate(e);
+        case "room_update":
+          this.onUpdates([this._update(f)]);
           break;
-        }
+        case "room_updates":
+          this.onUpdates((f.updates || []).map((u) => this._update(u)));
+          break;
         case "signal": {
           const e = { user: f.user, device: f.device, data: f.data };
           this.onSignal(e);
@@ -376,6 +405,16 @@
         default:
           break;
       }
+    }
+
+    /** One member's new state: into members, then onUpdate. */
+    _update(f) {
+      const e = { user: f.user, device: f.device, state: f.state };
+      const list = this.members && this.members.get(f.user);
+      const d = list && list.find((x) => x.device === f.device);
+      if (d) d.state = f.state;
+      this.onUpdate(e);
+      return e;
     }
 
     /**
@@ -488,6 +527,8 @@
       this.maxBackoffMs = o.maxBackoffMs ?? 15000;
       /** Room tokens from the app's backend: `(room) => token | false`, or a promise of one. */
       this.getToken = o.getToken || null;
+      /** Shortest time between two room_state frames of one room, ms (the latest state wins). */
+      this.roomStateIntervalMs = o.roomStateIntervalMs ?? ROOM_STATE_EVERY_MS;
       /** How many times in a row a join answered `unavailable` is tried again before the room is given up. */
       this.maxJoinRetries = o.maxJoinRetries ?? 6;
       this.WebSocket = o.WebSocket || defaultWebSocket();
@@ -941,6 +982,7 @@
         case "room_join":
         case "room_leave":
         case "room_update":
+        case "room_updates":
         case "signal":
         case "occupancy": {
           const r = this.rooms.get(f.room);

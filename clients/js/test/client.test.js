@@ -256,8 +256,8 @@ test("rooms: joined after hello and again after each reconnect, except refused o
   ws = ScriptedSocket.all[1];
   ws.hello();
   assert.deepEqual(ws.sent, [
-    { type: "join", room: "doc:1", state: { page: 2 } },
-    { type: "join", room: "busy:1", state: {} },
+    { type: "join", batch: true, room: "doc:1", state: { page: 2 } },
+    { type: "join", batch: true, room: "busy:1", state: {} },
   ]);
   // A fresh token without busy:1: the server made the device leave it.
   ws.frame({ type: "room", room: "busy:1", users: 1, devices: 1, members: [] });
@@ -293,6 +293,38 @@ test("rooms: typing lists others by user, sorted, for 5 s at most, and drops a u
   r.stopTyping();
   r.stopTyping();
   assert.deepEqual(ws.sent.filter((f) => f.type === "signal").map((f) => f.data), [{ typing: true }, { typing: false }]);
+  c.close();
+});
+
+test("rooms: update() on every move sends the latest at most every roomStateIntervalMs; room_updates reach onUpdate and onUpdates", async () => {
+  const { c } = client({ roomStateIntervalMs: 40 });
+  const r = c.join("doc:1", { state: { x: 0 } });
+  c.connect();
+  const ws = ScriptedSocket.all[0];
+  ws.hello();
+  assert.equal(ws.sent.find((f) => f.type === "join").batch, true, "joins ask for batches");
+  ws.frame({ type: "room", room: "doc:1", users: 2, devices: 2, members: [
+    { user: "alice", devices: [{ device: "d1", state: { x: 0 }, joined_at: 1 }] },
+    { user: "bob", devices: [{ device: "b", state: { x: 0 }, joined_at: 1 }] },
+  ] });
+  for (let x = 1; x <= 50; x++) r.update({ x });
+  const sent = () => ws.sent.filter((f) => f.type === "room_state").map((f) => f.state.x);
+  assert.deepEqual(sent(), [1], "the first at once, the rest wait");
+  await until(() => sent().length === 2);
+  assert.deepEqual(sent(), [1, 50], "then only the latest");
+  const one = [];
+  const batches = [];
+  r.onUpdate = (e) => one.push(e);
+  r.onUpdates = (u) => batches.push(u);
+  ws.frame({ type: "room_updates", room: "doc:1", updates: [{ user: "bob", device: "b", state: { x: 9 } }] });
+  ws.frame({ type: "room_update", room: "doc:1", user: "bob", device: "b", state: { x: 10 } });
+  assert.deepEqual(one.map((e) => e.state.x), [9, 10]);
+  assert.deepEqual(batches.map((b) => b.map((e) => e.state.x)), [[9], [10]]);
+  assert.deepEqual(r.members.get("bob")[0].state, { x: 10 });
+  r.update({ x: 51 });
+  r.leave();
+  await new Promise((res) => setTimeout(res, 60));
+  assert.deepEqual(sent(), [1, 50], "nothing after the leave");
   c.close();
 });
 
@@ -333,30 +365,30 @@ test("room tokens: getToken for a first join given none; a token given to join()
   // The rejoin after a connect asks for every room with a token, the given one too;
   // a room that takes none is never asked for.
   assert.deepEqual(svc.calls.map((x) => x.room), ["doc:1", "doc:2"]);
-  assert.deepEqual(sentOf(ws), [{ type: "join", room: "lobby", state: {} }], "no join before its token");
+  assert.deepEqual(sentOf(ws), [{ type: "join", batch: true, room: "lobby", state: {} }], "no join before its token");
   assert.equal(doc.joined, false);
   svc.calls[1].resolve("fresh-2");
   svc.calls[0].resolve("tok-1");
   await until(() => sentOf(ws).length === 3);
   assert.deepEqual(sentOf(ws).slice(1), [
-    { type: "join", room: "doc:2", state: {}, token: "fresh-2" },
-    { type: "join", room: "doc:1", state: { page: 1 }, token: "tok-1" },
+    { type: "join", batch: true, room: "doc:2", state: {}, token: "fresh-2" },
+    { type: "join", batch: true, room: "doc:1", state: { page: 1 }, token: "tok-1" },
   ]);
   ws.frame(roomFrame("doc:1"));
   assert.equal(doc.joined, true);
   // Joined while open: a token given to join() goes as is, getToken not asked.
   c.join("doc:3", { token: "given-3" });
-  assert.deepEqual(sentOf(ws).at(-1), { type: "join", room: "doc:3", state: {}, token: "given-3" });
+  assert.deepEqual(sentOf(ws).at(-1), { type: "join", batch: true, room: "doc:3", state: {}, token: "given-3" });
   // Joined while open without one: getToken is asked; false means the room takes none.
   c.getToken = async (room) => (room === "open:1" ? false : "never");
   c.join("open:1");
   await until(() => sentOf(ws).length === 5);
-  assert.deepEqual(sentOf(ws).at(-1), { type: "join", room: "open:1", state: {} });
+  assert.deepEqual(sentOf(ws).at(-1), { type: "join", batch: true, room: "open:1", state: {} });
   // A join again (a new state) sends the token it has, without asking.
   c.getToken = () => { throw new Error("not asked for a join again"); };
   doc.update({ page: 2 });
   c.join("doc:1", { state: { page: 3 } });
-  assert.deepEqual(sentOf(ws).at(-1), { type: "join", room: "doc:1", state: { page: 3 }, token: "tok-1" });
+  assert.deepEqual(sentOf(ws).at(-1), { type: "join", batch: true, room: "doc:1", state: { page: 3 }, token: "tok-1" });
   assert.equal(events.errors.length, 0, JSON.stringify(events.errors));
   assert.equal(given.error, null);
   assert.equal(lobby.joined, false);
@@ -434,7 +466,7 @@ test("room tokens: a token answered after the connection dropped is not sent; th
   svc.calls[1].resolve("fresh");
   await until(() => sentOf(second).length === 1);
   assert.deepEqual(sentOf(first), []);
-  assert.deepEqual(sentOf(second), [{ type: "join", room: "doc:1", state: {}, token: "fresh" }]);
+  assert.deepEqual(sentOf(second), [{ type: "join", batch: true, room: "doc:1", state: {}, token: "fresh" }]);
   // Left while getToken is out: nothing sent when it answers.
   const r = c.join("doc:2");
   await until(() => svc.calls.length === 3);
@@ -496,7 +528,7 @@ test("room tokens: token_expired gets a fresh token and joins again, once", asyn
   assert.deepEqual(doc.typingUsers, []);
   assert.deepEqual([events.errors[0].code, events.errors[0].willRetry], ["token_expired", true]);
   await until(() => sentOf(ws).length === 2);
-  assert.deepEqual(sentOf(ws)[1], { type: "join", room: "doc:1", state: {}, token: "t2" });
+  assert.deepEqual(sentOf(ws)[1], { type: "join", batch: true, room: "doc:1", state: {}, token: "t2" });
   ws.frame(roomFrame("doc:1"));
   assert.equal(doc.joined, true);
   assert.equal(doc.error, null);
@@ -533,7 +565,7 @@ test("room tokens: token_expired again before the rejoin's room frame, or withou
     const { c, events } = client();
     const doc = c.join("doc:1", { token: "given" });
     const ws = connected(c);
-    assert.deepEqual(sentOf(ws), [{ type: "join", room: "doc:1", state: {}, token: "given" }]);
+    assert.deepEqual(sentOf(ws), [{ type: "join", batch: true, room: "doc:1", state: {}, token: "given" }]);
     ws.frame(roomFrame("doc:1"));
     ws.frame({ type: "room_token_expiring", room: "doc:1", expires_at: Date.now() + 1000 }); // nothing to ask
     ws.frame({ type: "error", code: "token_expired", message: "expired", room: "doc:1" });
@@ -545,7 +577,7 @@ test("room tokens: token_expired again before the rejoin's room frame, or withou
     // The app may join again with a fresh token: a new Room.
     const again = c.join("doc:1", { token: "fresh" });
     assert.notEqual(again, doc);
-    assert.deepEqual(sentOf(ws).at(-1), { type: "join", room: "doc:1", state: {}, token: "fresh" });
+    assert.deepEqual(sentOf(ws).at(-1), { type: "join", batch: true, room: "doc:1", state: {}, token: "fresh" });
     c.close();
   }
 });
@@ -824,6 +856,26 @@ describe("rooms against a real node", () => {
     doc.dispatchEvent(new Event("visibilitychange"));
     await new Promise((r) => setTimeout(r, 300));
     assert.equal(carol.state, "paused");
+  });
+
+  test("live cursors: update() on every move; the others get the latest, batched", { timeout: 60_000 }, async () => {
+    const n = await startNode("cursors-1");
+    const alice = await connect("cursor-alice", "web", n.ws);
+    const bob = await connect("cursor-bob", "web", n.ws);
+    const a = await joinRoom(alice, "doc:cursors", { x: 0 });
+    const b = await joinRoom(bob, "doc:cursors", { x: 0 });
+    const batches = [];
+    b.onUpdates = (u) => batches.push(u);
+    for (let x = 1; x <= 200; x++) {
+      a.update({ x });
+      await new Promise((r) => setTimeout(r, 2));
+    }
+    await waitFor("bob to see alice's last move", () => view(b)["cursor-alice"].web.x === 200);
+    const xs = b.log.updates.map((e) => e.state.x);
+    assert.deepEqual(xs, [...xs].sort((p, q) => p - q), "never an older state after a newer");
+    assert.ok(batches.length < 100, `${batches.length} batches for 200 moves`);
+    assert.deepEqual(alice.errors, [], "never refused");
+    for (const c of [alice, bob]) c.close();
   });
 
   test("members stay current through joins, updates and leaves", { timeout: 60_000 }, async () => {
