@@ -142,6 +142,14 @@ impl Session {
         }
     }
 
+    /// Whether this device asked for `room`'s state changes in batches.
+    fn batched(&self, room: &str) -> bool {
+        self.rooms
+            .as_ref()
+            .and_then(|r| r.joined.get(room))
+            .is_some_and(|h| h.batch)
+    }
+
     /// The join step proper, once the room's policy let the device try:
     /// subscribed, then the store's join step, whose reply is the room
     /// frame (or why the device is not in). `granted`: the app's backend
@@ -165,11 +173,7 @@ impl Session {
         };
         // Kept for asking the backend again, should its grant be void.
         let again = granted.map(|_| state.clone());
-        let batch = self
-            .rooms
-            .as_ref()
-            .and_then(|r| r.joined.get(&room))
-            .is_some_and(|h| h.batch);
+        let batch = self.batched(&room);
         let subscribe = registry.send(JoinRoom {
             session: self.me.id,
             room: room.clone(),

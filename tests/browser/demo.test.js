@@ -418,6 +418,19 @@ test("a room: who is here on which device, who is typing, leaving, and a node re
     assert.ok(await b.locator("#room-card .hint", { hasText: "only drives the typing indicator" }).isVisible());
   });
 
+  await step("alice's pointer over the room panel is a labelled dot on bob's page, and it moves", async () => {
+    const box = await a.locator("#room-card").boundingBox();
+    await a.mouse.move(box.x + box.width * 0.2, box.y + box.height * 0.3);
+    const dot = b.locator('#room-cursors .cursor[data-user="alice"]');
+    await dot.waitFor({ timeout: DEADLINE_MS });
+    assert.equal(await dot.textContent(), "alice");
+    const left = () => dot.evaluate((el) => parseFloat(el.style.left));
+    assert.ok(Math.abs((await left()) - 20) < 2, `at ${await left()}%`);
+    await a.mouse.move(box.x + box.width * 0.7, box.y + box.height * 0.6, { steps: 20 });
+    await until("alice's cursor to reach 70% on bob's page", DEADLINE_MS, async () => Math.abs((await left()) - 70) < 2);
+    assert.equal(await a.locator('#room-cursors .cursor[data-user="alice"]').count(), 0, "no dot for your own tab");
+  });
+
   await step("once in the room, Join is no longer the highlighted action; another name enables it", async () => {
     for (const p of [a, b]) {
       await p.locator("#join:disabled").waitFor({ timeout: DEADLINE_MS });
