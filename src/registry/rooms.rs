@@ -76,9 +76,6 @@ pub struct RoomResync {
 struct Member {
     /// Where its room events go.
     deliver: Recipient<RoomDeliver>,
-    /// Where a resync goes (kept for the session's own re-reads).
-    #[allow(dead_code)]
-    resync: Recipient<RoomResync>,
     /// Its `<user>:<device>`.
     member: Arc<str>,
     /// It gets state updates in batches.
@@ -526,7 +523,6 @@ impl Handler<JoinRoom> for Registry {
             });
         let member = Member {
             deliver: join.addr,
-            resync: join.resync,
             member: join.member,
             batch: join.batch,
         };

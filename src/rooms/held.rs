@@ -211,4 +211,41 @@ mod tests {
         let mut elsewhere = Rooms::new(20);
         assert_eq!(elsewhere.deliver(event("bob", Some(1)), "me", "d"), None);
     }
+
+    #[test]
+    fn a_batch_leaves_out_the_own_device_and_what_the_room_frame_showed() {
+        let mut rooms = Rooms::new(20);
+        rooms.joined.insert(Arc::from("r"), Held::default());
+        let update = |user: &str, seq: u64| {
+            let payload = format!(
+                r#"{{"e":"update","room":"r","user":"{user}","device":"d","seq":{seq},"users":1,"devices":1,"state":{{"s":{seq}}}}}"#
+            );
+            Arc::new(RoomEvent::parse("r", &payload).unwrap())
+        };
+        let room: Arc<str> = Arc::from("r");
+        let batch = |u: Vec<Arc<RoomEvent>>| Arc::new(RoomEvent::batch(&room, u));
+        // Held until the room frame (at 5) is out.
+        let first = batch(vec![update("bob", 4), update("carol", 6), update("me", 7)]);
+        assert_eq!(rooms.deliver(first, "me", "d"), None);
+        let sent: Vec<_> = rooms
+            .synced("r", 5)
+            .into_iter()
+            .filter_map(|e| rooms.deliver(e, "me", "d"))
+            .collect();
+        assert_eq!(
+            &*sent[0],
+            r#"{"type":"room_updates","room":"r","updates":[{"user":"carol","device":"d","state":{"s":6}}]}"#
+        );
+        // A batch older than a join delivered since still goes: only the
+        // room frame's clock drops updates.
+        rooms.joined.get_mut("r").unwrap().seq = Some(20);
+        assert!(rooms
+            .deliver(batch(vec![update("bob", 9)]), "me", "d")
+            .is_some());
+        // Nothing left for this device: no frame.
+        assert_eq!(
+            rooms.deliver(batch(vec![update("me", 21)]), "me", "d"),
+            None
+        );
+    }
 }
