@@ -286,3 +286,35 @@ async fn no_update_follows_a_leave() {
         }
     }
 }
+
+/// A device whose node dies mid-move lapses: the members on the other node
+/// get its `room_leave`, and no update of it after.
+#[tokio::test]
+async fn no_update_follows_a_lapse() {
+    let redis = Redis::start();
+    let (mut n1, n2) = two_nodes(&redis);
+    let mut alice = Client::connect(&n1, "alice", "pen").await;
+    join(&mut alice, "doc", json!({"i": -1})).await;
+    let mut bob = Client::connect(&n2, "bob", "tab").await;
+    join_batched(&mut bob, "doc", json!({})).await;
+    for i in 0..30 {
+        alice
+            .send(json!({"type": "room_state", "room": "doc", "state": {"i": i}}))
+            .await;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    n1.kill();
+    loop {
+        let v = bob.recv().await;
+        if v["type"] == "room_leave" && v["user"] == "alice" {
+            break;
+        }
+        assert!(
+            v["type"] == "room_updates" || v["type"] == "room_join",
+            "{v}"
+        );
+    }
+    if let Some(Incoming::Frame(v)) = bob.next_within(TICK * 3).await {
+        panic!("{v} after alice's room_leave");
+    }
+}
