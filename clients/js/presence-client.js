@@ -787,6 +787,9 @@
         return;
       }
       this._ws = ws;
+      // A failed connection is followed by its close, which retries; the ws
+      // package (Node 20) would throw an error event nobody listens to.
+      ws.onerror = () => {};
       ws.onopen = () => {
         if (this._ws !== ws || !this.token) return;
         this._currentToken().then(
