@@ -19,6 +19,8 @@
 //   client.watch(["dave"], { devices: true });  // also onChange when dave's device count changes
 //   client.setStatus("away", "in a meeting");
 //   client.setStatus("busy", { text: "in a call", until: Date.now() + 30 * 60e3 }); // back to online then
+//   // In a browser: away after 5 idle minutes while online, back on activity (client.idle, onIdle).
+//   new PresenceClient({ url, user, device, autoAway: { idleMs: 5 * 60e3 } });
 //   const room = client.join("doc:42", { state: { page: 1 } }); // rooms: who is here
 //   // A room the app's backend signs tokens for (--room-policy 'doc:*=token'):
 //   // pass getToken: async (room) => fetchRoomToken(room) to the constructor, or

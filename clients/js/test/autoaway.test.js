@@ -259,3 +259,41 @@ test("after a reconnect the idle away stays an idle away: not re-sent as the cho
   assert.deepEqual(statuses(c, from), ["online reachable"]);
   assert.deepEqual(seq(w), ["online", "away", "online", "away", "online"]);
 });
+
+test("docs/client.md's auto-away example, with stand-ins for the page", { timeout: 60_000 }, async () => {
+  const doc = fs.readFileSync(path.join(__dirname, "..", "..", "..", "docs", "client.md"), "utf8");
+  const m = /<!-- example: auto-away -->\n```js\n([\s\S]*?)```\n/.exec(doc);
+  assert.ok(m, "docs/client.md has no auto-away example");
+  // The example's endpoint and idle time are the test's.
+  const code = m[1].replaceAll("wss://chat.example.com/ws", node.ws).replaceAll("5 * 60e3", String(IDLE_MS)).replaceAll('"alice"', '"aa-docs"');
+  const w = await watcher("aa-docs");
+  const p = page();
+  const element = () => ({ textContent: "", onchange: null, checked: true });
+  const elements = { "#me": element(), "#auto-away": element() };
+  const classes = new Set();
+  p.document.querySelector = (sel) => elements[sel];
+  p.document.body = { classList: { toggle: (c, on) => (on ? classes.add(c) : classes.delete(c)) } };
+  // The page's globals are the client's defaults in a browser; in Node they are given.
+  class Client extends PresenceClient {
+    constructor(o) {
+      super({ ...o, WebSocket: BaseSocket });
+      clients.push(this);
+    }
+    setAutoAway(a) {
+      super.setAutoAway(a && { ...(a === true ? {} : a), window: p.window, document: p.document });
+    }
+  }
+  const sandbox = { PresenceClient: Client, window: p.window, document: p.document };
+  require("node:vm").runInNewContext(code, sandbox);
+  await waitFor("the card to read Away (idle)", () => elements["#me"].textContent === "Away (idle)");
+  assert.ok(classes.has("idle"));
+  await waitFor("the watcher to see away", () => seq(w).join() === "online,away");
+  p.move();
+  await waitFor("the card to read online", () => elements["#me"].textContent === "online");
+  assert.ok(!classes.has("idle"));
+  // Turned off while idle: online at once, and no away after that.
+  await waitFor("away again", () => elements["#me"].textContent === "Away (idle)");
+  elements["#auto-away"].checked = false;
+  elements["#auto-away"].onchange({ target: elements["#auto-away"] });
+  await waitFor("online once off", () => elements["#me"].textContent === "online" && seq(w).join() === "online,away,online,away,online");
+});
