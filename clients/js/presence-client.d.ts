@@ -124,6 +124,12 @@ declare namespace PresenceClient {
     until?: number | null;
     /** Sorted distinct kinds of the live devices (empty when offline or hidden). */
     kinds?: DeviceKind[];
+    /**
+     * `true` while every live device of the user is paused (`pause()`: apps
+     * in the background), absent otherwise; the status stays the chosen one.
+     * Not the same as `client.idle`, this device's own auto-away idleness.
+     */
+    idle?: boolean;
     /** Newer servers may add fields. */
     [field: string]: unknown;
   }
