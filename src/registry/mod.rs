@@ -25,7 +25,7 @@ mod taken;
 mod watching;
 
 use crate::protocol::{try_again_reason, CLOSE_TRY_AGAIN, TRY_AGAIN_AFTER_MS};
-pub use fanout::{Home, SlowWatchers};
+pub use fanout::{Home, Inbound, SlowWatchers};
 pub use messages::*;
 use messages::{FromSubscriptions, Resynced};
 pub use rooms::{JoinRoom, LeaveRoom, RoomResync};
@@ -268,7 +268,8 @@ impl Registry {
         }
         for (home, list) in self.homes.iter().zip(lists) {
             if !list.is_empty() {
-                fanout::send(home, deliver.clone(), list, me.clone().recipient());
+                let inbound = fanout::Inbound::Presence(deliver.clone());
+                fanout::send(home, inbound, list, me.clone().recipient());
             }
         }
     }
@@ -347,6 +348,8 @@ impl Registry {
                 self.unwatch(session, user);
             }
         }
+        // Nor room events: one cut-off is enough.
+        self.leave_rooms(session);
     }
 
     /// Re-reads every watched user after `resync_delay`.

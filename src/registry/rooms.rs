@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 
+use super::fanout::{self, Inbound};
 use super::subscriptions::Channel;
 use super::{Registry, SessionId};
 use crate::keys;
@@ -36,11 +37,8 @@ pub struct JoinRoom {
     pub session: SessionId,
     /// The room.
     pub room: Arc<str>,
-    /// Where its room events go.
-    pub addr: Recipient<RoomDeliver>,
-    /// Where a resync goes.
-    pub resync: Recipient<RoomResync>,
-    /// Its member, `<user>:<device>`.
+    /// Its member, `<user>:<device>`. Its room events go through its
+    /// worker's delivery lists ([`super::fanout`]).
     pub member: Arc<str>,
 }
 
@@ -63,9 +61,8 @@ pub struct RoomResync {
     pub room: Arc<str>,
 }
 
-/// Where one member session's room events and resyncs go, and its
-/// `<user>:<device>`.
-type Member = (Recipient<RoomDeliver>, Recipient<RoomResync>, Arc<str>);
+/// One member session's `<user>:<device>`.
+type Member = Arc<str>;
 
 /// The counts of a room in counts mode.
 #[derive(Debug, Clone, Copy)]
@@ -144,8 +141,8 @@ impl Room {
             _ => false,
         };
         if hidden {
-            let local = self.members.values().find(|(_, _, m)| is(m));
-            if let Some((_, _, member)) = local {
+            let local = self.members.values().find(|m| is(m));
+            if let Some(member) = local {
                 self.hidden.insert(member.clone());
             }
         } else if !self.hidden.is_empty() {
@@ -171,6 +168,10 @@ pub(super) struct RoomInterest {
     of_session: HashMap<SessionId, HashSet<Arc<str>>>,
     /// Rooms whose shared read should start now.
     to_read: Vec<Arc<str>>,
+    /// Events to hand to local members, each with its sessions: the
+    /// registry sends them through the workers' delivery lists
+    /// ([`RoomInterest::take_outbox`]).
+    outbox: Vec<(Arc<RoomEvent>, Vec<SessionId>)>,
 }
 
 impl RoomInterest {
@@ -192,7 +193,7 @@ impl RoomInterest {
     /// last local member, to unsubscribe.
     fn leave(&mut self, session: SessionId, room: &str) -> Option<String> {
         let local = self.rooms.get_mut(room)?;
-        if let Some((_, _, member)) = local.members.remove(&session) {
+        if let Some(member) = local.members.remove(&session) {
             local.hidden.remove(&member);
         }
         if let Some(rooms) = self.of_session.get_mut(&session) {
@@ -247,7 +248,8 @@ impl RoomInterest {
                                 users: event.users,
                                 devices: event.devices,
                             };
-                            send(local, &Arc::new(RoomEvent::room(&event.room, seq, view)));
+                            let event = Arc::new(RoomEvent::room(&event.room, seq, view));
+                            send(&mut self.outbox, local, &event);
                         }
                         return;
                     }
@@ -281,7 +283,7 @@ impl RoomInterest {
                 return;
             }
         }
-        send(local, &event);
+        send(&mut self.outbox, local, &event);
     }
 
     /// Sends each room in counts mode whose counts changed its `occupancy`
@@ -305,7 +307,7 @@ impl RoomInterest {
             counts.shown = current;
             counts.sent = now;
             let event = Arc::new(RoomEvent::occupancy(room, current.0, current.1));
-            send(local, &event);
+            send(&mut self.outbox, local, &event);
         }
     }
 
@@ -323,6 +325,17 @@ impl RoomInterest {
             }
         }
         self.flush();
+    }
+
+    /// The events queued for local members since the last call, each with
+    /// its sessions.
+    pub(super) fn take_outbox(&mut self) -> Vec<(Arc<RoomEvent>, Vec<SessionId>)> {
+        std::mem::take(&mut self.outbox)
+    }
+
+    /// Whether `session` is in a room here.
+    pub(super) fn has_member(&self, session: SessionId) -> bool {
+        self.of_session.contains_key(&session)
     }
 
     /// The rooms whose shared read starts now; each holds its events from
@@ -366,7 +379,7 @@ impl RoomInterest {
                 };
                 let seq = snapshot.seq;
                 let frame = RoomEvent::room(room, seq, RoomView::Read(Arc::new(snapshot)));
-                send(local, &Arc::new(frame));
+                send(&mut self.outbox, local, &Arc::new(frame));
             }
             Err(e) => {
                 // Tried again after the interval; the members keep what
@@ -394,29 +407,51 @@ impl RoomInterest {
     }
 }
 
-/// Sends `event` to every local member of the room.
-fn send(local: &Room, event: &Arc<RoomEvent>) {
-    for (deliver, _, _) in local.members.values() {
-        deliver.do_send(RoomDeliver {
-            event: event.clone(),
-        });
-    }
+/// Queues `event` for every local member of the room.
+fn send(outbox: &mut Vec<(Arc<RoomEvent>, Vec<SessionId>)>, local: &Room, event: &Arc<RoomEvent>) {
+    outbox.push((event.clone(), local.members.keys().copied().collect()));
 }
 
 impl Registry {
-    /// Starts the shared reads that are due, each answered to
-    /// [`RoomInterest::read_done`].
+    /// Hands the room events queued since the last call to their members:
+    /// one delivery list per worker per event, as presence events go.
+    pub(super) fn send_room_events(&mut self) {
+        let outbox = self.rooms.take_outbox();
+        let Some(me) = &self.me else {
+            return;
+        };
+        for (event, sessions) in outbox {
+            let mut lists: Vec<Vec<SessionId>> = vec![Vec::new(); self.homes.len()];
+            for session in sessions {
+                if let Some(joined) = self.sessions.get(&session) {
+                    lists[joined.home].push(session);
+                }
+            }
+            let inbound = Inbound::Room(RoomDeliver { event });
+            for (home, list) in self.homes.iter().zip(lists) {
+                if !list.is_empty() {
+                    fanout::send(home, inbound.clone(), list, me.clone().recipient());
+                }
+            }
+        }
+    }
+
+    /// Sends the room events queued by the step that called it, then
+    /// starts the shared reads that are due, each answered to
+    /// [`RoomInterest::read_done`]. Every step of [`RoomInterest`] is
+    /// followed by it.
     pub(super) fn start_room_reads(&mut self, ctx: &mut Context<Self>) {
+        self.send_room_events();
         for room in self.rooms.take_reads() {
             let store = self.store.clone();
             let read = {
                 let room = room.clone();
                 async move { store.read_room(&room, "").await }
             };
-            ctx.spawn(
-                read.into_actor(self)
-                    .map(move |res, act, _| act.rooms.read_done(&room, res)),
-            );
+            ctx.spawn(read.into_actor(self).map(move |res, act, _| {
+                act.rooms.read_done(&room, res);
+                act.send_room_events();
+            }));
         }
     }
 }
@@ -436,9 +471,7 @@ impl Handler<JoinRoom> for Registry {
                 last_read: None,
                 hidden: HashSet::new(),
             });
-        local
-            .members
-            .insert(join.session, (join.addr, join.resync, join.member));
+        local.members.insert(join.session, join.member);
         let subscribe = (!local.subscribed).then(|| {
             let channel = Channel::Named(keys::room_events(&join.room));
             self.subscriptions.clone().map(|subs| (subs, channel))
