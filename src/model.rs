@@ -113,6 +113,10 @@ pub struct Presence {
     /// The sorted distinct kinds of the live devices ([`DeviceKind`]).
     #[serde(default)]
     pub kinds: Vec<String>,
+    /// Every live device is paused (`{"type":"pause"}`): the user stepped
+    /// away from all of them and is still present for their grace.
+    #[serde(default)]
+    pub idle: bool,
 }
 
 fn online() -> String {
@@ -162,6 +166,11 @@ pub struct Record {
     #[serde(default)]
     #[schema(example = json!(["mobile", "web"]))]
     pub kinds: Vec<String>,
+    /// `true` while every live device of the user is paused (an app in
+    /// the background, a phone locked): present, but away from all of
+    /// them. Absent otherwise; shown exactly when the status is.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub idle: bool,
 }
 
 /// The kind of a device, given on connect or on an HTTP heartbeat
@@ -248,6 +257,10 @@ pub struct Event {
     /// the watchers who asked for device counts alone.
     #[serde(default)]
     pub devices_only: bool,
+    /// The transition is a flip of the idle mark alone ([`Presence::idle`]):
+    /// a device paused, resumed, or left the others all paused.
+    #[serde(default)]
+    pub idle_flip: bool,
 }
 
 /// Why a status text is refused, if it is: longer than `max` characters, or

@@ -81,6 +81,7 @@ pub fn view(p: &Presence, relation: Relation) -> Record {
             } else {
                 Vec::new()
             },
+            idle: p.devices > 0 && p.idle,
         };
     }
     let invisible = p.chosen == "invisible";
@@ -93,6 +94,7 @@ pub fn view(p: &Presence, relation: Relation) -> Record {
             text: p.text.clone(),
             until: p.until,
             kinds: p.kinds.clone(),
+            idle: p.idle,
         };
     }
     let last_seen = if !relation.admits(p.show_last_seen) {
@@ -110,6 +112,7 @@ pub fn view(p: &Presence, relation: Relation) -> Record {
         text: None,
         until: None,
         kinds: Vec::new(),
+        idle: false,
     }
 }
 
@@ -130,6 +133,7 @@ mod tests {
             show_last_seen: Audience::Everyone,
             until: Some(900),
             kinds: vec!["mobile".into()],
+            idle: true,
         }
     }
 
@@ -140,7 +144,7 @@ mod tests {
         for r in [Relation::Contact, Relation::Other, Relation::Blocked] {
             let v = view(&bob, r);
             assert_eq!((v.status.as_str(), v.devices, v.text), ("offline", 0, None));
-            assert_eq!((v.until, v.kinds.len()), (None, 0));
+            assert_eq!((v.until, v.kinds.len(), v.idle), (None, 0, false));
         }
         assert_eq!(view(&bob, Relation::Other).last_seen, Some(50));
         // Really gone later: still the moment it went invisible.
@@ -161,6 +165,9 @@ mod tests {
         assert_eq!(view(&bob, Relation::Contact).kinds, vec!["mobile"]);
         assert_eq!(view(&bob, Relation::Other).until, None);
         assert!(view(&bob, Relation::Other).kinds.is_empty());
+        // So does the idle mark.
+        assert!(view(&bob, Relation::Contact).idle);
+        assert!(!view(&bob, Relation::Other).idle);
         let mut gone = p("offline", 0, "online");
         gone.show_last_seen = Audience::Contacts;
         assert_eq!(view(&gone, Relation::Contact).last_seen, Some(100));

@@ -555,12 +555,18 @@ mod tests {
             text: None,
             until: None,
             kinds: vec!["web".into()],
+            idle: false,
         };
         let v: serde_json::Value = serde_json::from_str(&presence_frame(&r)).unwrap();
         assert_eq!(v["type"], "presence");
         assert_eq!(v["user"], "bob");
         assert_eq!(v["devices"], 2);
         assert!(v["last_seen"].is_null());
+        // The idle mark only where set.
+        assert!(v.get("idle").is_none());
+        let idle = Record { idle: true, ..r };
+        let v: serde_json::Value = serde_json::from_str(&presence_frame(&idle)).unwrap();
+        assert_eq!(v["idle"], true);
     }
 }
 

@@ -47,6 +47,8 @@ declare class PresenceClient {
   readonly connected: boolean;
   /** Room id -> Room, for the rooms this client is in (joined again after every reconnect). */
   readonly rooms: Map<string, PresenceClient.Room>;
+  /** With autoAway: true while this device has had no activity for `idleMs`. */
+  readonly idle: boolean;
 
   onHello: (hello: PresenceClient.Hello) => void;
   onSnapshot: (records: PresenceClient.PresenceRecord[]) => void;
@@ -57,6 +59,8 @@ declare class PresenceClient {
   onState: (state: PresenceClient.ConnectionState, info: PresenceClient.StateInfo) => void;
   onError: (error: PresenceClient.PresenceError) => void;
   onAuthExpiring: (info: { in_ms: number }) => void;
+  /** With autoAway: this device turned idle (true), or is active again (false). */
+  onIdle: (idle: boolean) => void;
 
   /** Opens the connection and keeps it open until close(). */
   connect(): void;
@@ -71,6 +75,12 @@ declare class PresenceClient {
   pause(options?: { graceMs?: number }): Promise<number>;
   /** Comes back after pause(): a resume within the grace shows the others nothing. */
   resume(): void;
+  /**
+   * Turns automatic away on (`true`: the defaults), changes its settings (counting from now), or
+   * turns it off (`false`: a standing idle away goes back to the choice at once). See
+   * `Options.autoAway`.
+   */
+  setAutoAway(options: boolean | PresenceClient.AutoAway): void;
   /** Watches users: onSnapshot, then onChange for each transition; with
    * `{devices: true}` also for each change of their device count. */
   watch(users: string | string[], options?: { devices?: boolean }): void;
@@ -116,6 +126,12 @@ declare namespace PresenceClient {
     until?: number | null;
     /** Sorted distinct kinds of the live devices (empty when offline or hidden). */
     kinds?: DeviceKind[];
+    /**
+     * `true` while every live device of the user is paused (`pause()`: apps
+     * in the background), absent otherwise; the status stays the chosen one.
+     * Not the same as `client.idle`, this device's own auto-away idleness.
+     */
+    idle?: boolean;
     /** Newer servers may add fields. */
     [field: string]: unknown;
   }
@@ -243,6 +259,17 @@ declare namespace PresenceClient {
     graceMs?: number;
   }
 
+  /** Automatic away after a time without activity on this device (`Options.autoAway`). */
+  export interface AutoAway {
+    /** How long without activity makes this device idle, ms (default 300000: 5 minutes). */
+    idleMs?: number;
+    /** Where a page coming back into view (`visibilitychange`) counts as activity; default the global. */
+    document?: EventTarget & { hidden: boolean };
+    /** Where pointer, mouse, key, touch, wheel and focus events count as activity (default the
+     * global; without a window, the document). */
+    window?: EventTarget;
+  }
+
   export interface Options {
     /** WebSocket endpoint(s), e.g. "wss://example.com/ws"; with several, reconnects try the next. */
     url: string | string[];
@@ -260,6 +287,15 @@ declare namespace PresenceClient {
      * `document` and `window` default to the globals.
      */
     autoPause?: boolean | { delayMs?: number; document?: EventTarget & { hidden: boolean }; window?: EventTarget };
+    /**
+     * Automatic away: after `idleMs` without activity on this device, while the user's chosen
+     * status is `online`, the user shows `away` (with the chosen text); the next activity sends
+     * the choice back. Never over a status chosen by hand (busy, invisible, away), never as the
+     * choice (`status` keeps it, a reconnect does not re-send the away as one), and not again
+     * over a status another device set meanwhile. Does nothing without a `window` or `document`
+     * (Node, unless given stand-ins). `idle` and `onIdle` tell this device's idleness.
+     */
+    autoAway?: boolean | AutoAway;
     /** Returns a fresh JWT when the current one expires soon or expired (4401). */
     refreshToken?: () => string | Promise<string>;
     /** Returns a room token (`--room-policy token`) for `room`, or false when the room takes
@@ -286,6 +322,7 @@ declare namespace PresenceClient {
     onState?: (state: ConnectionState, info: StateInfo) => void;
     onError?: (error: PresenceError) => void;
     onAuthExpiring?: (info: { in_ms: number }) => void;
+    onIdle?: (idle: boolean) => void;
   }
 }
 

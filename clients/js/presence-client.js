@@ -19,6 +19,8 @@
 //   client.watch(["dave"], { devices: true });  // also onChange when dave's device count changes
 //   client.setStatus("away", "in a meeting");
 //   client.setStatus("busy", { text: "in a call", until: Date.now() + 30 * 60e3 }); // back to online then
+//   // In a browser: away after 5 idle minutes while online, back on activity (client.idle, onIdle).
+//   new PresenceClient({ url, user, device, autoAway: { idleMs: 5 * 60e3 } });
 //   const room = client.join("doc:42", { state: { page: 1 } }); // rooms: who is here
 //   // A room the app's backend signs tokens for (--room-policy 'doc:*=token'):
 //   // pass getToken: async (room) => fetchRoomToken(room) to the constructor, or
@@ -90,6 +92,8 @@
   const ENDED = ["forbidden", "removed"];
   /** A typer is listed until this long after its last `typing:true` signal. */
   const TYPING_TTL_MS = 5000;
+  /** What counts as activity for autoAway (on the window, else the document). */
+  const ACTIVITY_EVENTS = ["pointermove", "pointerdown", "mousemove", "mousedown", "keydown", "wheel", "touchstart", "focus"];
   /** `typing()` sends `typing:true` at most this often. */
   const TYPING_EVERY_MS = 2000;
   // Shortest time between two room_state frames of one room: 20 a second,
@@ -505,6 +509,11 @@
      *                                    in a browser: pause() when the page has been hidden for
      *                                    delayMs (default 5000) or on pagehide, resume() when it is
      *                                    visible again (only what it paused itself)
+     * @param {boolean|{idleMs?: number, document?: object, window?: object}} [options.autoAway]
+     *                                    in a browser: show the user away after idleMs (default
+     *                                    300000) without pointer, keyboard, touch, wheel or focus
+     *                                    activity while the chosen status is online; the choice
+     *                                    comes back on the next activity (see setAutoAway)
      */
     constructor(options) {
       const o = options || {};
@@ -572,7 +581,19 @@
       this.onError = o.onError || (() => {});
       /** Called with {in_ms} when the server warns that the token expires soon. */
       this.onAuthExpiring = o.onAuthExpiring || (() => {});
+      /** Called with true when this device turns idle (autoAway), with false when it is active again. */
+      this.onIdle = o.onIdle || (() => {});
+      this._autoAway = null; // {idleMs, doc, win}: the autoAway settings, null: off
+      this._aaOn = false; // its listeners are attached (between connect() and close())
+      this._aaTimer = null;
+      this._aaLast = 0; // the last activity seen
+      this._idle = false;
+      this._idleSent = false; // this device showed the user away for idleness, and that stands
+      this._idleYielded = false; // idle, but another device (or the app) set a status since
+      this._base = null; // the user's chosen {status, text, until?}: set here or on another device
+      this._self = null; // the last own record
       if (o.autoPause) this._autoPause(o.autoPause === true ? {} : o.autoPause);
+      if (o.autoAway) this.setAutoAway(o.autoAway);
     }
 
     /** `autoPause`: pause while the page is hidden, resume when it is back. */
@@ -603,12 +624,171 @@
       if (win && win.addEventListener) win.addEventListener("pagehide", away);
     }
 
+    /**
+     * Turns automatic away on (`true`, or `{idleMs, document, window}`), changes its idle time,
+     * or turns it off (`false`). On: after `idleMs` (default 300000) without activity on this
+     * device (pointer, mouse, keyboard, touch, wheel or focus on `window`, a page becoming
+     * visible on `document`), while the user's chosen status is `online`, the client shows the
+     * user `away` (with the chosen text), and on the next activity sends the choice again.
+     * `client.status` keeps the choice: the away is never re-sent as one. Without a `document`
+     * or `window` (Node, unless given stand-ins) it does nothing. Off while the user shows away
+     * for this device's idleness: the choice goes back at once.
+     */
+    setAutoAway(options) {
+      const a = options === true ? {} : options;
+      if (!a) {
+        const wasAway = this._idleSent;
+        this._aaStop();
+        this._autoAway = null;
+        if (wasAway) this._restoreChoice();
+        return;
+      }
+      const doc = a.document || (typeof document !== "undefined" ? document : null);
+      const win = a.window || (typeof window !== "undefined" ? window : null);
+      const on = (t) => !!(t && typeof t.addEventListener === "function");
+      const idleMs = a.idleMs > 0 ? a.idleMs : 300000;
+      const running = this._aaOn;
+      this._aaStop({ keepIdle: true });
+      this._autoAway = on(doc) || on(win) ? { idleMs, doc: on(doc) ? doc : null, win: on(win) ? win : null } : null;
+      if (running || (!this._stopped && this.state !== "closed")) this._aaStart();
+    }
+
+    /** True while this device has had no activity for autoAway's idleMs. */
+    get idle() {
+      return this._idle;
+    }
+
+    /** Listens for activity and counts from now (connect()). */
+    _aaStart() {
+      const a = this._autoAway;
+      if (!a || this._aaOn) return;
+      this._aaOn = true;
+      if (!this._aaActivity) {
+        this._aaActivity = () => this._activity();
+        this._aaVisible = () => {
+          const doc = this._autoAway && this._autoAway.doc;
+          if (doc && !doc.hidden) this._activity();
+        };
+      }
+      const opts = { passive: true, capture: true };
+      const target = a.win || a.doc;
+      ACTIVITY_EVENTS.forEach((ev) => target.addEventListener(ev, this._aaActivity, opts));
+      if (a.doc) a.doc.addEventListener("visibilitychange", this._aaVisible);
+      if (!this._idle) {
+        this._aaLast = Date.now();
+        this._aaArm(a.idleMs);
+      }
+    }
+
+    /** Stops listening and counting (close(), or new settings); not idle any more unless `keepIdle`. */
+    _aaStop(o) {
+      const a = this._autoAway;
+      clearTimeout(this._aaTimer);
+      this._aaTimer = null;
+      if (a && this._aaOn) {
+        const opts = { passive: true, capture: true };
+        const target = a.win || a.doc;
+        ACTIVITY_EVENTS.forEach((ev) => target.removeEventListener(ev, this._aaActivity, opts));
+        if (a.doc) a.doc.removeEventListener("visibilitychange", this._aaVisible);
+      }
+      this._aaOn = false;
+      if (!(o && o.keepIdle) && this._idle) {
+        this._idle = false;
+        this.onIdle(false);
+      }
+    }
+
+    /** Checks for idleness after `ms`: activity meanwhile only moves the check on. */
+    _aaArm(ms) {
+      clearTimeout(this._aaTimer);
+      this._aaTimer = later(() => {
+        this._aaTimer = null;
+        const a = this._autoAway;
+        if (!a || !this._aaOn || this._idle) return;
+        const left = this._aaLast + a.idleMs - Date.now();
+        if (left > 0) this._aaArm(left);
+        else this._goIdle();
+      }, Math.max(0, ms));
+    }
+
+    _activity() {
+      if (!this._aaOn) return;
+      this._aaLast = Date.now();
+      if (this._idle) {
+        this._idle = false;
+        this._idleYielded = false;
+        // Back: the choice again, over this device's away, or over another
+        // device's idle away (what the user sees is someone being idle).
+        if (this._idleSent || (this._self && this._isIdleAway(this._self))) this._restoreChoice();
+        this.onIdle(false);
+      } else if (this._self && this._isIdleAway(this._self)) {
+        // Another device is idle, and the user is here: active anywhere is active.
+        this._restoreChoice();
+      }
+      if (!this._aaTimer) this._aaArm(this._autoAway.idleMs);
+    }
+
+    _goIdle() {
+      this._idle = true;
+      this._idleYielded = false;
+      this._sendIdleAway();
+      this.onIdle(true);
+    }
+
+    /** The user's choice, as far as this client knows: a status whose `until` passed is online again. */
+    _choice() {
+      const b = this._base || this.status;
+      if (b && b.until != null && b.until <= Date.now()) return { status: "online", text: null };
+      return b;
+    }
+
+    /** An own record that is some device's idle away: away, with the chosen text, over a chosen online. */
+    _isIdleAway(r) {
+      const b = this._choice();
+      return !!b && b.status === "online" && r.status === "away" && (r.text == null ? null : r.text) === (b.text || null);
+    }
+
+    /** Idle and the choice is online: the user shows away, with the chosen text. */
+    _sendIdleAway() {
+      const b = this._choice();
+      if (!this._idle || this._idleYielded || this._idleSent || !b || b.status !== "online" || !this.connected) return;
+      this._idleSent = true;
+      this._send({ type: "status", status: "away", text: b.text || null });
+    }
+
+    /** Sends the choice again over an idle away (not a new choice: `status` is as it was). */
+    _restoreChoice() {
+      // Disconnected: the next hello sends it, if the away is still there.
+      if (!this.connected) return;
+      this._idleSent = false;
+      const b = this._choice();
+      if (!b) return;
+      this._self = null; // until its answer: no second restore on the next pointermove
+      this._send({ type: "status", status: b.status, text: b.text || null });
+    }
+
+    /**
+     * An own record (hello's `self`, or a presence frame): the user's choice
+     * follows it unless it is an idle away. A status set elsewhere while this
+     * device is idle wins: it is not overwritten by this device's away.
+     */
+    _ownRecord(r) {
+      if (!r || !STATUSES.includes(r.status)) return;
+      this._self = r;
+      if (this._isIdleAway(r)) return;
+      this._base = { status: r.status, text: r.text == null ? null : r.text };
+      if (r.until != null) this._base.until = r.until;
+      this._idleSent = false;
+      if (this._idle) this._idleYielded = true;
+    }
+
     /** Opens the connection (and keeps it open until close()); a no-op while open or opening. */
     connect() {
       if (this._ws && this._ws.readyState <= 1) return;
       this._stopped = false;
       clearTimeout(this._timer);
       this._timer = null;
+      this._aaStart();
       this._open();
     }
 
@@ -621,6 +801,7 @@
       this._ws = null;
       if (ws && ws.readyState <= 1) ws.close(1000, "bye");
       this.rooms.forEach((r) => r._disconnected());
+      this._aaStop();
       this._setState("closed", { code: 1000, reason: "closed by client", willRetry: false });
     }
 
@@ -745,10 +926,14 @@
     setStatus(status, options) {
       if (!STATUSES.includes(status)) throw new RangeError(`PresenceClient: unknown status ${status}`);
       const o = options !== null && typeof options === "object" ? options : { text: options };
-      this._previousStatus = { status: this.status, fromServer: this._statusFromServer };
+      this._previousStatus = { status: this.status, fromServer: this._statusFromServer, base: this._base };
       this._statusFromServer = false;
       this.status = { status, text: o.text ? String(o.text) : null };
       if (o.until != null) this.status.until = +o.until;
+      // A choice made while idle stands: no away over it until the next idleness.
+      this._base = this.status;
+      this._idleSent = false;
+      if (this._idle) this._idleYielded = true;
       this._send({ type: "status", ...this.status });
     }
 
@@ -758,10 +943,40 @@
       return this._statusFromServer ? null : this.status;
     }
 
+    /**
+     * The status frame a hello is followed by: the choice to re-send, but
+     * with autoAway, what this device's idleness asks for instead. Idle: the
+     * away (unless already shown, or another device set a status since);
+     * active again after an away this device showed: the choice back. Never
+     * the away as a choice: `status` is untouched.
+     */
+    _helloStatus(self) {
+      const choice = this._statusToResend();
+      const sent = this._idleSent;
+      const yielded = this._idleYielded;
+      if (self) this._ownRecord(self);
+      // A status other than this device's away yields only when there was
+      // an away to yield (idle since the connection dropped: none yet).
+      if (!sent) this._idleYielded = yielded;
+      const b = this._choice();
+      const showsIdle = !!self && this._isIdleAway(self);
+      if (this._idle && !this._idleYielded && b && b.status === "online" && (!choice || choice.status === "online")) {
+        this._idleSent = true;
+        return showsIdle ? null : { status: "away", text: b.text || null };
+      }
+      if (!this._idle && this._idleSent) {
+        this._idleSent = false;
+        if (showsIdle) return { status: b.status, text: b.text || null };
+      }
+      return choice;
+    }
+
     /** Takes the user's own record as `status`, unless this client has a choice of its own. */
     _adoptOwn(record) {
       if (this.status && !this._statusFromServer) return;
       if (!STATUSES.includes(record.status)) return;
+      // With autoAway, an idle away is no choice: `status` keeps the user's.
+      if (this._autoAway && this._isIdleAway(record)) return;
       this.status = { status: record.status, text: record.text == null ? null : record.text };
       if (record.until != null) this.status.until = record.until;
       this._statusFromServer = true;
@@ -828,6 +1043,9 @@
         return;
       }
       this._ws = ws;
+      // A failed connection is followed by its close, which retries; the ws
+      // package (Node 20) would throw an error event nobody listens to.
+      ws.onerror = () => {};
       ws.onopen = () => {
         if (this._ws !== ws || !this.token) return;
         this._currentToken().then(
@@ -937,7 +1155,7 @@
           // A choice of this client's is sent again, and its answer reaches
           // onSelf; otherwise the status the user has (set on another
           // device, earlier) is this client's from the start.
-          const choice = this._statusToResend();
+          const choice = this._helloStatus(f.self);
           if (!choice && f.self) this._adoptOwn(f.self);
           // The choice goes first, before anything the callbacks send (a
           // watch of oneself would otherwise be answered with the old status).
@@ -974,6 +1192,7 @@
           // another of my devices) is not a contact's transition.
           if (this.user !== null && record.user === this.user) {
             this._adoptOwn(record);
+            this._ownRecord(record);
             this.onSelf(record);
           } else this.onChange(record);
           break;
@@ -1006,6 +1225,7 @@
             const previous = this._previousStatus || { status: null, fromServer: false };
             this.status = previous.status;
             this._statusFromServer = previous.fromServer;
+            this._base = previous.base || null;
             this._previousStatus = null;
           }
           this.onError(error);

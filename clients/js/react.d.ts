@@ -26,11 +26,13 @@ export interface Self {
   user: string | null;
   /** This user's own record (status and text as set, `invisible` included), or null until known. */
   record: PresenceClient.PresenceRecord | null;
+  /** client.idle: this device has had no activity for autoAway's idleMs (false without autoAway). */
+  idle: boolean;
   /** client.setStatus: the record follows once the server answers. */
   setStatus: PresenceClient["setStatus"];
 }
 
-/** This user's own record and setStatus. */
+/** This user's own record, this device's idleness and setStatus. */
 export declare function useSelf(): Self;
 
 export interface UseRoomOptions {

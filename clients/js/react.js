@@ -162,6 +162,8 @@ class Store {
     this.rooms = new Map();
     /** Listeners waiting for hello to name this user (token auth). */
     this.selfWaiting = new Set();
+    /** Listeners of the client's idleness (autoAway). */
+    this.idleListeners = new Set();
     this.attached = false;
     this.tokensDispatched = false;
   }
@@ -174,6 +176,7 @@ class Store {
     tap(c, "onSnapshot", (records) => records.forEach((r) => this.record(r)));
     tap(c, "onChange", (r) => this.record(r));
     tap(c, "onSelf", (r) => this.record(r));
+    tap(c, "onIdle", () => this.idleListeners.forEach((l) => l()));
     // A dropped connection puts every room out until its rejoin: no room callback says so.
     tap(c, "onState", () => this.rooms.forEach((e) => e.refresh()));
     tap(c, "onHello", () => {
@@ -240,6 +243,13 @@ class Store {
         if (mine.length) this.client.unwatch(mine);
       });
     };
+  }
+
+  /** This device's idleness (the client's autoAway). */
+  subscribeIdle(listener) {
+    this.attach();
+    this.idleListeners.add(listener);
+    return () => this.idleListeners.delete(listener);
   }
 
   /** This user's own record: watched like any other, once hello has named the user. */
@@ -342,15 +352,18 @@ function usePresence(users) {
   return React.useSyncExternalStore(subscribe, getSnapshot, getSnapshot);
 }
 
-/** This user's own record (null until known) and setStatus. */
+/** This user's own record (null until known), this device's idleness (autoAway) and setStatus. */
 function useSelf() {
   const store = useStore();
   const subscribe = React.useCallback((l) => store.subscribeSelf(l), [store]);
   const getSnapshot = () => (store.client.user && store.records.get(store.client.user)) || null;
   const record = React.useSyncExternalStore(subscribe, getSnapshot, getSnapshot);
+  const subscribeIdle = React.useCallback((l) => store.subscribeIdle(l), [store]);
+  const getIdle = () => !!store.client.idle;
+  const idle = React.useSyncExternalStore(subscribeIdle, getIdle, getIdle);
   const setStatus = React.useCallback((status, options) => store.client.setStatus(status, options), [store]);
   const user = record ? record.user : store.client.user;
-  return React.useMemo(() => ({ user, record, setStatus }), [user, record, setStatus]);
+  return React.useMemo(() => ({ user, record, idle, setStatus }), [user, record, idle, setStatus]);
 }
 
 /**

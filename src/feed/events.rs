@@ -48,26 +48,32 @@ fn split(entry: &str) -> Option<(u64, &str, i64, &str)> {
     Some((seq, kind, at, parts.next()?))
 }
 
-/// A user's transition: the record is `[status, devices, last_seen, text,
-/// since, until, kinds (comma-separated), seq]`.
+/// A user's recorded transition: `[status, devices, last_seen, text, since,
+/// until, kinds (comma-separated), seq, idle]`, the idle mark (1) written
+/// only where set.
+#[derive(serde::Deserialize)]
+struct UserRecord(
+    String,
+    u32,
+    Option<i64>,
+    Option<String>,
+    i64,
+    Option<i64>,
+    String,
+    serde::de::IgnoredAny,
+    #[serde(default)] u8,
+);
+
+/// A user's transition: the record is a [`UserRecord`].
 fn user_event(user: &str, entry: &str) -> Option<AnyEvent> {
     let (seq, kind, at, record) = split(entry)?;
-    type Record = (
-        String,
-        u32,
-        Option<i64>,
-        Option<String>,
-        i64,
-        Option<i64>,
-        String,
-        u64,
-    );
-    let (status, devices, last_seen, text, since, until, kinds, _): Record =
+    let UserRecord(status, devices, last_seen, text, since, until, kinds, _, idle) =
         serde_json::from_str(record).ok()?;
     let kind = match kind {
         "o" => Kind::Online,
         "f" => Kind::Offline,
         "s" => Kind::Status,
+        "i" => Kind::Idle,
         _ => return None,
     };
     Some(AnyEvent::User(WebhookEvent {
@@ -86,6 +92,7 @@ fn user_event(user: &str, entry: &str) -> Option<AnyEvent> {
             .filter(|k| !k.is_empty())
             .map(str::to_string)
             .collect(),
+        idle: idle == 1,
         seq,
     }))
 }
@@ -150,8 +157,17 @@ mod tests {
             [
                 serde_json::json!({"id":"alice:17","type":"online","at":1000,"user":"alice",
                 "status":"busy","devices":2,"last_seen":900,"text":"deep work","since":800,
-                "until":null,"kinds":["mobile","web"],"seq":17})
+                "until":null,"kinds":["mobile","web"],"idle":false,"seq":17})
             ]
+        );
+        // A flip of the idle mark, with the mark that older entries lack.
+        let e = events_of(&entry(
+            "alice",
+            r#"18|i|1100|["busy",2,null,null,800,null,"mobile",18,1]"#,
+        ));
+        assert_eq!(
+            (&e[0]["type"], &e[0]["idle"]),
+            (&Value::from("idle"), &Value::from(true))
         );
         let e = events_of(&entry("r:doc:1", r#"5|l|2000|["bob",0,0]"#));
         assert_eq!(e.len(), 2);

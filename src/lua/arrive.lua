@@ -12,8 +12,11 @@
 -- ARGV[2] lease TTL in ms
 -- ARGV[3] device id
 -- ARGV[4] now, epoch ms
--- ARGV[5] mode: "connect" takes the lease from any older connection;
---         "refresh" keeps it only while this connection still owns it
+-- ARGV[5] mode: "connect" takes the lease from any older connection, and
+--         marks the device not paused (a resume); "refresh" keeps it only
+--         while this connection still owns it; "pause" is a refresh (ARGV[2]
+--         the grace) that marks the device paused, `i:<device>` holding the
+--         end of the grace: a user whose devices are all paused is idle
 -- ARGV[6] user id
 -- ARGV[7] the user's events channel, presence-events:{<user>} (SPUBLISH)
 -- ARGV[8] status this connection last knew for its user ("" when none)
@@ -45,7 +48,7 @@
 --               over from, "" when none: its socket, if one holds it, is
 --               told at once rather than at its next refresh
 local current = redis.call('GET', KEYS[1])
-if ARGV[5] == 'refresh' and current and current ~= ARGV[1] then
+if ARGV[5] ~= 'connect' and current and current ~= ARGV[1] then
   return {0, 0, '', '', '0', '', '', '0'}
 end
 local field = 'd:' .. ARGV[3]
@@ -116,6 +119,20 @@ local status, text, since = st[1] or '', st[2] or '', st[3] or '0'
 local show_online, show_last_seen = st[4] or '', st[5] or ''
 local status_until = st[7] or '0'
 local came_online = 0
+-- Whether the user was idle before this step, where the step may change
+-- it (nil elsewhere): a connect of a paused device or of a new one, a pause.
+local idle_before = nil
+local paused_field = 'i:' .. ARGV[3]
+if ARGV[5] == 'connect' then
+  local paused = redis.call('HEXISTS', KEYS[3], paused_field) == 1
+  if paused or redis.call('HEXISTS', KEYS[3], field) == 0 then
+    idle_before = user_idle(KEYS[3])
+  end
+  if paused then redis.call('HDEL', KEYS[3], paused_field) end
+elseif ARGV[5] == 'pause' then
+  idle_before = user_idle(KEYS[3])
+  redis.call('HSET', KEYS[3], paused_field, tonumber(ARGV[4]) + tonumber(ARGV[2]))
+end
 -- The device's field names the node run holding it: a new connection
 -- writes it even where the device was already counted (it may have moved
 -- from another node), a refresh only where it was missing.
@@ -145,12 +162,14 @@ if added == 1 then
     publish_event(ARGV[7], KEYS[3], ARGV[6], 1, nil, next_seq(KEYS[3], ARGV[4]))
     came_online = 1
   else
-    publish_event(ARGV[7], KEYS[3], ARGV[6], count, nil, next_seq(KEYS[3], ARGV[4]), true)
+    publish_event(ARGV[7], KEYS[3], ARGV[6], count, nil, next_seq(KEYS[3], ARGV[4]), true, idle_before)
   end
-elseif kind_changed then
+elseif kind_changed or idle_before ~= nil then
   local count = tonumber(redis.call('GET', KEYS[2]) or '0')
-  if count > 0 then
-    publish_event(ARGV[7], KEYS[3], ARGV[6], count, nil, next_seq(KEYS[3], ARGV[4]), true)
+  -- A kind that changed is news for the device counts' watchers; a flip of
+  -- the idle mark for every watcher; anything else is no news.
+  if count > 0 and (kind_changed or user_idle(KEYS[3]) ~= idle_before) then
+    publish_event(ARGV[7], KEYS[3], ARGV[6], count, nil, next_seq(KEYS[3], ARGV[4]), true, idle_before)
   end
 end
 if ARGV[5] == 'refresh' and status == ARGV[8] and text == ARGV[9] and since == ARGV[10]

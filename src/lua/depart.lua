@@ -46,9 +46,15 @@ if redis.call('HDEL', KEYS[3], 'd:' .. ARGV[2]) == 0 then
   return {2, 0, 0, taken}
 end
 redis.call('HDEL', KEYS[3], 'k:' .. ARGV[2])
+-- A device that was not paused leaves a user who was not idle: if every
+-- device left is paused, the user is idle now, for every watcher. (One that
+-- was paused changes nothing of the mark.)
+local idle_before = nil
+if redis.call('HDEL', KEYS[3], 'i:' .. ARGV[2]) == 0 then idle_before = false end
 local count = redis.call('DECR', KEYS[2])
 if count > 0 then
-  publish_event(ARGV[5], KEYS[3], ARGV[4], count, nil, next_seq(KEYS[3], ARGV[3], ARGV[1] == ''), true)
+  publish_event(ARGV[5], KEYS[3], ARGV[4], count, nil, next_seq(KEYS[3], ARGV[3], ARGV[1] == ''), true,
+    idle_before)
   return {1, 0, 0, taken}
 end
 redis.call('DEL', KEYS[2])

@@ -29,8 +29,9 @@ local published = false
 -- as the last key (and the time, epoch ms, as the last argument), the
 -- transition is also recorded there, in this same step, as
 -- `<seq>|<kind>|<at>|<record>` (record: [status, devices, last_seen, text,
--- since, until, kinds, seq] as JSON); `feed_args` is how many arguments
--- that took, for a script that counts its own.
+-- since, until, kinds, seq] as JSON, and a ninth element, 1, when the user
+-- is idle); `feed_args` is how many arguments that took, for a script that
+-- counts its own.
 -- Where the caller writes the log in the step (`feed_direct.lua`), the
 -- bucket's log and marks follow the feed key as the last two keys.
 local feed_key, feed_now, feed_args, feed_log, feed_moved = nil, nil, 0, nil, nil
@@ -47,22 +48,32 @@ local feed_seq = 0
 local feed_keep = true
 -- Whether the recorded transition left the user offline.
 local feed_offline = false
+-- The feed kind of the recorded transition when it is not the step's own
+-- (`reporting!`): 'i', a flip of the user's idle mark alone.
+local feed_kind = nil
 
 -- The sorted distinct kinds of the user's counted devices (`k:<device>`
--- beside each `d:<device>`; a device without one is `other`).
+-- beside each `d:<device>`; a device without one is `other`), and whether
+-- the user is idle: it has counted devices and every one of them is paused
+-- (`i:<device>` beside it, the end of its grace, written by a pause).
 local function device_kinds(status_key)
   local flat = redis.call('HGETALL', status_key)
-  local counted, kind = {}, {}
+  local counted, kind, paused = {}, {}, {}
   for i = 1, #flat, 2 do
     local prefix = string.sub(flat[i], 1, 2)
     if prefix == 'd:' then
       counted[string.sub(flat[i], 3)] = true
     elseif prefix == 'k:' then
       kind[string.sub(flat[i], 3)] = flat[i + 1]
+    elseif prefix == 'i:' then
+      paused[string.sub(flat[i], 3)] = true
     end
   end
   local seen, out = {}, {}
+  local any, idle = false, true
   for device in pairs(counted) do
+    any = true
+    if not paused[device] then idle = false end
     local k = kind[device] or 'other'
     if not seen[k] then
       seen[k] = true
@@ -70,15 +81,25 @@ local function device_kinds(status_key)
     end
   end
   table.sort(out)
-  return out
+  return out, any and idle
+end
+
+-- Whether the user is idle now (see `device_kinds`).
+local function user_idle(status_key)
+  local _, idle = device_kinds(status_key)
+  return idle
 end
 
 -- Publishes the user's true record after a transition, with what decides
 -- who may see it (chosen status, privacy settings); each node derives every
 -- viewer's view from it. `devices_only` marks a change of the device count
 -- alone (a second device came or went): nodes hand it only to the watchers
--- who asked for device counts.
-local function publish_event(channel, status_key, user, devices, last_seen, seq, devices_only)
+-- who asked for device counts. `idle_before`, where the caller knows it
+-- (nil otherwise), is whether the user was idle before the step: a change
+-- of the count that flips the idle mark is a transition (`idle_flip`), for
+-- every watcher, the feed and the webhooks.
+local function publish_event(channel, status_key, user, devices, last_seen, seq, devices_only,
+    idle_before)
   local h = redis.call('HMGET', status_key, 'status', 'text', 'since', 'show_online', 'show_last_seen',
     'last_seen', 'until', 'fs', 'fc')
   -- The stored last seen rides along on every event, as on every read: a
@@ -88,10 +109,14 @@ local function publish_event(channel, status_key, user, devices, last_seen, seq,
   local status = 'offline'
   if devices > 0 then status = h[1] or 'online' end
   -- An empty table would be encoded as an object: no kinds, no field.
-  local kinds = nil
+  local kinds, idle = nil, false
   if devices > 0 then
-    kinds = device_kinds(status_key)
+    kinds, idle = device_kinds(status_key)
     if #kinds == 0 then kinds = nil end
+  end
+  local idle_flip = nil
+  if devices > 0 and idle_before ~= nil and idle ~= idle_before then
+    devices_only, idle_flip = nil, true
   end
   local event = cjson.encode({
     devices_only = devices_only or nil,
@@ -106,6 +131,8 @@ local function publish_event(channel, status_key, user, devices, last_seen, seq,
     show_last_seen = h[5] or 'everyone',
     ['until'] = tonumber(h[7]) or cjson.null,
     kinds = kinds,
+    idle = idle or nil,
+    idle_flip = idle_flip,
     seq = seq,
   })
   redis.call('SPUBLISH', channel, event)
@@ -116,12 +143,15 @@ local function publish_event(channel, status_key, user, devices, last_seen, seq,
     if feed_key then
       feed_seq = seq
       feed_offline = status == 'offline'
+      if idle_flip then feed_kind = 'i' end
       -- By hand, not cjson: this runs on every transition. The status and
       -- the kinds are the server's own words; the text is the user's.
       local function num(v) return v and string.format('%d', v) or 'null' end
       feed_record = '["' .. status .. '",' .. devices .. ',' .. num(last_seen) .. ','
         .. (h[2] and cjson.encode(h[2]) or 'null') .. ',' .. num(tonumber(h[3] or '0')) .. ','
-        .. num(tonumber(h[7])) .. ',"' .. table.concat(kinds or {}, ',') .. '",' .. num(seq) .. ']'
+        .. num(tonumber(h[7])) .. ',"' .. table.concat(kinds or {}, ',') .. '",' .. num(seq)
+        -- The idle mark only where set: an older node reads the other entries.
+        .. (idle and ',1]' or ']')
       recorded = true
     end
   end

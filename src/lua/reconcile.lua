@@ -19,10 +19,11 @@
 -- `offline` was published (a count that changed while the user stays
 -- online publishes a `devices_only` event instead).
 local removed = 0
+local idle_before = user_idle(KEYS[2])
 for i = 4, #ARGV - feed_args do
   local lease = KEYS[i - 1]
   if redis.call('EXISTS', lease) == 0 and redis.call('HDEL', KEYS[2], 'd:' .. ARGV[i]) == 1 then
-    redis.call('HDEL', KEYS[2], 'k:' .. ARGV[i])
+    redis.call('HDEL', KEYS[2], 'k:' .. ARGV[i], 'i:' .. ARGV[i])
     removed = removed + 1
   end
 end
@@ -44,7 +45,7 @@ if was_online == is_online then
   if not is_online then
     return {removed, old, new, 0}
   end
-  publish_event(ARGV[3], KEYS[2], ARGV[1], new, nil, next_seq(KEYS[2], ARGV[2], true), true)
+  publish_event(ARGV[3], KEYS[2], ARGV[1], new, nil, next_seq(KEYS[2], ARGV[2], true), true, idle_before)
   return {removed, old, new, 0}
 end
 -- Last seen at the user's last activity (`seq` before this transition

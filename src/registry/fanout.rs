@@ -19,6 +19,11 @@
 //! The mailboxes stay bounded as before: a watcher whose mailbox is full has
 //! a client that stopped reading, and the task reports it back to the
 //! registry ([`SlowWatchers`]), which cuts it off.
+//!
+//! Room events (joins, leaves, states, signals: the hottest path in a busy
+//! room) take the same lists ([`Inbound::Room`]) to the same mailboxes: one
+//! list per worker per event, not one cross-thread send per member; a member
+//! that stopped reading is cut off rather than queued for without bound.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -29,11 +34,23 @@ use actix::prelude::*;
 use tokio::sync::mpsc;
 
 use super::{Deliver, SessionId};
+use crate::rooms::RoomDeliver;
+
+/// What the delivery lists carry to a session: a watched user's record, or
+/// an event of a room it is in.
+#[derive(Message, Clone)]
+#[rtype(result = "()")]
+pub enum Inbound {
+    /// A watched user's transition (or re-read).
+    Presence(Deliver),
+    /// A room event.
+    Room(RoomDeliver),
+}
 
 thread_local! {
     /// The sessions of this worker thread, by id: where the delivery task
     /// finds each watcher's mailbox.
-    static LOCAL: RefCell<HashMap<SessionId, Recipient<Deliver>>> = RefCell::new(HashMap::new());
+    static LOCAL: RefCell<HashMap<SessionId, Recipient<Inbound>>> = RefCell::new(HashMap::new());
     /// Where this worker's delivery task takes its lists (started by the
     /// worker's first session).
     static LISTS: RefCell<Option<mpsc::UnboundedSender<List>>> = const { RefCell::new(None) };
@@ -42,7 +59,7 @@ thread_local! {
 /// One event for some of a worker's sessions.
 struct List {
     /// The event, shared by every list of it.
-    deliver: Deliver,
+    deliver: Inbound,
     /// Its watchers on this worker.
     sessions: Vec<SessionId>,
     /// Where full mailboxes are reported.
@@ -89,7 +106,7 @@ pub struct SlowWatchers {
 
 /// Makes a session reachable by its worker's delivery task; called on the
 /// session's own thread.
-pub fn register(session: SessionId, addr: Recipient<Deliver>) {
+pub fn register(session: SessionId, addr: Recipient<Inbound>) {
     LOCAL.with(|l| l.borrow_mut().insert(session, addr));
 }
 
@@ -110,7 +127,7 @@ pub fn unregister(session: SessionId) {
 /// gone (the node is stopping).
 pub fn send(
     home: &Home,
-    deliver: Deliver,
+    deliver: Inbound,
     sessions: Vec<SessionId>,
     slow: Recipient<SlowWatchers>,
 ) -> bool {
@@ -142,7 +159,7 @@ async fn deliver_lists(mut rx: mpsc::UnboundedReceiver<List>) {
 }
 
 /// Puts `deliver` into each session's mailbox; returns those that were full.
-fn hand_out(deliver: &Deliver, sessions: &[SessionId]) -> Vec<SessionId> {
+fn hand_out(deliver: &Inbound, sessions: &[SessionId]) -> Vec<SessionId> {
     LOCAL.with(|l| {
         let l = l.borrow();
         let mut full = Vec::new();

@@ -193,8 +193,9 @@ impl Handler<SlowWatchers> for Registry {
 
     fn handle(&mut self, msg: SlowWatchers, _: &mut Self::Context) {
         for session in msg.sessions {
-            // Still watching: not cut off yet by an earlier list.
-            if self.watchers.contains_key(&session) {
+            // Still watching, or in a room: not cut off yet by an earlier
+            // list.
+            if self.watchers.contains_key(&session) || self.rooms.has_member(session) {
                 self.cut_off(session);
             }
         }
@@ -218,10 +219,7 @@ impl Handler<Disconnect> for Registry {
 
     fn handle(&mut self, msg: Disconnect, _: &mut Self::Context) {
         self.sessions.remove(&msg.session);
-        let channels = self.rooms.disconnect(msg.session);
-        if let (Some(subs), false) = (&self.subscriptions, channels.is_empty()) {
-            subs.unsubscribe(channels.into_iter().map(Channel::Named).collect());
-        }
+        self.leave_rooms(msg.session);
         if let Some(w) = self.watchers.remove(&msg.session) {
             for user in &w.users {
                 self.unwatch(msg.session, user);
@@ -237,6 +235,16 @@ impl Handler<Disconnect> for Registry {
 }
 
 impl Registry {
+    /// Takes `session` out of every local room (it ended, or was cut off):
+    /// it gets no more room events, and channels nobody else here needs are
+    /// unsubscribed.
+    pub(super) fn leave_rooms(&mut self, session: SessionId) {
+        let channels = self.rooms.disconnect(session);
+        if let (Some(subs), false) = (&self.subscriptions, channels.is_empty()) {
+            subs.unsubscribe(channels.into_iter().map(Channel::Named).collect());
+        }
+    }
+
     /// A payload on a user's events channel: a transition, or word that its
     /// contacts changed.
     fn published(&mut self, channel: &str, payload: &str) {

@@ -91,13 +91,15 @@ pub struct Recheck {
     pub user: String,
 }
 
-/// What a watcher can tell apart in a record: its status, text and until. Device
+/// What a watcher can tell apart in a record: its status, text, until and
+/// idle mark. Device
 /// counts and last-seen times change without a transition.
 pub fn fingerprint(record: &Record) -> u64 {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     record.status.hash(&mut h);
     record.text.hash(&mut h);
     record.until.hash(&mut h);
+    record.idle.hash(&mut h);
     h.finish()
 }
 
@@ -110,6 +112,7 @@ pub fn devices_fingerprint(record: &Record) -> u64 {
     record.until.hash(&mut h);
     record.devices.hash(&mut h);
     record.kinds.hash(&mut h);
+    record.idle.hash(&mut h);
     h.finish()
 }
 

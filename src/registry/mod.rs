@@ -25,7 +25,7 @@ mod taken;
 mod watching;
 
 use crate::protocol::{try_again_reason, CLOSE_TRY_AGAIN, TRY_AGAIN_AFTER_MS};
-pub use fanout::{Home, SlowWatchers};
+pub use fanout::{Home, Inbound, SlowWatchers};
 pub use messages::*;
 use messages::{FromSubscriptions, Resynced};
 pub use rooms::{JoinRoom, LeaveRoom, RoomResync};
@@ -269,7 +269,8 @@ impl Registry {
         }
         for (home, list) in self.homes.iter().zip(lists) {
             if !list.is_empty() {
-                fanout::send(home, deliver.clone(), list, me.clone().recipient());
+                let inbound = fanout::Inbound::Presence(deliver.clone());
+                fanout::send(home, inbound, list, me.clone().recipient());
             }
         }
     }
@@ -348,6 +349,8 @@ impl Registry {
                 self.unwatch(session, user);
             }
         }
+        // Nor room events: one cut-off is enough.
+        self.leave_rooms(session);
     }
 
     /// Re-reads every watched user after `resync_delay`.
@@ -411,7 +414,10 @@ impl Actor for Registry {
             act.rooms.flush();
             act.start_room_reads(ctx);
         });
-        ctx.run_interval(self.rooms.state_tick(), |act, _| act.rooms.flush_batches());
+        ctx.run_interval(self.rooms.state_tick(), |act, _| {
+            act.rooms.flush_batches();
+            act.send_room_events();
+        });
         let addr = ctx.address();
         // The node's own channel, for good: word about its sockets from the
         // nodes that take their devices (`taken.rs`).

@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 
+use super::fanout::{self, Inbound};
 use super::subscriptions::Channel;
 use super::{Registry, SessionId};
 use crate::keys;
@@ -43,11 +44,8 @@ pub struct JoinRoom {
     pub session: SessionId,
     /// The room.
     pub room: Arc<str>,
-    /// Where its room events go.
-    pub addr: Recipient<RoomDeliver>,
-    /// Where a resync goes.
-    pub resync: Recipient<RoomResync>,
-    /// Its member, `<user>:<device>`.
+    /// Its member, `<user>:<device>`. Its room events go through its
+    /// worker's delivery lists ([`super::fanout`]).
     pub member: Arc<str>,
     /// Its client asked for state updates in batches, once per tick.
     pub batch: bool,
@@ -72,15 +70,8 @@ pub struct RoomResync {
     pub room: Arc<str>,
 }
 
-/// One local member session of a room.
-struct Member {
-    /// Where its room events go.
-    deliver: Recipient<RoomDeliver>,
-    /// Its `<user>:<device>`.
-    member: Arc<str>,
-    /// It gets state updates in batches.
-    batch: bool,
-}
+/// One member session's `<user>:<device>`.
+type Member = Arc<str>;
 
 /// The counts of a room in counts mode.
 #[derive(Debug, Clone, Copy)]
@@ -141,8 +132,8 @@ struct Room {
     /// The local members that are hidden (their user is invisible), as
     /// the room's events tell: not counted in the public series.
     hidden: HashSet<Arc<str>>,
-    /// How many of [`Room::members`] get state updates in batches.
-    batched: usize,
+    /// The local members that get state updates in batches.
+    batched: HashSet<SessionId>,
     /// The updates of this tick for the batched members: the latest of
     /// each device, in the order the devices first changed.
     batch: Vec<Arc<RoomEvent>>,
@@ -164,9 +155,9 @@ impl Room {
             _ => false,
         };
         if hidden {
-            let local = self.members.values().find(|m| is(&m.member));
-            if let Some(m) = local {
-                self.hidden.insert(m.member.clone());
+            let local = self.members.values().find(|m| is(m));
+            if let Some(member) = local {
+                self.hidden.insert(member.clone());
             }
         } else if !self.hidden.is_empty() {
             self.hidden.retain(|m| !is(m));
@@ -193,6 +184,10 @@ pub(super) struct RoomInterest {
     of_session: HashMap<SessionId, HashSet<Arc<str>>>,
     /// Rooms whose shared read should start now.
     to_read: Vec<Arc<str>>,
+    /// Events to hand to local members, each with its sessions: the
+    /// registry sends them through the workers' delivery lists
+    /// ([`RoomInterest::take_outbox`]).
+    outbox: Outbox,
     /// Rooms with updates waiting for the next tick's batch.
     to_batch: HashSet<Arc<str>>,
 }
@@ -227,10 +222,10 @@ impl RoomInterest {
     /// last local member, to unsubscribe.
     fn leave(&mut self, session: SessionId, room: &str) -> Option<String> {
         let local = self.rooms.get_mut(room)?;
-        if let Some(m) = local.members.remove(&session) {
-            local.hidden.remove(&m.member);
-            local.batched -= usize::from(m.batch);
+        if let Some(member) = local.members.remove(&session) {
+            local.hidden.remove(&member);
         }
+        local.batched.remove(&session);
         if let Some(rooms) = self.of_session.get_mut(&session) {
             rooms.remove(room);
             if rooms.is_empty() {
@@ -283,7 +278,8 @@ impl RoomInterest {
                                 users: event.users,
                                 devices: event.devices,
                             };
-                            send(local, &Arc::new(RoomEvent::room(&event.room, seq, view)));
+                            let event = Arc::new(RoomEvent::room(&event.room, seq, view));
+                            send(&mut self.outbox, local, &event);
                         }
                         return;
                     }
@@ -317,7 +313,7 @@ impl RoomInterest {
                 return;
             }
         }
-        if send(local, &event) {
+        if send(&mut self.outbox, local, &event) {
             self.to_batch.insert(event.room.clone());
         }
     }
@@ -343,16 +339,16 @@ impl RoomInterest {
             counts.shown = current;
             counts.sent = now;
             let event = Arc::new(RoomEvent::occupancy(room, current.0, current.1));
-            send(local, &event);
+            send(&mut self.outbox, local, &event);
         }
     }
 
-    /// Sends every room's pending updates to its batched members: once per
-    /// tick (`--room-state-hz`).
+    /// Queues every room's pending updates for its batched members: once
+    /// per tick (`--room-state-hz`).
     pub(super) fn flush_batches(&mut self) {
         for room in self.to_batch.drain() {
             if let Some(local) = self.rooms.get_mut(&room) {
-                send_batch(&room, local);
+                send_batch(&mut self.outbox, &room, local);
             }
         }
     }
@@ -371,6 +367,17 @@ impl RoomInterest {
             }
         }
         self.flush();
+    }
+
+    /// The events queued for local members since the last call, each with
+    /// its sessions.
+    pub(super) fn take_outbox(&mut self) -> Vec<(Arc<RoomEvent>, Vec<SessionId>)> {
+        std::mem::take(&mut self.outbox)
+    }
+
+    /// Whether `session` is in a room here.
+    pub(super) fn has_member(&self, session: SessionId) -> bool {
+        self.of_session.contains_key(&session)
     }
 
     /// The rooms whose shared read starts now; each holds its events from
@@ -414,7 +421,7 @@ impl RoomInterest {
                 };
                 let seq = snapshot.seq;
                 let frame = RoomEvent::room(room, seq, RoomView::Read(Arc::new(snapshot)));
-                send(local, &Arc::new(frame));
+                send(&mut self.outbox, local, &Arc::new(frame));
             }
             Err(e) => {
                 // Tried again after the interval; the members keep what
@@ -442,25 +449,27 @@ impl RoomInterest {
     }
 }
 
-/// Sends `event` to every local member of the room; a state update goes
+/// Events for local members, each with its sessions.
+type Outbox = Vec<(Arc<RoomEvent>, Vec<SessionId>)>;
+
+/// Queues `event` for every local member of the room; a state update goes
 /// into the tick's batch for the batched members instead (the latest of
 /// each device wins), and a join or leave drops its device's pending one.
 /// True when the room's batch was empty and is not any more.
-fn send(local: &mut Room, event: &Arc<RoomEvent>) -> bool {
+fn send(outbox: &mut Outbox, local: &mut Room, event: &Arc<RoomEvent>) -> bool {
     let same = |e: &Arc<RoomEvent>| e.device == event.device && e.user == event.user;
-    let batching = event.kind == Kind::Update && local.batched > 0;
+    let batching = event.kind == Kind::Update && !local.batched.is_empty();
     match event.kind {
         Kind::Join | Kind::Leave => local.batch.retain(|e| !same(e)),
         Kind::Room => local.batch.retain(|e| e.seq > event.seq),
         _ => {}
     }
-    for m in local.members.values() {
-        if !(batching && m.batch) {
-            m.deliver.do_send(RoomDeliver {
-                event: event.clone(),
-            });
-        }
-    }
+    let sessions = local.members.keys().copied();
+    let sessions = match batching {
+        true => sessions.filter(|s| !local.batched.contains(s)).collect(),
+        false => sessions.collect(),
+    };
+    outbox.push((event.clone(), sessions));
     if !batching {
         return false;
     }
@@ -472,34 +481,56 @@ fn send(local: &mut Room, event: &Arc<RoomEvent>) -> bool {
     first
 }
 
-/// Sends the room's pending updates in one batch to its batched members.
-fn send_batch(room: &Arc<str>, local: &mut Room) {
+/// Queues the room's pending updates in one batch for its batched members.
+fn send_batch(outbox: &mut Outbox, room: &Arc<str>, local: &mut Room) {
     let updates = std::mem::take(&mut local.batch);
-    if updates.is_empty() {
+    if updates.is_empty() || local.batched.is_empty() {
         return;
     }
     let event = Arc::new(RoomEvent::batch(room, updates));
-    for m in local.members.values().filter(|m| m.batch) {
-        m.deliver.do_send(RoomDeliver {
-            event: event.clone(),
-        });
-    }
+    outbox.push((event, local.batched.iter().copied().collect()));
 }
 
 impl Registry {
-    /// Starts the shared reads that are due, each answered to
-    /// [`RoomInterest::read_done`].
+    /// Hands the room events queued since the last call to their members:
+    /// one delivery list per worker per event, as presence events go.
+    pub(super) fn send_room_events(&mut self) {
+        let outbox = self.rooms.take_outbox();
+        let Some(me) = &self.me else {
+            return;
+        };
+        for (event, sessions) in outbox {
+            let mut lists: Vec<Vec<SessionId>> = vec![Vec::new(); self.homes.len()];
+            for session in sessions {
+                if let Some(joined) = self.sessions.get(&session) {
+                    lists[joined.home].push(session);
+                }
+            }
+            let inbound = Inbound::Room(RoomDeliver { event });
+            for (home, list) in self.homes.iter().zip(lists) {
+                if !list.is_empty() {
+                    fanout::send(home, inbound.clone(), list, me.clone().recipient());
+                }
+            }
+        }
+    }
+
+    /// Sends the room events queued by the step that called it, then
+    /// starts the shared reads that are due, each answered to
+    /// [`RoomInterest::read_done`]. Every step of [`RoomInterest`] is
+    /// followed by it.
     pub(super) fn start_room_reads(&mut self, ctx: &mut Context<Self>) {
+        self.send_room_events();
         for room in self.rooms.take_reads() {
             let store = self.store.clone();
             let read = {
                 let room = room.clone();
                 async move { store.read_room(&room, "").await }
             };
-            ctx.spawn(
-                read.into_actor(self)
-                    .map(move |res, act, _| act.rooms.read_done(&room, res)),
-            );
+            ctx.spawn(read.into_actor(self).map(move |res, act, _| {
+                act.rooms.read_done(&room, res);
+                act.send_room_events();
+            }));
         }
     }
 }
@@ -518,17 +549,14 @@ impl Handler<JoinRoom> for Registry {
                 view: View::Listed,
                 last_read: None,
                 hidden: HashSet::new(),
-                batched: 0,
+                batched: HashSet::new(),
                 batch: Vec::new(),
             });
-        let member = Member {
-            deliver: join.addr,
-            member: join.member,
-            batch: join.batch,
-        };
-        local.batched += usize::from(join.batch);
-        if let Some(old) = local.members.insert(join.session, member) {
-            local.batched -= usize::from(old.batch);
+        local.members.insert(join.session, join.member);
+        if join.batch {
+            local.batched.insert(join.session);
+        } else {
+            local.batched.remove(&join.session);
         }
         let subscribe = (!local.subscribed).then(|| {
             let channel = Channel::Named(keys::room_events(&join.room));

@@ -177,8 +177,6 @@ impl Session {
         let subscribe = registry.send(JoinRoom {
             session: self.me.id,
             room: room.clone(),
-            addr: ctx.address().recipient(),
-            resync: ctx.address().recipient(),
             member: Arc::from(format!("{user}:{device}")),
             batch,
         });

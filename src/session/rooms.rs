@@ -17,7 +17,7 @@ use crate::protocol::{ErrorCode, ProtocolError};
 use crate::registry::{LeaveRoom, RoomResync};
 use crate::rooms::events::room_frame;
 use crate::rooms::events::{Kind, To};
-use crate::rooms::{RoomDeliver, RoomEvent, Rooms};
+use crate::rooms::{RoomEvent, Rooms};
 use crate::store::rooms::{Relayed, RoomSnapshot};
 use crate::store::StoreResult;
 
@@ -466,7 +466,11 @@ impl Session {
     /// One room event for this session: a frame for its client, unless it
     /// is not for this device or was shown already; held while the room's
     /// own `room` frame is on its way.
-    fn room_event(&mut self, event: Arc<RoomEvent>, ctx: &mut ws::WebsocketContext<Self>) {
+    pub(super) fn room_event(
+        &mut self,
+        event: Arc<RoomEvent>,
+        ctx: &mut ws::WebsocketContext<Self>,
+    ) {
         if event.kind == Kind::Room {
             return self.shared_room(event, ctx);
         }
@@ -534,14 +538,6 @@ impl Session {
                 self.send(ctx, event.frame.clone());
             }
         }
-    }
-}
-
-impl Handler<RoomDeliver> for Session {
-    type Result = ();
-
-    fn handle(&mut self, msg: RoomDeliver, ctx: &mut Self::Context) {
-        self.room_event(msg.event, ctx);
     }
 }
 

@@ -17,6 +17,7 @@ use crate::ids::UserId;
 use crate::model::{Audience, Record, Status};
 use crate::privacy::{self, Relation};
 use crate::protocol::{self, ErrorCode, ProtocolError};
+use crate::registry::Inbound;
 use crate::registry::{self, Deliver, Recheck, View};
 use crate::store::Observed;
 
@@ -596,11 +597,17 @@ impl Session {
     }
 }
 
-impl Handler<Deliver> for Session {
+/// What the worker's delivery lists bring ([`crate::registry::fanout`]):
+/// records of watched users and events of the session's rooms, in the
+/// order the registry handed them out.
+impl Handler<Inbound> for Session {
     type Result = ();
 
-    fn handle(&mut self, msg: Deliver, ctx: &mut Self::Context) {
-        self.deliver(msg, ctx);
+    fn handle(&mut self, msg: Inbound, ctx: &mut Self::Context) {
+        match msg {
+            Inbound::Presence(deliver) => self.deliver(deliver, ctx),
+            Inbound::Room(room) => self.room_event(room.event, ctx),
+        }
     }
 }
 

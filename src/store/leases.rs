@@ -253,7 +253,7 @@ impl Store {
         let deadline = now + grace_ms as i64;
         let mut pipe = redis::pipe();
         let feed = self.feed_of(&lease.user);
-        let mode = ArriveMode::Refresh;
+        let mode = ArriveMode::Pause;
         let (max, run) = (self.max_devices, self.run);
         (self.scripts).arrive(
             &mut pipe,

@@ -32,6 +32,11 @@ pub struct DeviceInfo {
     /// The device's kind: web, desktop, mobile, tablet, bot or other.
     #[schema(example = "mobile")]
     pub kind: String,
+    /// The device is paused (`{"type":"pause"}`): present until its lease
+    /// (`expires_in_ms`, the grace) ends, unless it comes back. Absent
+    /// otherwise.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub paused: bool,
 }
 
 /// What `reader` may see of one user read for it: a viewer's view, or for
@@ -118,8 +123,9 @@ impl Store {
     }
 
     /// The devices counted in `user`'s hash, sorted by id, each with the
-    /// run number of the node holding it (0: not known) and its kind.
-    async fn device_fields(&self, user: &str) -> StoreResult<Vec<(String, u64, String)>> {
+    /// run number of the node holding it (0: not known), its kind and
+    /// whether it is paused.
+    async fn device_fields(&self, user: &str) -> StoreResult<Vec<(String, u64, String, bool)>> {
         let mut conn = self.conn();
         let fields: Vec<(String, String)> = redis::cmd("HGETALL")
             .arg(keys::status(user))
@@ -130,7 +136,11 @@ impl Store {
             .iter()
             .filter_map(|(f, v)| Some((f.strip_prefix("k:")?, v.as_str())))
             .collect();
-        let mut out: Vec<(String, u64, String)> = Vec::with_capacity(fields.len());
+        let paused: std::collections::HashSet<&str> = fields
+            .iter()
+            .filter_map(|(f, _)| f.strip_prefix("i:"))
+            .collect();
+        let mut out = Vec::with_capacity(fields.len());
         for (field, value) in &fields {
             let Some(device) = keys::parse_device_field(field) else {
                 continue;
@@ -141,7 +151,7 @@ impl Store {
                 StoreError::reply(&key, format!("{field} is {value:?}, not a run number"))
             })?;
             let kind = kinds.get(device).copied().unwrap_or("other").to_string();
-            out.push((device.to_string(), run, kind));
+            out.push((device.to_string(), run, kind, paused.contains(device)));
         }
         out.sort();
         Ok(out)
@@ -154,7 +164,7 @@ impl Store {
             return Ok(Vec::new());
         }
         let mut pipe = redis::pipe();
-        for (device, _, _) in &fields {
+        for (device, ..) in &fields {
             pipe.get(keys::lease(user, device));
             pipe.pttl(keys::lease(user, device));
         }
@@ -168,7 +178,7 @@ impl Store {
         let mut out = Vec::with_capacity(fields.len());
         // Runs whose node is asked for, each with the devices it holds.
         let mut runs: std::collections::BTreeMap<u64, Vec<usize>> = Default::default();
-        for ((device, run, kind), chunk) in fields.into_iter().zip(reply.chunks(2)) {
+        for ((device, run, kind, paused), chunk) in fields.into_iter().zip(reply.chunks(2)) {
             let owner: Option<String> = redis::from_redis_value_ref(&chunk[0])?;
             let pttl: i64 = redis::from_redis_value_ref(&chunk[1])?;
             let Some(owner) = owner else {
@@ -185,6 +195,7 @@ impl Store {
                 connected_at: lease.connected_at,
                 expires_in_ms: (pttl >= 0).then_some(pttl),
                 kind,
+                paused,
             });
         }
         if !runs.is_empty() {

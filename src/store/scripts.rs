@@ -45,6 +45,7 @@ macro_rules! reporting {
             $kind,
             "'\n",
             "  if kind == 't' then kind = feed_offline and 'f' or 'o' end\n",
+            "  kind = feed_kind or kind\n",
             "  feed_push(feed_key, feed_seq, kind, feed_now, feed_record)\n",
             "end\n",
             "reply[#reply + 1] = published or ''\nreturn reply\n"
@@ -252,6 +253,7 @@ impl Scripts {
         let mode = match mode {
             ArriveMode::Connect => "connect",
             ArriveMode::Refresh => "refresh",
+            ArriveMode::Pause => "pause",
         };
         let mut k: Vec<&str> = vec![&key, &count, &status];
         k.extend(feed.into_iter().flat_map(FeedKeys::keys));
@@ -602,7 +604,7 @@ pub(super) fn parse_status_set(value: &Value, user: &str) -> StoreResult<StatusS
 pub(super) fn parse_read(value: &Value, user: &str) -> StoreResult<Observed> {
     let key = keys::status(user);
     let v = array(value, &key)?;
-    if v.len() != 11 {
+    if v.len() != 12 {
         return Err(super::StoreError::reply(
             &key,
             format!("read: {} fields", v.len()),
@@ -642,6 +644,7 @@ pub(super) fn parse_read(value: &Value, user: &str) -> StoreResult<Observed> {
             k if k.is_empty() => Vec::new(),
             k => k.split(',').map(str::to_string).collect(),
         },
+        idle: int(&v[11], &key)? == 1,
     };
     Ok(Observed {
         presence,

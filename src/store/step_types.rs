@@ -13,6 +13,8 @@ pub enum ArriveMode {
     Connect,
     /// A live connection: keep the lease only while it is still ours.
     Refresh,
+    /// A refresh to the grace that marks the device paused (`i:<device>`).
+    Pause,
 }
 
 /// One device's lease to claim or refresh, for [`Store::arrive_batch`](super::Store::arrive_batch).

@@ -122,6 +122,9 @@ pub enum Kind {
     Offline,
     /// An online user chose another status or text.
     Status,
+    /// An online user's idle mark flipped: every device of it is paused
+    /// now (`idle: true`), or one is back (`idle: false`).
+    Idle,
 }
 
 /// One transition as a webhook receiver gets it: the user's true state
@@ -157,6 +160,8 @@ pub struct WebhookEvent {
     /// The sorted distinct kinds of the live devices.
     #[schema(example = json!(["mobile"]))]
     pub kinds: Vec<String>,
+    /// Every live device of the user is paused.
+    pub idle: bool,
     /// The user's transition sequence number: increases with each
     /// transition of that user, so a receiver can order them.
     pub seq: u64,
@@ -177,6 +182,7 @@ impl WebhookEvent {
             since: p.since,
             until: p.until,
             kinds: p.kinds,
+            idle: p.idle,
             seq: event.seq,
             user: p.user,
         }
@@ -314,6 +320,7 @@ impl Webhooks {
         };
         let kind = match (status_step, event.presence.devices) {
             (true, _) => Kind::Status,
+            _ if event.idle_flip => Kind::Idle,
             (false, 0) => Kind::Offline,
             (false, _) => Kind::Online,
         };
@@ -328,7 +335,7 @@ impl Webhooks {
         let owner = Owner {
             key: event.user.as_str().into(),
             class: match kind {
-                Kind::Status => Class::Status,
+                Kind::Status | Kind::Idle => Class::Status,
                 Kind::Online | Kind::Offline => Class::Transition,
             },
         };

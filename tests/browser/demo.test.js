@@ -114,6 +114,8 @@ test("dots follow other users through online, away, busy and offline", { timeout
     await expectStatus(a, "bob", "away");
     await b.locator("#my-status", { hasText: "Away (idle)" }).waitFor({ timeout: DEADLINE_MS });
     assert.equal(await b.inputValue("#status"), "online", "the status picker must keep bob's choice");
+    // The client's autoAway did it: idle, and its status still the choice.
+    assert.deepEqual(await b.evaluate(() => [client.idle, client.status && client.status.status]), [true, "online"]);
     // Opened without a click: any pointer activity would end the idleness.
     await b.evaluate(() => { document.getElementById("log-details").open = true; });
     fs.mkdirSync(ARTIFACTS, { recursive: true });
@@ -123,6 +125,7 @@ test("dots follow other users through online, away, busy and offline", { timeout
     await b.mouse.move(200, 200);
     await b.mouse.move(240, 260);
     await expectStatus(a, "bob", "online");
+    assert.equal(await b.evaluate(() => client.idle), false);
   });
   await step("bob turns off auto-away and picks busy with a text", async () => {
     await b.uncheck("#autoAway");

@@ -21,8 +21,8 @@ function RoomProbe({ id, options }) {
 }
 
 function SelfProbe() {
-  const { user, record } = useSelf();
-  return <p data-self={user ?? ""} data-status={record?.status ?? "unknown"} />;
+  const { user, record, idle } = useSelf();
+  return <p data-self={user ?? ""} data-status={record?.status ?? "unknown"} data-idle={String(idle)} />;
 }
 
 function UserProbe({ user }) {

@@ -263,7 +263,7 @@ function jwt(claims, secret) {
   return `${unsigned}.${crypto.createHmac("sha256", secret).update(unsigned).digest("base64url")}`;
 }
 
-test("token rooms: useRoom's getToken for its room, the client's for the others; useSelf waits for hello", { timeout: 120_000 }, async () => {
+test("token rooms: useRoom's getToken for its room, the client's for the others; useSelf waits for hello, and follows autoAway", { timeout: 120_000 }, async () => {
   const secret = crypto.randomBytes(32).toString("hex");
   const n = await step("a JWT node with token rooms starts", () =>
     h.startNode("react-jwt", ["--auth", "jwt", "--jwt-secret", secret, "--room-policy", "doc:*=token", "--allowed-origins", ORIGIN]));
@@ -284,6 +284,14 @@ test("token rooms: useRoom's getToken for its room, the client's for the others;
     }
     await page.locator('[data-room="doc:9"][data-error="forbidden"]').waitFor({ state: "attached", timeout: DEADLINE_MS });
     await page.locator('[data-self="fay"][data-status="online"]').waitFor({ state: "attached", timeout: DEADLINE_MS });
+  });
+  await step("useSelf's idle follows the client's autoAway: away when idle, online on activity", async () => {
+    await page.locator('[data-self="fay"][data-idle="false"]').waitFor({ state: "attached", timeout: DEADLINE_MS });
+    await page.evaluate(() => window.client.setAutoAway({ idleMs: 300 }));
+    await page.locator('[data-self="fay"][data-idle="true"][data-status="away"]').waitFor({ state: "attached", timeout: DEADLINE_MS });
+    await page.mouse.move(100, 100);
+    await page.mouse.move(140, 160);
+    await page.locator('[data-self="fay"][data-idle="false"][data-status="online"]').waitFor({ state: "attached", timeout: DEADLINE_MS });
   });
   await context.close();
 });

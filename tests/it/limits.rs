@@ -180,3 +180,63 @@ async fn a_client_that_stops_reading_is_cut_off_without_events() {
     .await;
     drop(stalled);
 }
+
+/// A room member that stops reading is disconnected once its queue passes
+/// the bound, well before the stalled-client check would: room events go
+/// through the same bounded delivery as presence events, not an unbounded
+/// send to each member. A healthy member of the room gets every event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_room_member_is_disconnected_without_affecting_others() {
+    let redis = Redis::start();
+    let node = Node::start_with(
+        &redis,
+        "n1",
+        &["--max-queued-events", "64", "--heartbeat-ms", "5000"],
+    );
+    let mut healthy = Client::connect(&node, "healthy", "h").await;
+    crate::rooms::join(&mut healthy, "doc:1", json!({})).await;
+    let mut monitor = Client::connect(&node, "monitor", "m").await;
+    monitor.watch(&["stalled"]).await;
+    let mut stalled = stalled_client(&node).await;
+    assert_eq!(monitor.expect("presence").await["status"], "online");
+    stalled
+        .send(Message::Text(
+            json!({"type":"join","room":"doc:1"}).to_string().into(),
+        ))
+        .await
+        .unwrap();
+    crate::rooms::expect_event(&mut healthy, "room_join", "doc:1", "stalled", "s").await;
+
+    // 1,000 signals of 16 KiB, published the way room_signal.lua does.
+    let data = "x".repeat(16 * 1024);
+    let events = 1000u64;
+    let mut c = redis.aconn().await;
+    let mut pipe = redis::pipe();
+    for n in 1..=events {
+        let ev = json!({"e":"signal","room":"doc:1","user":"loud","device":"l","data":{"n":n,"pad":data}});
+        pipe.cmd("SPUBLISH")
+            .arg("presence-events-room:{r:doc:1}")
+            .arg(ev.to_string())
+            .ignore();
+    }
+    let start = Instant::now();
+    pipe.query_async::<()>(&mut c).await.unwrap();
+
+    monitor.expect_presence("stalled", "offline").await;
+    let cut_after = start.elapsed();
+    assert!(
+        cut_after < Duration::from_secs(8),
+        "cut off after {cut_after:?}"
+    );
+    let mut got = 0;
+    while got < events {
+        let ev = healthy.recv().await;
+        if ev["type"] == "signal" {
+            got += 1;
+            assert_eq!(ev["data"]["n"], got, "in order");
+        }
+    }
+    let (_, h) = get(&format!("{}/healthz", node.http())).await;
+    assert_eq!(h["counters"]["slow_consumers"], 1, "{h}");
+    drop(stalled);
+}

@@ -24,6 +24,7 @@ mod hostile;
 mod http_api;
 mod http_devices;
 mod identity;
+mod idle;
 mod interest;
 mod layout;
 mod limits;

@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 
 /// Sends a pause (asking `grace_ms`, if given) and returns the `paused`
 /// frame, after checking the close that follows: 1000 "paused".
-async fn pause(c: &mut Client, grace_ms: Option<u64>) -> Value {
+pub(crate) async fn pause(c: &mut Client, grace_ms: Option<u64>) -> Value {
     let frame = match grace_ms {
         Some(ms) => json!({"type": "pause", "grace_ms": ms}),
         None => json!({"type": "pause"}),
@@ -32,7 +32,7 @@ async fn pause(c: &mut Client, grace_ms: Option<u64>) -> Value {
 }
 
 /// Frames `c` gets within `window`, in order.
-async fn frames_within(c: &mut Client, window: Duration) -> Vec<Value> {
+pub(crate) async fn frames_within(c: &mut Client, window: Duration) -> Vec<Value> {
     let end = Instant::now() + window;
     let mut frames = Vec::new();
     while let Some(left) = end.checked_duration_since(Instant::now()) {
@@ -43,6 +43,12 @@ async fn frames_within(c: &mut Client, window: Duration) -> Vec<Value> {
         }
     }
     frames
+}
+
+/// The `presence` frame of bob, online and idle: his only device paused.
+async fn expect_idle(alice: &mut Client) {
+    let idle = alice.expect_presence("bob", "online").await;
+    assert_eq!(idle["idle"], true, "{idle}");
 }
 
 /// Two nodes on one Redis with `extra` flags; alice watches bob from the
@@ -64,13 +70,17 @@ async fn setup(extra: &[&str]) -> (Redis, Node, Node, Client, Client) {
 
 /// A pause and a resume on another node within the grace (the default
 /// grace, the TTL, waited past): the watcher sees no offline or online,
-/// the room member no leave or join.
+/// only bob idle and back (tests/it/idle.rs), the room member no leave or
+/// join.
 #[tokio::test]
 async fn a_resume_within_the_grace_is_no_transition() {
     let (_redis, _n1, n2, mut alice, mut bob) = setup(&[]).await;
     let paused = pause(&mut bob, None).await;
     assert_eq!(paused["grace_ms"], TTL.as_millis() as u64, "{paused}");
+    expect_idle(&mut alice).await;
     let mut bob = Client::connect(&n2, "bob", "phone").await;
+    let back = alice.expect_presence("bob", "online").await;
+    assert_eq!(back.get("idle"), None, "{back}");
     join(&mut bob, "doc:1", json!({"page": 1})).await;
     // Past the TTL and the deadline passes' slack: a pause that released
     // the lease or left the room shows by now.
@@ -86,6 +96,7 @@ async fn past_the_grace_the_device_leaves_once() {
     let (_redis, _n1, _n2, mut alice, mut bob) = setup(&flags).await;
     let start = Instant::now();
     assert_eq!(pause(&mut bob, None).await["grace_ms"], 1500);
+    expect_idle(&mut alice).await;
     let seen = frames_within(&mut alice, Duration::from_millis(4500)).await;
     let at = start.elapsed();
     let offline: Vec<_> = seen.iter().filter(|v| v["type"] == "presence").collect();
@@ -108,6 +119,7 @@ async fn nothing_leaves_before_the_grace() {
     let (_redis, _n1, _n2, mut alice, mut bob) = setup(&flags).await;
     let start = Instant::now();
     pause(&mut bob, None).await;
+    expect_idle(&mut alice).await;
     let early = frames_within(
         &mut alice,
         Duration::from_millis(1300).saturating_sub(start.elapsed()),
@@ -132,6 +144,7 @@ async fn a_grace_longer_than_the_ttl_outlasts_it() {
     tokio::time::sleep(Duration::from_millis(HEARTBEAT_MS / 3 + 100)).await;
     let start = Instant::now();
     assert_eq!(pause(&mut bob, None).await["grace_ms"], 4000);
+    expect_idle(&mut alice).await;
     let pttl: i64 = redis.conn().pttl("presence:{bob}:phone").unwrap();
     assert!(pttl > TTL.as_millis() as i64, "lease PTTL {pttl} ms");
     // Past the TTL and the deadline passes' slack (2.5 s), short of the grace.

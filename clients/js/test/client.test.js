@@ -785,11 +785,11 @@ describe("rooms against a real node", () => {
   /** A room's members as plain data: {user: {device: state}}. */
   const view = (r) => Object.fromEntries([...r.members].map(([u, ds]) => [u, Object.fromEntries(ds.map((d) => [d.device, d.state]))]));
 
-  test("pause and resume: within the grace the others see nothing; past it one offline and one leave", { timeout: 60_000 }, async () => {
+  test("pause and resume: within the grace the others see bob idle and back, no offline; past it one offline and one leave", { timeout: 60_000 }, async () => {
     const n = await startNode("pause-1", ["--pause-grace-ms", "1500"]);
     const alice = await connect("pauser-watcher", "web", n.ws);
     const seen = [];
-    alice.onChange = (r) => seen.push(r.status);
+    alice.onChange = (r) => seen.push(r.idle ? "idle" : r.status);
     // bob connects once alice's watch is answered: his online is then a change.
     let answered = false;
     alice.onSnapshot = () => { answered = true; };
@@ -812,21 +812,21 @@ describe("rooms against a real node", () => {
     bob.resume();
     await waitFor("bob to be back", () => bob.connected && bobRoom.joined);
     await new Promise((r) => setTimeout(r, 2000)); // past the grace: nothing may follow
-    assert.deepEqual(seen, ["online"], "alice saw bob's pause");
+    assert.deepEqual(seen, ["online", "idle", "online"], "what alice saw of bob's pause");
     assert.deepEqual(aliceRoom.log.leaves, [], "alice saw bob leave the room");
 
     // Paused and not back: bob leaves once, after the grace.
     assert.equal(await bob.pause(), 1500);
     await waitFor("alice to see bob offline", () => seen.includes("offline"), 10_000);
     await waitFor("alice to see bob leave the room", () => aliceRoom.log.leaves.length === 1);
-    assert.deepEqual(seen, ["online", "offline"]);
+    assert.deepEqual(seen, ["online", "idle", "online", "idle", "offline"]);
   });
 
-  test("autoPause: a hidden page pauses after its delay, a visible one resumes, and the others see nothing", { timeout: 60_000 }, async () => {
+  test("autoPause: a hidden page pauses after its delay, a visible one resumes, and the others see it idle, then back", { timeout: 60_000 }, async () => {
     const n = await startNode("pause-auto", ["--pause-grace-ms", "5000"]);
     const alice = await connect("autopause-watcher", "web", n.ws);
     const seen = [];
-    alice.onChange = (r) => seen.push(r.status);
+    alice.onChange = (r) => seen.push(r.idle ? "idle" : r.status);
     let answered = false;
     alice.onSnapshot = () => { answered = true; };
     alice.watch(["autopauser"]);
@@ -843,6 +843,7 @@ describe("rooms against a real node", () => {
     doc.hidden = false;
     doc.dispatchEvent(new Event("visibilitychange"));
     await waitFor("carol to be back", () => carol.connected);
+    await waitFor("alice to see carol back from idle", () => seen.length === 3);
     // Hidden briefly (under the delay): no pause at all.
     doc.hidden = true;
     doc.dispatchEvent(new Event("visibilitychange"));
@@ -850,7 +851,8 @@ describe("rooms against a real node", () => {
     doc.dispatchEvent(new Event("visibilitychange"));
     await new Promise((r) => setTimeout(r, 500));
     assert.equal(carol.state, "open");
-    assert.deepEqual(seen, ["online"], "alice saw carol's pause");
+    // Idle while paused, back on the resume: never offline, nothing for the short hide.
+    assert.deepEqual(seen, ["online", "idle", "online"], "what alice saw of carol's pause");
     // A pause of the app's own is not undone by the page coming back.
     await carol.pause();
     doc.dispatchEvent(new Event("visibilitychange"));

@@ -14,14 +14,15 @@ function Contacts({ users }: { users: string[] }) {
 }
 
 function Me() {
-  const { user, record, setStatus } = useSelf();
+  const { user, record, idle, setStatus } = useSelf();
   const name: string | null = user;
+  const away: boolean = idle;
   const status: PresenceClient.Status | undefined = record?.status;
   setStatus("busy", { text: "in a call", until: Date.now() + 60_000 });
   setStatus("away", "lunch");
   // @ts-expect-error: not a status one may choose
   setStatus("offline");
-  return <p>{name} {status}</p>;
+  return <p data-idle={String(away)}>{name} {status}</p>;
 }
 
 function Chat({ id }: { id: string }) {

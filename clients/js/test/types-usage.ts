@@ -65,6 +65,15 @@ const withToken = new PresenceClient({
 });
 withToken.connect();
 
+// Automatic away after 5 minutes without activity (the defaults), or after 2 with stand-ins.
+const away = new PresenceClient({ url: "wss://a.example/ws", user: "alice", device: "tab", autoAway: true, onIdle: (idle: boolean) => console.log(idle) });
+away.setAutoAway({ idleMs: 120_000, window: new EventTarget(), document: Object.assign(new EventTarget(), { hidden: false }) });
+away.setAutoAway(false);
+const idle: boolean = away.idle;
+console.log(idle);
+// @ts-expect-error: idle is read-only
+away.idle = true;
+
 // @ts-expect-error: not a status a client may choose
 client.setStatus("sleeping");
 // @ts-expect-error: `device` is required

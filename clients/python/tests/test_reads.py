@@ -19,6 +19,7 @@ def test_a_user_with_its_devices(client: PresenceClient) -> None:
         text=None,
         until=None,
         kinds=(),
+        idle=False,
         device_list=(),
         view="service",
     )
@@ -143,3 +144,31 @@ def test_status_with_until_returns_to_online(client: PresenceClient) -> None:
 def test_info(client: PresenceClient) -> None:
     info = client.info()
     assert (info.server, info.auth, info.heartbeat_ms) == ("presence-server", "dev", 500)
+
+
+def test_the_idle_mark_is_read() -> None:
+    from presence_client.records import DeviceInfo, Record
+
+    d = {
+        "user": "bob",
+        "status": "online",
+        "devices": 1,
+        "last_seen": None,
+        "text": None,
+        "until": None,
+        "kinds": ["mobile"],
+        "idle": True,
+    }
+    assert Record.from_json(d).idle is True
+    assert Record.from_json({**d, "idle": False}).idle is False
+    del d["idle"]
+    assert Record.from_json(d).idle is False
+    phone = {
+        "device": "phone",
+        "node": "n1",
+        "connected_at": 1,
+        "expires_in_ms": 900,
+        "kind": "mobile",
+        "paused": True,
+    }
+    assert DeviceInfo.from_json(phone).paused is True

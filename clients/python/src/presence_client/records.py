@@ -35,6 +35,8 @@ class Record:
     until: int | None
     #: The sorted distinct kinds of the live devices.
     kinds: tuple[str, ...]
+    #: Every live device is paused (present, but away from all of them).
+    idle: bool
 
     @property
     def online(self) -> bool:
@@ -55,6 +57,7 @@ def _record_fields(d: Json) -> dict[str, Any]:
         "text": d.get("text"),
         "until": d.get("until"),
         "kinds": tuple(d.get("kinds") or ()),
+        "idle": bool(d.get("idle", False)),
     }
 
 
@@ -70,6 +73,8 @@ class DeviceInfo:
     #: Its lease's time left.
     expires_in_ms: int | None
     kind: str
+    #: Paused: present until ``expires_in_ms`` (the rest of its grace).
+    paused: bool = False
 
     @classmethod
     def from_json(cls, d: Json) -> DeviceInfo:
@@ -79,6 +84,7 @@ class DeviceInfo:
             connected_at=d.get("connected_at"),
             expires_in_ms=d.get("expires_in_ms"),
             kind=d.get("kind", "other"),
+            paused=bool(d.get("paused", False)),
         )
 
 
@@ -304,9 +310,9 @@ class ServerInfo:
 class Event:
     """One transition, as a webhook batch and the event feed carry it.
 
-    ``online``, ``offline`` and ``status`` are a user's (``user``,
+    ``online``, ``offline``, ``status`` and ``idle`` are a user's (``user``,
     ``status``, ``devices``, ``last_seen``, ``text``, ``since``, ``until``,
-    ``kinds``); ``room_joined``, ``room_left``, ``room_occupied`` and
+    ``kinds``, ``idle``); ``room_joined``, ``room_left``, ``room_occupied`` and
     ``room_vacated`` a room's (``room``, ``users``, ``devices``; ``user`` but
     on the last two). ``raw`` is the JSON object as received.
     """
@@ -329,6 +335,8 @@ class Event:
     #: Users in the room after a room event.
     users: int | None
     raw: Mapping[str, Any]
+    #: Every live device of the user is paused (a user's event).
+    idle: bool = False
 
     @classmethod
     def from_json(cls, d: Json) -> Event:
@@ -348,6 +356,7 @@ class Event:
             kinds=tuple(d.get("kinds") or ()),
             users=d.get("users"),
             raw=d,
+            idle=bool(d.get("idle", False)),
         )
 
 
