@@ -49,8 +49,9 @@ fn split(entry: &str) -> Option<(u64, &str, i64, &str)> {
 }
 
 /// A user's recorded transition: `[status, devices, last_seen, text, since,
-/// until, kinds (comma-separated), seq, idle]`, the idle mark (1) written
-/// only where set.
+/// until, kinds (comma-separated), seq, idle]`, the idle mark (1 or 0)
+/// written only on a flip of it (kind `i`): every other entry keeps the
+/// eight elements an older node reads.
 #[derive(serde::Deserialize)]
 struct UserRecord(
     String,
@@ -92,7 +93,7 @@ fn user_event(user: &str, entry: &str) -> Option<AnyEvent> {
             .filter(|k| !k.is_empty())
             .map(str::to_string)
             .collect(),
-        idle: idle == 1,
+        idle: (kind == Kind::Idle).then_some(idle == 1),
         seq,
     }))
 }
@@ -157,7 +158,7 @@ mod tests {
             [
                 serde_json::json!({"id":"alice:17","type":"online","at":1000,"user":"alice",
                 "status":"busy","devices":2,"last_seen":900,"text":"deep work","since":800,
-                "until":null,"kinds":["mobile","web"],"idle":false,"seq":17})
+                "until":null,"kinds":["mobile","web"],"seq":17})
             ]
         );
         // A flip of the idle mark, with the mark that older entries lack.

@@ -29,8 +29,8 @@ local published = false
 -- as the last key (and the time, epoch ms, as the last argument), the
 -- transition is also recorded there, in this same step, as
 -- `<seq>|<kind>|<at>|<record>` (record: [status, devices, last_seen, text,
--- since, until, kinds, seq] as JSON, and a ninth element, 1, when the user
--- is idle); `feed_args` is how many arguments that took, for a script that
+-- since, until, kinds, seq] as JSON, and on a flip of the idle mark a
+-- ninth element, the mark after it, 1 or 0); `feed_args` is how many arguments that took, for a script that
 -- counts its own.
 -- Where the caller writes the log in the step (`feed_direct.lua`), the
 -- bucket's log and marks follow the feed key as the last two keys.
@@ -150,8 +150,10 @@ local function publish_event(channel, status_key, user, devices, last_seen, seq,
       feed_record = '["' .. status .. '",' .. devices .. ',' .. num(last_seen) .. ','
         .. (h[2] and cjson.encode(h[2]) or 'null') .. ',' .. num(tonumber(h[3] or '0')) .. ','
         .. num(tonumber(h[7])) .. ',"' .. table.concat(kinds or {}, ',') .. '",' .. num(seq)
-        -- The idle mark only where set: an older node reads the other entries.
-        .. (idle and ',1]' or ']')
+        -- The idle mark only on a flip of it (kind 'i', which an older node
+        -- skips): an older node reads every other entry, whose record must
+        -- keep its eight elements.
+        .. (idle_flip and (idle and ',1]' or ',0]') or ']')
       recorded = true
     end
   end

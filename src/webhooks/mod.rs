@@ -160,8 +160,10 @@ pub struct WebhookEvent {
     /// The sorted distinct kinds of the live devices.
     #[schema(example = json!(["mobile"]))]
     pub kinds: Vec<String>,
-    /// Every live device of the user is paused.
-    pub idle: bool,
+    /// On `idle` events only: every live device of the user is paused
+    /// (`true`), or one is back (`false`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub idle: Option<bool>,
     /// The user's transition sequence number: increases with each
     /// transition of that user, so a receiver can order them.
     pub seq: u64,
@@ -182,7 +184,7 @@ impl WebhookEvent {
             since: p.since,
             until: p.until,
             kinds: p.kinds,
-            idle: p.idle,
+            idle: (kind == Kind::Idle).then_some(p.idle),
             seq: event.seq,
             user: p.user,
         }

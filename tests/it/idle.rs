@@ -64,31 +64,64 @@ async fn a_user_whose_devices_are_all_paused_is_idle() {
     expect_bob(&mut alice, false).await;
     laptop.close().await;
     expect_bob(&mut alice, true).await;
+    // A status set while idle: a status event without the mark.
+    let body = json!({"status": "busy", "text": "x"});
+    let (code, own) = crate::http_devices::put_status(&n1, "bob", &body, Some(ADMIN)).await;
+    assert_eq!(code, 200, "{own}");
+    let busy = alice.expect_presence("bob", "busy").await;
+    assert_eq!(busy["idle"], true, "{busy}");
     let _phone = Client::connect(&n2, "bob", "phone").await;
-    expect_bob(&mut alice, false).await;
+    let back = alice.expect_presence("bob", "busy").await;
+    assert_eq!(back.get("idle"), None, "{back}");
     assert_eq!(bob(&n1).await.get("idle"), None);
 
-    // The feed: online, then the four flips, each with the mark after it.
-    let mut flips: Vec<(String, bool)> = Vec::new();
+    // The feed: online, the flips each with the mark after it, the status
+    // without it.
     wait_until("bob's flips in the feed", DEADLINE, || {
         let node = &n1;
-        async move { drain(node, "", 100).await.0.len() >= 5 }
+        async move { drain(node, "", 100).await.0.len() >= 6 }
     })
     .await;
+    let mut flips: Vec<(String, Option<bool>)> = Vec::new();
     for e in drain(&n1, "", 100).await.0 {
         if e["user"] == "bob" {
-            flips.push((e["type"].as_str().unwrap().to_string(), e["idle"] == true));
+            let kind = e["type"].as_str().unwrap().to_string();
+            flips.push((kind, e.get("idle").and_then(Value::as_bool)));
         }
     }
     let want = [
-        ("online", false),
-        ("idle", true),
-        ("idle", false),
-        ("idle", true),
-        ("idle", false),
+        ("online", None),
+        ("idle", Some(true)),
+        ("idle", Some(false)),
+        ("idle", Some(true)),
+        ("status", None),
+        ("idle", Some(false)),
     ];
-    let want: Vec<(String, bool)> = want.iter().map(|(k, i)| (k.to_string(), *i)).collect();
+    let want: Vec<(String, Option<bool>)> = want.iter().map(|(k, i)| (k.to_string(), *i)).collect();
     assert_eq!(flips, want);
+    // In the log itself: the status entry keeps the eight elements an older
+    // node's parser takes (only flips, a kind it skips, have a ninth).
+    let mut conn = redis.conn();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("presence-feed-log:*")
+        .query(&mut conn)
+        .unwrap();
+    let mut records = Vec::new();
+    for key in keys {
+        let entries: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
+            .arg(&key)
+            .arg("-")
+            .arg("+")
+            .query(&mut conn)
+            .unwrap();
+        for (f, v) in entries.into_iter().flat_map(|(_, fields)| fields) {
+            if f == "e" && v.contains("|s|") {
+                let record: Value = serde_json::from_str(v.splitn(4, '|').nth(3).unwrap()).unwrap();
+                records.push(record.as_array().unwrap().len());
+            }
+        }
+    }
+    assert_eq!(records, [8], "the status entry's record");
 }
 
 /// A user who is invisible, or who shows itself online to its contacts

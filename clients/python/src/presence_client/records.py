@@ -335,8 +335,9 @@ class Event:
     #: Users in the room after a room event.
     users: int | None
     raw: Mapping[str, Any]
-    #: Every live device of the user is paused (a user's event).
-    idle: bool = False
+    #: On ``idle`` events only: every live device of the user is paused
+    #: (``True``), or one is back (``False``); ``None`` on other events.
+    idle: bool | None = None
 
     @classmethod
     def from_json(cls, d: Json) -> Event:
@@ -356,7 +357,7 @@ class Event:
             kinds=tuple(d.get("kinds") or ()),
             users=d.get("users"),
             raw=d,
-            idle=bool(d.get("idle", False)),
+            idle=d.get("idle"),
         )
 
 
