@@ -30,8 +30,8 @@ local published = false
 -- transition is also recorded there, in this same step, as
 -- `<seq>|<kind>|<at>|<record>` (record: [status, devices, last_seen, text,
 -- since, until, kinds, seq] as JSON, and on a flip of the idle mark a
--- ninth element, the mark after it, 1 or 0); `feed_args` is how many arguments that took, for a script that
--- counts its own.
+-- ninth element, the mark after it, 1 or 0); `feed_args` is how many
+-- arguments that took, for a script that counts its own.
 -- Where the caller writes the log in the step (`feed_direct.lua`), the
 -- bucket's log and marks follow the feed key as the last two keys.
 local feed_key, feed_now, feed_args, feed_log, feed_moved = nil, nil, 0, nil, nil

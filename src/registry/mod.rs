@@ -258,19 +258,25 @@ impl Registry {
         let Some(sessions) = watchers.get(&*deliver.user) else {
             return;
         };
+        self.hand_out(&fanout::Inbound::Presence(deliver), sessions.iter());
+    }
+
+    /// Hands `inbound` to `sessions`: one delivery list per worker, which
+    /// puts it into its sessions' mailboxes from there ([`fanout`]); those
+    /// whose mailbox is full come back as [`SlowWatchers`].
+    fn hand_out(&self, inbound: &fanout::Inbound, sessions: impl IntoIterator<Item = SessionId>) {
         let Some(me) = &self.me else {
             return;
         };
         let mut lists: Vec<Vec<SessionId>> = vec![Vec::new(); self.homes.len()];
-        for session in sessions.iter() {
+        for session in sessions {
             if let Some(joined) = self.sessions.get(&session) {
                 lists[joined.home].push(session);
             }
         }
         for (home, list) in self.homes.iter().zip(lists) {
             if !list.is_empty() {
-                let inbound = fanout::Inbound::Presence(deliver.clone());
-                fanout::send(home, inbound, list, me.clone().recipient());
+                fanout::send(home, inbound.clone(), list, me.clone().recipient());
             }
         }
     }

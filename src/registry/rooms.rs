@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 
-use super::fanout::{self, Inbound};
+use super::fanout::Inbound;
 use super::subscriptions::Channel;
 use super::{Registry, SessionId};
 use crate::keys;
@@ -371,7 +371,7 @@ impl RoomInterest {
 
     /// The events queued for local members since the last call, each with
     /// its sessions.
-    pub(super) fn take_outbox(&mut self) -> Vec<(Arc<RoomEvent>, Vec<SessionId>)> {
+    pub(super) fn take_outbox(&mut self) -> Outbox {
         std::mem::take(&mut self.outbox)
     }
 
@@ -495,23 +495,8 @@ impl Registry {
     /// Hands the room events queued since the last call to their members:
     /// one delivery list per worker per event, as presence events go.
     pub(super) fn send_room_events(&mut self) {
-        let outbox = self.rooms.take_outbox();
-        let Some(me) = &self.me else {
-            return;
-        };
-        for (event, sessions) in outbox {
-            let mut lists: Vec<Vec<SessionId>> = vec![Vec::new(); self.homes.len()];
-            for session in sessions {
-                if let Some(joined) = self.sessions.get(&session) {
-                    lists[joined.home].push(session);
-                }
-            }
-            let inbound = Inbound::Room(RoomDeliver { event });
-            for (home, list) in self.homes.iter().zip(lists) {
-                if !list.is_empty() {
-                    fanout::send(home, inbound.clone(), list, me.clone().recipient());
-                }
-            }
+        for (event, sessions) in self.rooms.take_outbox() {
+            self.hand_out(&Inbound::Room(RoomDeliver { event }), sessions);
         }
     }
 
